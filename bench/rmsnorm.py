@@ -1,0 +1,308 @@
+"""The RMSNorm bench: every available cutile_norms mode (and mode=None) against the installed anchors.
+
+    python bench/rmsnorm.py                       # bf16, default sweep, forward + backward, all anchors
+    python bench/rmsnorm.py --dtype float32 --anchors quack,torch_compile --no-backward
+    python bench/rmsnorm.py --write-table         # also (re)write the mode=None table for this GPU/dtype
+
+Method: CUDA-event medians with the L2 flushed before every repetition (bench/timing.py). A number
+is only meaningful as a ratio to a copy of the same bytes measured in the same run: `x.clone()` for
+the forward (read x + write y), the same copy's bandwidth for the backward. Bytes counted: forward =
+read x + read w + write y; backward = read x, dy, w + write dx, dw (rstd and partials not counted).
+Every implementation's output is checked against the fp32 reference before it is timed; a wrong or
+failing one is reported as such, never timed. Without a GPU the bench says what it could not run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import traceback
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import cutile_norms as cn  # noqa: E402
+from bench import anchors as anchor_registry  # noqa: E402
+from bench.timing import caller_us, device_ms  # noqa: E402
+from cutile_norms import dispatch  # noqa: E402
+from cutile_norms.reference import rms_norm_reference  # noqa: E402
+
+DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+SMALL_MS = [1, 64, 1024]
+ELEMENTS = 1 << 27
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+          "float32": torch.float32, "fp32": torch.float32}
+OUR_MODES = ["multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached", "triton"]
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for pkg in ["triton", "cuda-tile", "nvidia-cuda-tileiras", "nvidia-cutlass-dsl", "quack-kernels",
+                "liger-kernel", "tilegym"]:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# one implementation at one shape
+# ------------------------------------------------------------------------------------------------
+def check_output(y, x, w, eps) -> str | None:
+    """None if y matches the fp32 reference within the dtype's rounding, else what is wrong."""
+    ref = rms_norm_reference(x, w, eps)[0].float()
+    y = y.float()
+    if not torch.isfinite(y).all():
+        return "non-finite output"
+    tol = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9, torch.float32: 1e-4}[x.dtype]
+    err = ((y - ref).abs() / (ref.abs() + 1e-3)).max().item()
+    return None if err <= tol else f"max relative error {err:.3g} > {tol}"
+
+
+def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: bool, small: bool) -> dict:
+    rec = {"impl": name}
+    try:
+        with torch.no_grad():
+            wrong = check_output(fwd(x, w, eps), x, w, eps)
+        if wrong:
+            return {**rec, "error": f"wrong result: {wrong}"}
+        with torch.no_grad():
+            if small:
+                rec["fwd_us"] = caller_us(lambda: fwd(x, w, eps))["median_us"]
+            else:
+                t = device_ms(lambda: fwd(x, w, eps))
+                rec.update(fwd_ms=t["median_ms"], fwd_p10_ms=t["p10_ms"], fwd_p90_ms=t["p90_ms"])
+                rec["fwd_gbps"] = fwd_bytes / (t["median_ms"] * 1e-3) / 1e9
+                rec["fwd_vs_copy"] = rec["fwd_gbps"] / copy_gbps
+        if backward:
+            xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+            y = fwd(xg, wg, eps)
+            dy = torch.randn_like(y)
+            grad = lambda: torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)  # noqa: E731
+            if small:
+                rec["bwd_us"] = caller_us(grad)["median_us"]
+            else:
+                t = device_ms(grad)
+                rec["bwd_ms"] = t["median_ms"]
+                rec["bwd_gbps"] = bwd_bytes / (t["median_ms"] * 1e-3) / 1e9
+                rec["bwd_vs_copy"] = rec["bwd_gbps"] / copy_gbps
+            del y, xg, wg
+    except Exception as exc:  # report the failure in the table, keep benchmarking the others
+        rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+    return rec
+
+
+def implementations(args) -> tuple[dict, dict]:
+    impls, skipped = {}, {}
+    avail = cn.available_modes("cuda")
+    for mode in args.modes:
+        if avail[mode] is None:
+            impls[f"cn.{mode}"] = (lambda m: (lambda x, w, eps: cn.rms_norm(x, w, eps, mode=m)))(mode)
+        else:
+            skipped[f"cn.{mode}"] = avail[mode]
+    impls["cn.None"] = lambda x, w, eps: cn.rms_norm(x, w, eps)
+    fns, missing = anchor_registry.load(args.anchors)
+    impls.update(fns)
+    skipped.update(missing)
+    return impls, skipped
+
+
+# ------------------------------------------------------------------------------------------------
+# sweeps
+# ------------------------------------------------------------------------------------------------
+def run(args) -> dict:
+    dtype = DTYPES[args.dtype]
+    dev = torch.cuda.get_device_properties(0)
+    impls, skipped = implementations(args)
+    result = {"gpu": dev.name, "arch": f"sm_{dev.major}{dev.minor}", "sm_count": dev.multi_processor_count,
+              "dtype": str(dtype).removeprefix("torch."), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "command": "python bench/rmsnorm.py " + " ".join(sys.argv[1:]), "versions": versions(),
+              "skipped": skipped, "sweep": [], "small_m": []}
+    log(f"# {dev.name} ({result['arch']}, {dev.multi_processor_count} SMs), {result['dtype']}, "
+        f"{len(impls)} implementations; skipped: {skipped or 'none'}")
+    eps = 1e-6
+    e = torch.empty((), dtype=dtype).element_size()
+    for N in args.ns:
+        M = max(1, ELEMENTS // N)
+        x = torch.randn(M, N, device="cuda", dtype=dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        copy = device_ms(lambda: x.clone())
+        copy_gbps = 2 * M * N * e / (copy["median_ms"] * 1e-3) / 1e9
+        row = {"N": N, "M": M, "copy_ms": copy["median_ms"], "copy_gbps": copy_gbps, "impls": []}
+        fwd_bytes, bwd_bytes = 2 * M * N * e + N * e, 3 * M * N * e + 2 * N * e
+        for name, fn in impls.items():
+            rec = measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward, small=False)
+            row["impls"].append(rec)
+            log(f"N={N:>6} M={M:>7} {name:<28} " + (rec.get("error") or
+                f"fwd {rec['fwd_gbps']:6.0f} GB/s {rec['fwd_vs_copy']:.3f}x" +
+                (f"  bwd {rec['bwd_gbps']:6.0f} GB/s {rec['bwd_vs_copy']:.3f}x" if "bwd_gbps" in rec else "")))
+        log(f"N={N:>6} copy {copy_gbps:.0f} GB/s")
+        result["sweep"].append(row)
+        del x, w
+        torch.cuda.empty_cache()
+    N = 4096
+    for M in args.small_m:
+        x = torch.randn(M, N, device="cuda", dtype=dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        row = {"N": N, "M": M, "copy_us": caller_us(lambda: x.clone())["median_us"], "impls": []}
+        for name, fn in impls.items():
+            rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True)
+            row["impls"].append(rec)
+            log(f"small M={M:>5} N={N} {name:<28} " + (rec.get("error") or
+                f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy)" +
+                (f"  bwd {rec['bwd_us']:6.1f} us" if "bwd_us" in rec else "")))
+        log(f"small M={M:>5} copy {row['copy_us']:.1f} us")
+        result["small_m"].append(row)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# reports
+# ------------------------------------------------------------------------------------------------
+def _cell(rec: dict, key: str, fmt: str) -> str:
+    if "error" in rec:
+        return "fails" if not rec["error"].startswith("wrong") else "wrong"
+    return fmt.format(rec[key]) if key in rec else ""
+
+
+def markdown(result: dict) -> str:
+    names = [r["impl"] for r in result["sweep"][0]["impls"]] if result["sweep"] else []
+    out = [f"# RMSNorm bench: {result['gpu']} ({result['arch']}), {result['dtype']}, {result['date']}", "",
+           f"`{result['command']}`  ", "versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v),
+           "", "Forward, GB/s and (ratio to a same-run copy of the same bytes), M = 2^27 / N:", "",
+           "| N | copy GB/s | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+    for row in result["sweep"]:
+        cells = [_cell(r, "fwd_gbps", "{:.0f}") + (f" ({r['fwd_vs_copy']:.3f})" if "fwd_vs_copy" in r else "")
+                 for r in row["impls"]]
+        out.append(f"| {row['N']} | {row['copy_gbps']:.0f} | " + " | ".join(cells) + " |")
+    if any("bwd_gbps" in r for row in result["sweep"] for r in row["impls"]):
+        out += ["", "Backward through autograd, GB/s and (ratio to the same copy bandwidth):", "",
+                "| N | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        for row in result["sweep"]:
+            cells = [_cell(r, "bwd_gbps", "{:.0f}") + (f" ({r['bwd_vs_copy']:.3f})" if "bwd_vs_copy" in r else "")
+                     for r in row["impls"]]
+            out.append(f"| {row['N']} | " + " | ".join(cells) + " |")
+    if result["small_m"]:
+        out += ["", "Small M, N = 4096, µs per call as seen by the caller (host overhead included), fwd (and bwd):", "",
+                "| M | copy | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+        for row in result["small_m"]:
+            cells = [_cell(r, "fwd_us", "{:.1f}") + (f" / {r['bwd_us']:.1f}" if "bwd_us" in r else "") for r in row["impls"]]
+            out.append(f"| {row['M']} | {row['copy_us']:.1f} | " + " | ".join(cells) + " |")
+    if result["skipped"]:
+        out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
+    return "\n".join(out) + "\n"
+
+
+def plot(result: dict, path: str) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no plot"
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    for ax, key in zip(axes, ["fwd_vs_copy", "bwd_vs_copy"]):
+        names = [r["impl"] for r in result["sweep"][0]["impls"]]
+        for name in names:
+            pts = [(row["N"], r[key]) for row in result["sweep"] for r in row["impls"] if r["impl"] == name and key in r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name, lw=2 if name.startswith("cn.") else 1)
+        ax.set_xscale("log", base=2)
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xlabel("N (M = 2^27 / N)")
+        ax.set_ylabel("ratio to same-run copy")
+        ax.set_title(f"{'forward' if key.startswith('fwd') else 'backward'}: {result['gpu']}, {result['dtype']}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return None
+
+
+def write_table(result: dict) -> str:
+    """The mode=None table for this arch/dtype from the measured forward winners (cuTile stable modes)."""
+    candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
+    points = []
+    for row in result["sweep"]:
+        scored = sorted(((r["fwd_vs_copy"], r["impl"][3:]) for r in row["impls"]
+                         if r["impl"][3:] in candidates and "fwd_vs_copy" in r), reverse=True)
+        if scored:
+            best = scored[0]
+            runner = f"; runner-up {scored[1][1]} {scored[1][0]:.3f}x" if len(scored) > 1 else ""
+            points.append((row["N"], best[1], f"N={row['N']}: {best[0]:.3f}x copy{runner}"))
+    rows, prev_hi = [], 0
+    for i, (n, mode, evidence) in enumerate(points):
+        hi = 1 << 40 if i == len(points) - 1 else int((n * points[i + 1][0]) ** 0.5)
+        if rows and rows[-1]["mode"] == mode:
+            rows[-1]["n_max"], rows[-1]["evidence"] = hi, rows[-1]["evidence"] + "; " + evidence
+        else:
+            rows.append({"n_min": prev_hi + 1, "n_max": hi, "m_min": 1, "m_max": 1 << 40, "mode": mode,
+                         "evidence": evidence})
+        prev_hi = hi
+    table = json.load(open(dispatch.TABLE_PATH)) if os.path.exists(dispatch.TABLE_PATH) else {"source": {}, "tables": {}}
+    table["tables"].setdefault(result["arch"], {})[result["dtype"]] = rows
+    src = table["source"].setdefault(result["arch"], {})
+    src.update(gpu=result["gpu"], command=result["command"], date=result["date"])
+    os.makedirs(os.path.dirname(dispatch.TABLE_PATH), exist_ok=True)
+    with open(dispatch.TABLE_PATH, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    return dispatch.TABLE_PATH
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
+    p.add_argument("--small-m", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_MS)
+    p.add_argument("--modes", type=lambda s: [v for v in s.split(",") if v], default=OUR_MODES)
+    p.add_argument("--anchors", type=lambda s: [v for v in s.split(",") if v and v != "none"],
+                   default=list(anchor_registry.ANCHORS))
+    p.add_argument("--no-backward", dest="backward", action="store_false")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--write-table", action="store_true", help="write the mode=None table for this GPU/dtype")
+    args = p.parse_args(argv)
+    args.dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+
+    if not torch.cuda.is_available():
+        log("No CUDA GPU here: nothing was timed. This bench needs an NVIDIA GPU (sm_90+ for the cuTile and "
+            "CuTe DSL modes). What this machine could run:")
+        for mode, why in cn.available_modes().items():
+            log(f"  {mode:<18} {'runs here (CPU reference)' if why is None else 'cannot run: ' + why}")
+        _, missing = anchor_registry.load(args.anchors)
+        for name in args.anchors:
+            log(f"  anchor {name:<27} {'installed' if name not in missing else 'not available: ' + missing[name]}"
+                + ("; needs a GPU to time" if name not in missing else ""))
+        return 0
+
+    result = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"rmsnorm_{result['arch']}_{result['dtype']}")
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    md = markdown(result)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    note = plot(result, stem + ".png")
+    log(f"\nwrote {stem}.json, {stem}.md" + (f", {stem}.png" if not note else f" ({note})"))
+    if args.write_table:
+        log(f"wrote {write_table(result)}")
+    log("\n" + md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

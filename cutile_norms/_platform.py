@@ -1,0 +1,77 @@
+"""What the current machine can run: the device (vendor, arch, SM count) and which DSLs import.
+
+Both are plain frozen dataclasses so the dispatch table can be exercised on simulated devices
+(tests build them by hand); the probes below fill them from torch and from trial imports.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    vendor: str  # "cpu" | "nvidia" | "amd"
+    name: str
+    arch: tuple[int, int] | None = None  # compute capability (NVIDIA) or gfx major/minor (AMD)
+    sm_count: int = 0  # streaming multiprocessors (NVIDIA) or compute units (AMD)
+    index: int | None = None
+
+    @property
+    def arch_name(self) -> str:
+        if self.vendor == "nvidia" and self.arch:
+            return f"sm_{self.arch[0]}{self.arch[1]}"
+        return self.vendor
+
+
+CPU = DeviceInfo(vendor="cpu", name="cpu")
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Import errors of the DSLs (None = importable)."""
+
+    cutile: str | None
+    cute: str | None
+    triton: str | None
+
+    def error(self, dsl: str) -> str | None:
+        return getattr(self, dsl) if dsl != "torch" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_info(index: int) -> DeviceInfo:
+    props = torch.cuda.get_device_properties(index)
+    vendor = "amd" if getattr(torch.version, "hip", None) else "nvidia"
+    return DeviceInfo(vendor=vendor, name=props.name, arch=(props.major, props.minor),
+                      sm_count=props.multi_processor_count, index=index)
+
+
+def device_info(device: torch.device | str | int | None = None) -> DeviceInfo:
+    """The device a tensor lives on; None = the current CUDA device if there is one, else the CPU."""
+    if device is None:
+        if not torch.cuda.is_available():
+            return CPU
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if device.type != "cuda":
+        return DeviceInfo(vendor=device.type, name=device.type) if device.type != "cpu" else CPU
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gpu_info(index)
+
+
+def _import_error(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # any failure to import means the DSL cannot run here
+        return f"`import {module}` failed: {type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def toolchain() -> Toolchain:
+    return Toolchain(cutile=_import_error("cuda.tile"), cute=_import_error("cutlass.cute"),
+                     triton=_import_error("triton"))

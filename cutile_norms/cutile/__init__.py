@@ -1,0 +1,1 @@
+"""cuTile kernels (`cuda.tile`): one op per module."""

@@ -1,0 +1,359 @@
+"""RMSNorm forward in cuTile: the kernels, their launch configs and heuristics, and the launch wrappers.
+
+Layout (TileGym's order): kernels -> launch configs (frozen dataclasses) -> heuristics -> compile-time
+signatures (for the CI compile checks) -> launch wrappers -> the three mode backends.
+
+Conventions shared by both kernels (names follow CuTe's: `mX` a global array, `tXrX` a tile):
+  * x, y and rstd reach the kernel as flat 1-D arrays. A cuTile launch specialises every array dim on
+    "divisible by 16" and "== 1", so a 2-D (M, N) x would compile again when M changes parity class;
+    the flat length (M-1)*stride + N is divisible by 16 for every M when N and the stride are (y is
+    allocated with its length rounded up to 16, rstd with its rows rounded up to 16).
+  * N is a compile-time constant; M, the row stride, eps and offset are runtime scalars. The compiled
+    kernel cache is keyed by (dtypes, N, config) with M symbolic.
+  * Rows are read with `ct.gather` over `arange` column indices: it lowers to 16-byte `ld.global.v4`
+    per thread. A tiled `ct.load` from a per-row `Array.slice` lowers to TMA with a tensor map rebuilt
+    in every block (seen in the sm_90 PTX), which is why the whole-row `ct.load` measured 0.53x copy.
+  * A row is split in power-of-two pieces (`row_pieces`): a row of 2880 is 2048 + 1024 (the last
+    piece masked past N) instead of one 4096 tile that leaves 30 % of the threads idle.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+import cuda.tile as ct
+
+from .._platform import DeviceInfo
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+
+# ================================================================================================
+# Compile-time helpers (evaluated by ct.static_iter inside the kernels)
+# ================================================================================================
+def row_pieces(n: int, piece_min: int) -> tuple[tuple[int, int], ...]:
+    """Split [0, n) into power-of-two pieces (offset, size), largest first, each offset a multiple
+    of its size; what is left below `piece_min` becomes one last piece padded to a power of two."""
+    pieces, off = [], 0
+    size = 1 << (n.bit_length() - 1)
+    while size >= max(piece_min, 1):
+        if n - off >= size:
+            pieces.append((off, size))
+            off += size
+        size //= 2
+    if off < n:
+        pieces.append((off, 1 << (n - off - 1).bit_length()))
+    return tuple(pieces)
+
+
+def _mask_cols(off: int, size: int, n: int) -> bool:
+    return off + size > n
+
+
+def _chunks(n: int, chunk: int) -> int:
+    return -(-n // chunk)
+
+
+# ================================================================================================
+# Kernels
+# ================================================================================================
+@ct.kernel
+def rms_norm_fwd_cached_kernel(
+        mX, mW, mY, mRstd,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt):
+    """Each tile block owns TILE_M rows, loads them once (the pieces stay in registers), reduces in
+    fp32 and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles and
+    keeps the weight in registers across them; otherwise one tile block per row tile."""
+    num_tiles = ct.cdiv(M, TILE_M)
+    first = ct.bid(0)
+    step = ct.num_blocks(0) if PERSISTENT else num_tiles
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    rows0 = ct.arange(TILE_M, dtype=ct.int32)
+
+    # weight (+ offset), hoisted out of the row loop: one (1, size) fp32 tile per piece
+    tWrW = ()
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        if HAS_W:
+            wcols = ct.arange(size, dtype=ct.int32) + off
+            if ct.static_eval(_mask_cols(off, size, N)):
+                w = ct.gather(mW, wcols, mask=wcols < N, latency=LATENCY)
+            else:
+                w = ct.gather(mW, wcols, check_bounds=False, latency=LATENCY)
+            tWrW += (ct.reshape(ct.astype(w, ct.float32) + offset, (1, size)),)
+
+    for tile in range(first, num_tiles, step):
+        rows = tile * TILE_M + rows0
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        ybase = ct.reshape(rows * N, (TILE_M, 1))
+
+        tXrX = ()
+        ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+            if ct.static_eval(_mask_cols(off, size, N)):
+                mask = row_ok & (cols < N)
+            else:
+                mask = row_ok
+            x = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
+                          ct.float32)
+            ssq = ssq + ct.sum(x * x, axis=1, keepdims=True)
+            tXrX += (x,)
+
+        rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
+
+        i = 0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+            if ct.static_eval(_mask_cols(off, size, N)):
+                mask = row_ok & (cols < N)
+            else:
+                mask = row_ok
+            y = tXrX[i] * rstd
+            if HAS_W:
+                y = y * tWrW[i]
+            ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
+                       latency=LATENCY)
+            i += 1
+
+
+@ct.kernel
+def rms_norm_fwd_reload_kernel(
+        mX, mW, mY, mRstd,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, TILE_M: ConstInt, CHUNK: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, LATENCY: ConstInt):
+    """Two passes over CHUNK-wide column chunks of TILE_M rows: the sum of squares, then a re-read
+    that normalises and stores. Nothing but one chunk is held on chip, so any N fits; the re-read of a
+    row that was just streamed mostly hits L2. REVERSE walks the second pass backwards, so it starts
+    with the chunks read most recently (the likeliest still in L2)."""
+    num_chunks = ct.static_eval(_chunks(N, CHUNK))
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    rows = ct.bid(0) * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+    row_ok = ct.reshape(rows < M, (TILE_M, 1))
+    xbase = ct.reshape(rows * stride, (TILE_M, 1))
+    ybase = ct.reshape(rows * N, (TILE_M, 1))
+    cols0 = ct.reshape(ct.arange(CHUNK, dtype=ct.int32), (1, CHUNK))
+
+    acc = ct.zeros((TILE_M, CHUNK), dtype=ct.float32)
+    for c in range(num_chunks):
+        cols = cols0 + c * CHUNK
+        x = ct.astype(ct.gather(mX, xbase + cols, mask=row_ok & (cols < N), check_bounds=False,
+                                latency=LATENCY), ct.float32)
+        acc = acc + x * x
+    rstd = ct.rsqrt(ct.sum(acc, axis=1, keepdims=True) * ct.static_eval(1.0 / N) + eps)
+    if STORE_RSTD:
+        ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
+
+    for i in range(num_chunks):
+        c = num_chunks - 1 - i if REVERSE else i
+        cols = cols0 + c * CHUNK
+        mask = row_ok & (cols < N)
+        x = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
+                      ct.float32)
+        y = x * rstd
+        if HAS_W:
+            w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
+            y = y * (ct.astype(w, ct.float32) + offset)
+        ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
+                   latency=LATENCY)
+
+
+# ================================================================================================
+# Launch configs
+# ================================================================================================
+@dataclass(frozen=True)
+class FwdConfig:
+    """One launch of one kernel. Everything here is a compile-time constant or a compiler hint."""
+
+    kernel: str  # "cached" | "reload"
+    tile_m: int = 1  # rows per tile block
+    piece_min: int = 1 << 30  # cached: smallest power-of-two piece before the padded tail
+    chunk: int = 2048  # reload: columns per chunk
+    reverse: bool = True  # reload: second pass walks the chunks backwards
+    persistent: bool = False  # cached: a persistent grid of blocks_per_sm x SMs
+    blocks_per_sm: int = 1
+    latency: int = 1  # ct.gather/scatter DRAM latency hint
+    num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
+    num_ctas: int | None = None
+    occupancy: int | None = None
+
+    def hints(self) -> dict:
+        return {k: v for k, v in (("num_worker_warps", self.num_worker_warps), ("num_ctas", self.num_ctas),
+                                  ("occupancy", self.occupancy)) if v is not None}
+
+    def short(self) -> str:
+        parts = [self.kernel, f"tile_m={self.tile_m}"]
+        if self.kernel == "cached":
+            parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
+            if self.persistent:
+                parts.append(f"persistent x{self.blocks_per_sm}/SM")
+        else:
+            parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
+        parts.append(f"latency={self.latency}")
+        parts += [f"{k}={v}" for k, v in self.hints().items()]
+        return " ".join(parts)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _pieces_waste(n: int, piece_min: int) -> float:
+    return sum(s for _, s in row_pieces(n, piece_min)) / n - 1.0
+
+
+def cached_piece_min(n: int) -> int:
+    """One padded tile when it wastes <= 1/8 of the lanes, else the fewest pieces that do."""
+    pm = _pow2_ceil(n)
+    while pm > 64 and _pieces_waste(n, pm) > 0.125:
+        pm //= 2
+    return pm
+
+
+def default_config(mode: str, M: int, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
+    """The launch config each mode uses for (M, N, dtype) on `dev` (sm_90 measurements, bench/NOTES)."""
+    row_bytes = N * elem_bytes
+    # rows per tile so one tile moves >= ~8 KiB (narrow rows: one row per block is too little work)
+    tile_m = 1 if row_bytes >= 4096 else min(64, _pow2_ceil(8192 // row_bytes))
+    nww = 8 if N * 4 > 64 * 1024 else None  # > 16K fp32 values per row: 8 warps keep it spill-free
+    if mode == "multi_wave_cached":
+        if N > 32768:  # a 4-CTA cluster splits the row; 1 CTA would spill (ptxas: 1.6 KB stack)
+            return FwdConfig("cached", tile_m=1, piece_min=cached_piece_min(N), num_ctas=4 if N <= 65536 else 8,
+                             num_worker_warps=8)
+        return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww)
+    if mode == "static_persistent":
+        return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), persistent=True,
+                         blocks_per_sm=4 if row_bytes * tile_m <= 32768 else 2, num_worker_warps=nww)
+    if mode == "multi_wave_reload":
+        chunk = min(_pow2_ceil(N), 4096 // elem_bytes * 2)
+        return FwdConfig("reload", tile_m=tile_m, chunk=chunk)
+    raise ValueError(mode)
+
+
+# ================================================================================================
+# Compiled-kernel objects (hints -> kernel), signatures for ahead-of-time compile checks
+# ================================================================================================
+_KERNELS = {"cached": rms_norm_fwd_cached_kernel, "reload": rms_norm_fwd_reload_kernel}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_for(cfg_kernel: str, hints: tuple) -> ct.kernel:
+    k = _KERNELS[cfg_kernel]
+    return k.replace_hints(**dict(hints)) if hints else k
+
+
+def _align_elems(stride: int, elem_bytes: int) -> int:
+    """Largest power of two dividing the row stride, capped at 16 bytes' worth of elements."""
+    cap = max(16 // elem_bytes, 1)
+    return math.gcd(stride, cap) if stride else cap
+
+
+def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool) -> tuple:
+    if cfg.kernel == "cached":
+        return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent, cfg.latency)
+    return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.latency)
+
+
+def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, store_rstd: bool = True):
+    """The KernelSignature a launch on well-aligned contiguous tensors would compile (for CI checks)."""
+    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
+                                       KernelSignature, ScalarConstraint)
+
+    def arr(dtype, div16: bool):
+        return ArrayConstraint(dtype, 1, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
+                               may_alias_internally=False, stride_constant=(1,),
+                               shape_divisible_by=16 if div16 else 1, base_addr_divisible_by=16)
+
+    elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
+    params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), arr(x_dtype, True), arr(ct.float32, True),
+              ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
+              ScalarConstraint(ct.float32)]
+    params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd)]
+    return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), \
+        KernelSignature(params, CallingConvention.cutile_python_v2())
+
+
+# ================================================================================================
+# Launch wrappers
+# ================================================================================================
+_CT_DTYPES = {torch.float16: ct.float16, torch.bfloat16: ct.bfloat16, torch.float32: ct.float32}
+_MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
+
+
+def _round16(n: int) -> int:
+    return (n + 15) & ~15
+
+
+def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool):
+    """The flat y (length rounded up to 16) and rstd (rows rounded up to 16) a launch writes into."""
+    y_flat = torch.empty(_round16(M * N), dtype=dtype, device=device)
+    rstd = torch.empty(_round16(M), dtype=torch.float32, device=device) if store_rstd else None
+    return y_flat, rstd
+
+
+def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+           store_rstd: bool, sm_count: int, out: tuple | None = None):
+    """y [M, N] (contiguous) and rstd [M] fp32 (or None) for a 2-D x with unit column stride.
+
+    The API layer has validated everything: dtypes, shapes, devices, x2d.stride(1) == 1, M >= 1.
+    `out`: buffers from `output_buffers` to write into (the tests poison them first).
+    """
+    M, N = x2d.shape
+    stride = x2d.stride(0) if M > 1 else N
+    y_flat, rstd = out if out is not None else output_buffers(M, N, x2d.dtype, x2d.device, store_rstd)
+    if rstd is None:
+        rstd = y_flat  # never written when STORE_RSTD is False
+    w = weight if weight is not None else y_flat  # never read when HAS_W is False
+    kernel = kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items())))
+    x_align = _align_elems(stride, x2d.element_size())
+    consts = constants(cfg, N, x_align, weight is not None, store_rstd)
+    stream = torch.cuda.current_stream()
+    # rows per launch so the flat x stays inside int32 indexing (one launch unless M*N > 2^31)
+    rows_per_launch = M if (M - 1) * stride + N <= _MAX_FLAT else max(16, (_MAX_FLAT - N) // stride // 16 * 16)
+    for r0 in range(0, M, rows_per_launch):
+        m = min(rows_per_launch, M - r0)
+        x_flat = x2d.as_strided(((m - 1) * stride + N,), (1,), x2d.storage_offset() + r0 * stride)
+        y_part = y_flat[r0 * N:] if r0 else y_flat
+        r_part = rstd[r0:] if (r0 and store_rstd) else rstd
+        tiles = -(-m // cfg.tile_m)
+        grid = min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
+        ct.launch(stream, (grid,), kernel, (x_flat, w, y_part, r_part, m, stride, eps, offset) + consts)
+    y = y_flat[:M * N].view(M, N)
+    return y, (rstd[:M] if store_rstd else None)
+
+
+# ================================================================================================
+# The three mode backends (what the dispatch table points at)
+# ================================================================================================
+@dataclass(frozen=True)
+class CuTileForward:
+    mode: str
+    idea: str
+
+    def config(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
+        return default_config(self.mode, M, N, dtype.itemsize, dev)
+
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
+        cfg = self.config(M, N, dtype, dev)
+        tiles = -(-M // cfg.tile_m)
+        grid = min(tiles, cfg.blocks_per_sm * dev.sm_count) if cfg.persistent else tiles
+        return f"cuTile rms_norm_fwd_{cfg.kernel}_kernel, grid ({grid},), {cfg.short()}"
+
+    def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
+                out: tuple | None = None):
+        cfg = cfg or self.config(x2d.shape[0], x2d.shape[1], x2d.dtype, dev)
+        return launch(cfg, x2d, weight, eps, offset, store_rstd, dev.sm_count, out)
+
+
+MULTI_WAVE_CACHED = CuTileForward("multi_wave_cached", "whole row loaded once, kept on chip")
+MULTI_WAVE_RELOAD = CuTileForward("multi_wave_reload", "two passes over chunks")
+STATIC_PERSISTENT = CuTileForward("static_persistent", "persistent grid over row tiles")

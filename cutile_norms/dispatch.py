@@ -1,0 +1,148 @@
+"""The one place that decides which kernel runs.
+
+`MODES` maps every mode name to its implementation and to what it needs (vendor, arch, DSL); a mode
+that cannot run says why. `mode=None` picks from the measured table in `tuning/rmsnorm_fwd.json`
+(written by `python bench/rmsnorm.py --write-table`), never an experimental or unbuilt kernel, and
+runs the reference where nothing was measured. `explain()` prints the decision and its evidence.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ._experimental import ENV_VAR, experimental_enabled, is_experimental
+from ._platform import DeviceInfo, Toolchain
+
+STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    dsl: str  # the DSL that must import: "cutile" | "cute" | "triton" | "torch"
+    backend: str | None  # "module:object" with the forward backend; None while planned
+    status: str  # STABLE | EXPERIMENTAL | PLANNED
+    vendors: tuple[str, ...]
+    min_arch: tuple[int, int] | None  # NVIDIA compute capability floor
+    idea: str
+    planned_in: str = ""
+
+
+_CUTILE_FWD = "cutile_norms.cutile.rmsnorm_fwd"
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("multi_wave_reload", "cutile", f"{_CUTILE_FWD}:MULTI_WAVE_RELOAD", STABLE, ("nvidia",), (9, 0),
+         "cuTile, one block per row, two passes over chunks (sum of squares, then re-read and "
+         "normalise): for rows too long to keep on chip"),
+    Mode("multi_wave_cached", "cutile", f"{_CUTILE_FWD}:MULTI_WAVE_CACHED", STABLE, ("nvidia",), (9, 0),
+         "cuTile, one block per row (or a few rows), the whole row loaded once and kept on chip"),
+    Mode("static_persistent", "cutile", f"{_CUTILE_FWD}:STATIC_PERSISTENT", STABLE, ("nvidia",), (9, 0),
+         "cuTile, a persistent grid of about one wave looping over row tiles, weight loaded once "
+         "per block, several rows per tile for narrow rows"),
+    Mode("tma_smem_cached", "cute", None, PLANNED, ("nvidia",), (9, 0),
+         "CuTe DSL, TMA loads into shared memory, thread-block cluster reductions for long rows",
+         planned_in="the CuTe DSL TMA/cluster issue"),
+    Mode("triton", "triton", None, PLANNED, ("nvidia", "amd"), None,
+         "Triton fallback for AMD and GPUs without the NVIDIA DSLs",
+         planned_in="the Triton fallback issue"),
+    Mode("torch", "torch", "cutile_norms.reference:rms_norm_reference", STABLE, ("cpu", "nvidia", "amd"), None,
+         "the fp32 torch reference (the oracle of every test), forward and backward"),
+)}
+
+
+def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Exception], str] | None:
+    """Why `mode` cannot run on `dev` with `tools`, with the error to raise (ValueError when the
+    caller's tensors are on the wrong kind of device, RuntimeError when the machine lacks something)."""
+    if mode.status == PLANNED:
+        return RuntimeError, f"mode {mode.name!r} is not built yet (it comes with {mode.planned_in})"
+    if mode.status == EXPERIMENTAL and not experimental_enabled():
+        return RuntimeError, (f"mode {mode.name!r} is experimental (not validated on hardware): opt in with "
+                              f"{ENV_VAR}=1 or cutile_norms.enable_experimental()")
+    if dev.vendor not in mode.vendors:
+        where = "CPU tensors" if dev.vendor == "cpu" else f"{dev.vendor} device {dev.name}"
+        return ValueError, f"mode {mode.name!r} runs on {' / '.join(mode.vendors)} GPUs, not on {where}"
+    if mode.min_arch and dev.vendor == "nvidia" and dev.arch < mode.min_arch:
+        need = f"sm_{mode.min_arch[0]}{mode.min_arch[1]}"
+        return RuntimeError, f"mode {mode.name!r} needs compute capability >= {need}; {dev.name} is {dev.arch_name}"
+    err = tools.error(mode.dsl)
+    if err:
+        return RuntimeError, f"mode {mode.name!r} needs {mode.dsl}, which does not import here: {err}"
+    return None
+
+
+def unavailable_reason(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> str | None:
+    """None when `mode` can run on `dev` with `tools`, else the reason it cannot."""
+    refusal = _refusal(mode, dev, tools)
+    return refusal[1] if refusal else None
+
+
+@functools.lru_cache(maxsize=None)
+def backend(mode_name: str):
+    """The forward backend object of a mode (imported on first use)."""
+    module, _, attr = MODES[mode_name].backend.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# ----------------------------------------------------------------------------------------------
+# mode=None: the measured table
+# ----------------------------------------------------------------------------------------------
+TABLE_PATH = os.path.join(os.path.dirname(__file__), "tuning", "rmsnorm_fwd.json")
+
+
+@functools.lru_cache(maxsize=None)
+def measured_table() -> dict:
+    try:
+        with open(TABLE_PATH) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {"tables": {}}
+
+
+@dataclass(frozen=True)
+class Choice:
+    mode: str
+    reason: str
+
+
+def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
+    """mode=None: the measured best mode for (arch, dtype, N, M), or the reference with the reason."""
+    if dev.vendor == "cpu":
+        return Choice("torch", "CPU tensors: the reference runs")
+    table = measured_table()
+    arch_rows = table.get("tables", {}).get(dev.arch_name)
+    if not arch_rows:
+        return Choice("torch", f"no measurements for {dev.arch_name} ({dev.name}) in {os.path.basename(TABLE_PATH)}: "
+                               f"the reference runs; pass an explicit mode to use a kernel")
+    dname = str(dtype).removeprefix("torch.")
+    for row in arch_rows.get(dname, []):
+        if row["n_min"] <= N <= row["n_max"] and row["m_min"] <= M <= row["m_max"]:
+            mode = MODES[row["mode"]]
+            why_not = unavailable_reason(mode, dev, tools)
+            if mode.status != STABLE or why_not:
+                break
+            src = table.get("source", {}).get(dev.arch_name, {})
+            return Choice(mode.name, f"measured table {dev.arch_name}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
+                                     f"M in [{row['m_min']}, {row['m_max']}] -> {row['mode']} ({row['evidence']}; "
+                                     f"{src.get('gpu', '?')}, {src.get('command', '?')})")
+    return Choice("torch", f"the measured table for {dev.arch_name} has no runnable row for {dname}, N={N}, M={M}: "
+                           f"the reference runs")
+
+
+def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
+    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot."""
+    if mode_name is None:
+        return choose_forward(dev, tools, dtype, M, N)
+    mode = MODES.get(mode_name) if isinstance(mode_name, str) else None
+    if mode is None:
+        raise ValueError(f"unknown mode {mode_name!r}; modes: None (measured heuristic), "
+                         + ", ".join(repr(m) for m in MODES))
+    refusal = _refusal(mode, dev, tools)
+    if refusal:
+        raise refusal[0](refusal[1])
+    if mode.backend and mode.status == STABLE and mode.dsl != "torch" and is_experimental(backend(mode.name)):
+        raise RuntimeError(f"mode {mode.name!r} is registered stable but its backend is experimental")
+    return Choice(mode.name, "asked for explicitly")

@@ -1,0 +1,41 @@
+"""The reference RMSNorm in plain torch: the oracle for every test, and `mode="torch"`.
+
+y = x * rsqrt(mean(x^2) + eps) * (offset + w), math in `compute_dtype` (fp32 by default, fp64 in
+tests), output in x's dtype. Written with differentiable torch ops, so autograd through
+`rms_norm_reference` is the reference backward; `rms_norm_backward` is the same math in closed form
+from a saved rstd, used behind autograd for the GPU forward kernels until the backward kernel lands.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                       offset: float = 0.0, *, compute_dtype: torch.dtype = torch.float32):
+    """Returns (y in x.dtype, rstd in compute_dtype of shape x.shape[:-1])."""
+    xc = x.to(compute_dtype)
+    rstd = torch.rsqrt(xc.square().mean(dim=-1) + eps)
+    y = xc * rstd.unsqueeze(-1)
+    if weight is not None:
+        y = y * (weight.to(compute_dtype) + offset)
+    return y.to(x.dtype), rstd
+
+
+def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                      rstd: torch.Tensor, offset: float = 0.0, *, need_dx: bool = True,
+                      need_dw: bool = True, compute_dtype: torch.dtype = torch.float32):
+    """Closed-form backward over 2-D x [M, N] with rstd [M]: returns (dx in x.dtype, dw in weight.dtype).
+
+    With xhat = x * rstd and g = dy * (offset + w):
+        dx = rstd * (g - xhat * mean(g * xhat))      dw = sum over rows of dy * xhat
+    """
+    xc, dyc = x.to(compute_dtype), dy.to(compute_dtype)
+    r = rstd.to(compute_dtype).unsqueeze(-1)
+    xhat = xc * r
+    g = dyc if weight is None else dyc * (weight.to(compute_dtype) + offset)
+    dx = dw = None
+    if need_dx:
+        dx = (r * (g - xhat * (g * xhat).mean(dim=-1, keepdim=True))).to(x.dtype)
+    if need_dw and weight is not None:
+        dw = (dyc * xhat).sum(dim=0).to(weight.dtype)
+    return dx, dw

@@ -1,0 +1,91 @@
+"""Shared test machinery: the GPU gate, fresh seeds, tolerances, and the fp64 oracle.
+
+Every check draws fresh random inputs (the seed is printed in any failure message so a failure can be
+replayed with CUTILE_NORMS_TEST_SEED=<seed>), poisons outputs with NaN before a kernel runs, and
+compares against the fp64 reference with the per-dtype tolerances below; NaN never passes.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+
+import pytest
+import torch
+
+from cutile_norms.reference import rms_norm_reference
+
+# |y - ref| <= atol + rtol * |ref|, ref in fp64 (not rounded). bf16/fp16: one unit in the last place
+# of the output dtype (the kernels round an fp32 result once: <= half an ulp, plus fp32 math error far
+# below that); fp32: fp32 rounding over an N-term sum plus rsqrt.approx (~2 ulp); atol only covers
+# values near zero / subnormals.
+TOLERANCES = {
+    torch.bfloat16: dict(rtol=2 ** -7, atol=1e-5),
+    torch.float16: dict(rtol=2 ** -10, atol=1e-6),
+    torch.float32: dict(rtol=2e-5, atol=1e-6),
+}
+
+
+def gpu_skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    if getattr(torch.version, "hip", None):
+        return "ROCm device: the cuTile/CuTe kernels are NVIDIA-only"
+    if torch.cuda.get_device_capability() < (9, 0):
+        return f"compute capability {torch.cuda.get_device_capability()} < 9.0"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = gpu_skip_reason()
+    if reason:
+        skip = pytest.mark.skip(reason=f"GPU test: {reason}")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed per test (or CUTILE_NORMS_TEST_SEED to replay one), already applied to torch."""
+    s = int(os.environ.get("CUTILE_NORMS_TEST_SEED", secrets.randbits(31)))
+    torch.manual_seed(s)
+    return s
+
+
+def random_rows(shape, dtype, device, scale: float = 1.0) -> torch.Tensor:
+    """Random normal values with a random per-row scale (rows of very different magnitude)."""
+    x = torch.randn(shape, dtype=torch.float32, device=device)
+    row_scale = torch.exp(torch.randn(shape[:-1] + (1,), device=device)) * scale
+    return (x * row_scale).to(dtype)
+
+
+def random_weight(n, dtype, device) -> torch.Tensor:
+    return (1.0 + 0.5 * torch.randn(n, device=device)).to(dtype)
+
+
+def reference64(x, weight, eps, offset):
+    """(y, rstd) in fp64 (y NOT rounded to x's dtype)."""
+    xc = x.double()
+    rstd = torch.rsqrt(xc.square().mean(dim=-1) + eps)
+    y = xc * rstd.unsqueeze(-1)
+    if weight is not None:
+        y = y * (weight.double() + offset)
+    return y, rstd
+
+
+def assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dtype, what: str, seed: int):
+    """actual (any dtype) vs the fp64 expectation, per-dtype tolerance; NaN/inf never pass."""
+    assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
+    a = actual.double()
+    bad_values = ~torch.isfinite(a)
+    assert not bad_values.any(), (f"{what}: {int(bad_values.sum())} non-finite values (unwritten output?) "
+                                  f"[seed {seed}]")
+    tol = TOLERANCES[dtype]
+    err = (a - expected64).abs()
+    limit = tol["atol"] + tol["rtol"] * expected64.abs()
+    over = err > limit
+    assert not over.any(), (f"{what}: {int(over.sum())}/{a.numel()} elements out of tolerance {tol}; "
+                            f"worst abs err {err.max().item():.3g} [seed {seed}]")
+
+
+__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "rms_norm_reference"]

@@ -1,0 +1,79 @@
+"""Public API on the CPU: rms_norm, RMSNorm as a drop-in for torch.nn.RMSNorm, explain, available_modes."""
+import pytest
+import torch
+
+import cutile_norms as cn
+from tests.conftest import assert_close, random_rows, random_weight, reference64
+
+
+def test_public_names():
+    for name in ["rms_norm", "RMSNorm", "available_modes", "explain", "enable_experimental"]:
+        assert callable(getattr(cn, name))
+    assert set(cn.available_modes("cpu")) == {"multi_wave_reload", "multi_wave_cached", "static_persistent",
+                                              "tma_smem_cached", "triton", "torch"}
+
+
+def test_available_modes_on_cpu_names_reasons():
+    modes = cn.available_modes("cpu")
+    assert modes["torch"] is None
+    for name in ["multi_wave_reload", "multi_wave_cached", "static_persistent"]:
+        assert "CPU" in modes[name]
+    assert "not built yet" in modes["tma_smem_cached"]
+
+
+def test_mode_none_on_cpu_runs_the_reference(seed):
+    x = random_rows((2, 3, 256), torch.bfloat16, "cpu")
+    w = random_weight(256, torch.bfloat16, "cpu")
+    y = cn.rms_norm(x, w)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_close(y, reference64(x, w, 1e-6, 0.0)[0], torch.bfloat16, "mode=None on CPU", seed)
+
+
+def test_non_contiguous_inputs(seed):
+    base = random_rows((6, 512), torch.float32, "cpu")
+    strided_rows = base[:, :300]  # row stride 512 != N
+    transposed = random_rows((300, 6), torch.float32, "cpu").t()  # last-dim stride != 1
+    for x in (strided_rows, transposed):
+        w = random_weight(300, torch.float32, "cpu")
+        assert_close(cn.rms_norm(x, w), reference64(x, w, 1e-6, 0.0)[0], torch.float32, "non-contiguous", seed)
+
+
+def test_explain_on_cpu():
+    text = cn.explain(torch.randn(4, 8, 128), torch.ones(128))
+    assert "M=32, N=128" in text and "mode: torch" in text and "CPU" in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_module_is_a_drop_in_for_torch_rmsnorm(seed, dtype):
+    ours, theirs = cn.RMSNorm(256, eps=1e-5, dtype=dtype), torch.nn.RMSNorm(256, eps=1e-5, dtype=dtype)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["weight"]
+    with torch.no_grad():
+        theirs.weight.copy_(random_weight(256, dtype, "cpu"))
+    ours.load_state_dict(theirs.state_dict())
+    theirs.load_state_dict(ours.state_dict())
+    x = random_rows((3, 7, 256), dtype, "cpu")
+    assert_close(ours(x), reference64(x, theirs.weight, 1e-5, 0.0)[0], dtype, "module", seed)
+    assert torch.allclose(ours(x).float(), theirs(x).float(), rtol=2 ** -6, atol=1e-4)
+
+
+def test_module_without_affine_and_multi_dim_shape(seed):
+    x = random_rows((5, 4, 32), torch.float32, "cpu")
+    m = cn.RMSNorm((4, 32), elementwise_affine=False)
+    assert m.weight is None and list(m.state_dict()) == []
+    expected = reference64(x.reshape(5, 128), None, 1e-6, 0.0)[0].reshape(5, 4, 32)
+    assert_close(m(x), expected, torch.float32, "normalized over two dims", seed)
+
+
+def test_module_offset_initialises_to_unit_scale(seed):
+    m = cn.RMSNorm(64, offset=1.0)
+    assert torch.all(m.weight == 0)  # Gemma: 1 + w with w = 0
+    x = random_rows((3, 64), torch.float32, "cpu")
+    assert_close(m(x), reference64(x, None, 1e-6, 0.0)[0], torch.float32, "offset init", seed)
+
+
+def test_module_gradients_reach_the_weight(seed):
+    m = cn.RMSNorm(128, offset=1.0)
+    x = random_rows((4, 128), torch.float32, "cpu").requires_grad_()
+    m(x).square().sum().backward()
+    assert x.grad is not None and m.weight.grad is not None
+    assert torch.isfinite(m.weight.grad).all() and m.weight.grad.abs().sum() > 0

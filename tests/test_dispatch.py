@@ -1,0 +1,124 @@
+"""Dispatch decisions on simulated devices (no GPU needed)."""
+import pytest
+import torch
+
+from cutile_norms import dispatch
+from cutile_norms._platform import CPU, DeviceInfo, Toolchain
+
+H100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
+B200 = DeviceInfo("nvidia", "NVIDIA B200", (10, 0), 148, 0)
+A100 = DeviceInfo("nvidia", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 0)
+MI300 = DeviceInfo("amd", "AMD Instinct MI300X", (9, 4), 304, 0)
+ALL_TOOLS = Toolchain(cutile=None, cute=None, triton=None)
+NO_CUTILE = Toolchain(cutile="`import cuda.tile` failed: ModuleNotFoundError", cute=None, triton=None)
+
+CUTILE_MODES = ["multi_wave_reload", "multi_wave_cached", "static_persistent"]
+
+
+def reasons(dev, tools):
+    return {name: dispatch.unavailable_reason(m, dev, tools) for name, m in dispatch.MODES.items()}
+
+
+def test_hopper_runs_every_built_mode():
+    r = reasons(H100, ALL_TOOLS)
+    assert all(r[m] is None for m in CUTILE_MODES + ["torch"])
+    assert "not built yet" in r["tma_smem_cached"] and "not built yet" in r["triton"]
+
+
+def test_ampere_is_refused_by_arch():
+    r = reasons(A100, ALL_TOOLS)
+    for m in CUTILE_MODES:
+        assert "compute capability >= sm_90" in r[m] and "sm_80" in r[m]
+
+
+def test_amd_is_refused_by_vendor():
+    r = reasons(MI300, ALL_TOOLS)
+    for m in CUTILE_MODES:
+        assert "nvidia" in r[m] and "amd" in r[m]
+    assert r["torch"] is None
+
+
+def test_missing_dsl_is_the_reason():
+    r = reasons(H100, NO_CUTILE)
+    for m in CUTILE_MODES:
+        assert "needs cutile" in r[m] and "ModuleNotFoundError" in r[m]
+
+
+def test_cpu_tensors_with_a_gpu_mode_is_a_value_error():
+    with pytest.raises(ValueError, match="CPU tensors"):
+        dispatch.resolve("multi_wave_cached", CPU, ALL_TOOLS, torch.bfloat16, 4, 128)
+
+
+def test_missing_arch_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match="compute capability"):
+        dispatch.resolve("static_persistent", A100, ALL_TOOLS, torch.bfloat16, 4, 128)
+
+
+def test_mode_none_on_cpu_and_on_unmeasured_arch():
+    assert dispatch.resolve(None, CPU, ALL_TOOLS, torch.float32, 4, 128).mode == "torch"
+    choice = dispatch.resolve(None, B200, ALL_TOOLS, torch.bfloat16, 4096, 4096)
+    assert choice.mode == "torch" and "no measurements for sm_100" in choice.reason
+
+
+FAKE_TABLE = {
+    "source": {"sm_90": {"gpu": "NVIDIA H100", "command": "python bench/rmsnorm.py --write-table"}},
+    "tables": {"sm_90": {"bfloat16": [
+        {"n_min": 1, "n_max": 1024, "m_min": 1, "m_max": 2 ** 31, "mode": "static_persistent", "evidence": "0.99x"},
+        {"n_min": 1025, "n_max": 8192, "m_min": 1, "m_max": 2 ** 31, "mode": "multi_wave_cached", "evidence": "1.0x"},
+        {"n_min": 8193, "n_max": 2 ** 20, "m_min": 1, "m_max": 2 ** 31, "mode": "experimental_one", "evidence": "?"},
+    ]}},
+}
+
+
+@pytest.fixture
+def fake_table(monkeypatch):
+    monkeypatch.setattr(dispatch, "measured_table", lambda: FAKE_TABLE)
+    fake = dispatch.Mode("experimental_one", "cutile", "x:y", dispatch.EXPERIMENTAL, ("nvidia",), (9, 0), "test")
+    monkeypatch.setitem(dispatch.MODES, "experimental_one", fake)
+    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")  # even opted in, mode=None never picks it
+
+
+def test_mode_none_follows_the_measured_table(fake_table):
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 1 << 20, 128)
+    assert c.mode == "static_persistent" and "N in [1, 1024]" in c.reason and "bench/rmsnorm.py" in c.reason
+    assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 4096, 4096).mode == "multi_wave_cached"
+
+
+def test_mode_none_never_picks_an_experimental_kernel(fake_table):
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 64, 65536)
+    assert c.mode == "torch" and "no runnable row" in c.reason
+
+
+def test_mode_none_skips_rows_whose_dsl_is_missing(fake_table):
+    c = dispatch.resolve(None, H100, NO_CUTILE, torch.bfloat16, 4096, 4096)
+    assert c.mode == "torch"
+
+
+def test_mode_none_without_rows_for_the_dtype(fake_table):
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.float16, 4096, 4096)
+    assert c.mode == "torch" and "float16" in c.reason
+
+
+def test_explicit_experimental_mode_needs_the_opt_in(fake_table, monkeypatch):
+    monkeypatch.delenv("CUTILE_NORMS_EXPERIMENTAL")
+    with pytest.raises(RuntimeError, match="experimental"):
+        dispatch.resolve("experimental_one", H100, ALL_TOOLS, torch.bfloat16, 4, 128)
+
+
+def test_the_shipped_table_is_consistent():
+    table = dispatch.measured_table()
+    for arch, by_dtype in table["tables"].items():
+        assert arch in table["source"], f"{arch}: no source (GPU, command) recorded"
+        assert "bench/rmsnorm.py" in table["source"][arch]["command"]
+        for dtype, rows in by_dtype.items():
+            assert dtype in ("bfloat16", "float16", "float32")
+            for row in rows:
+                mode = dispatch.MODES[row["mode"]]
+                assert mode.status == dispatch.STABLE, f"{arch}/{dtype}: table row picks {row['mode']}"
+                assert row["n_min"] <= row["n_max"] and row["m_min"] <= row["m_max"]
+            # the N ranges of each M band cover 1 .. 2^18 without gaps
+            for m_band in {(r["m_min"], r["m_max"]) for r in rows}:
+                band = sorted((r for r in rows if (r["m_min"], r["m_max"]) == m_band), key=lambda r: r["n_min"])
+                assert band[0]["n_min"] == 1 and band[-1]["n_max"] >= 2 ** 18
+                for a, b in zip(band, band[1:]):
+                    assert b["n_min"] == a["n_max"] + 1, f"{arch}/{dtype}: gap between {a} and {b}"
