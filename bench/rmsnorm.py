@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench import anchors as anchor_registry  # noqa: E402
-from bench.timing import caller_us, device_ms  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms, gpu_us, per_call_us  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms.reference import rms_norm_reference  # noqa: E402
 
@@ -79,7 +79,8 @@ def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: boo
             return {**rec, "error": f"wrong result: {wrong}"}
         with torch.no_grad():
             if small:
-                rec["fwd_us"] = caller_us(lambda: fwd(x, w, eps))["median_us"]
+                rec["fwd_us"] = gpu_us(lambda: fwd(x, w, eps))
+                rec["fwd_call_us"] = per_call_us(lambda: fwd(x, w, eps))
             else:
                 t = device_ms(lambda: fwd(x, w, eps))
                 rec.update(fwd_ms=t["median_ms"], fwd_p10_ms=t["p10_ms"], fwd_p90_ms=t["p90_ms"])
@@ -91,7 +92,8 @@ def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: boo
             dy = torch.randn_like(y)
             grad = lambda: torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)  # noqa: E731
             if small:
-                rec["bwd_us"] = caller_us(grad)["median_us"]
+                rec["bwd_us"] = gpu_us(grad)
+                rec["bwd_call_us"] = per_call_us(grad)
             else:
                 t = device_ms(grad)
                 rec["bwd_ms"] = t["median_ms"]
@@ -139,9 +141,10 @@ def run(args) -> dict:
         M = max(1, ELEMENTS // N)
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        copy = device_ms(lambda: x.clone())
+        copy = copy_baseline_ms(x)
         copy_gbps = 2 * M * N * e / (copy["median_ms"] * 1e-3) / 1e9
-        row = {"N": N, "M": M, "copy_ms": copy["median_ms"], "copy_gbps": copy_gbps, "impls": []}
+        row = {"N": N, "M": M, "copy_ms": copy["median_ms"], "copy_variants_ms": copy["variants_ms"],
+               "copy_gbps": copy_gbps, "impls": []}
         fwd_bytes, bwd_bytes = 2 * M * N * e + N * e, 3 * M * N * e + 2 * N * e
         for name, fn in impls.items():
             rec = measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward, small=False)
@@ -157,14 +160,16 @@ def run(args) -> dict:
     for M in args.small_m:
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        row = {"N": N, "M": M, "copy_us": caller_us(lambda: x.clone())["median_us"], "impls": []}
+        row = {"N": N, "M": M, "copy_us": gpu_us(lambda: x.clone()), "copy_call_us": per_call_us(lambda: x.clone()),
+               "impls": []}
         for name, fn in impls.items():
             rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True)
             row["impls"].append(rec)
             log(f"small M={M:>5} N={N} {name:<28} " + (rec.get("error") or
-                f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy)" +
-                (f"  bwd {rec['bwd_us']:6.1f} us" if "bwd_us" in rec else "")))
-        log(f"small M={M:>5} copy {row['copy_us']:.1f} us")
+                f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy), per call "
+                f"{rec['fwd_call_us']:6.1f} us ({rec['fwd_call_us'] / row['copy_call_us']:.2f}x copy)" +
+                (f"  bwd {rec['bwd_us']:6.1f} / {rec['bwd_call_us']:6.1f} us" if "bwd_us" in rec else "")))
+        log(f"small M={M:>5} copy {row['copy_us']:.1f} us, per call {row['copy_call_us']:.1f} us")
         result["small_m"].append(row)
     return result
 
@@ -196,11 +201,14 @@ def markdown(result: dict) -> str:
                      for r in row["impls"]]
             out.append(f"| {row['N']} | " + " | ".join(cells) + " |")
     if result["small_m"]:
-        out += ["", "Small M, N = 4096, µs per call as seen by the caller (host overhead included), fwd (and bwd):", "",
-                "| M | copy | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
-        for row in result["small_m"]:
-            cells = [_cell(r, "fwd_us", "{:.1f}") + (f" / {r['bwd_us']:.1f}" if "bwd_us" in r else "") for r in row["impls"]]
-            out.append(f"| {row['M']} | {row['copy_us']:.1f} | " + " | ".join(cells) + " |")
+        for key, title in (("us", "GPU µs per call (L2 flushed, events around one call)"),
+                           ("call_us", "µs per call back to back (host work included when the host is slower)")):
+            out += ["", f"Small M, N = 4096, {title}, fwd (/ bwd):", "",
+                    "| M | copy | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+            for row in result["small_m"]:
+                cells = [_cell(r, f"fwd_{key}", "{:.1f}") + (f" / {r[f'bwd_{key}']:.1f}" if f"bwd_{key}" in r else "")
+                         for r in row["impls"]]
+                out.append(f"| {row['M']} | {row[f'copy_{key}']:.1f} | " + " | ".join(cells) + " |")
     if result["skipped"]:
         out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
     return "\n".join(out) + "\n"

@@ -1,9 +1,13 @@
-"""Timing on the GPU: CUDA-event medians with the L2 flushed before every repetition.
+"""Timing on the GPU: CUDA-event medians, L2 flushed before every repetition.
 
-Two clocks:
-  * `device_ms`: back-to-back calls (the CPU runs ahead), so only GPU time counts: throughput.
-  * `caller_us`: the GPU idles before each call, so the host work of the call (Python, launch) is in
-    the measured interval: the latency a caller sees for one eager call (the small-M sweep).
+  * `device_ms`: one call per repetition, L2 flushed first; the CPU runs ahead of the GPU (the flush
+    takes longer than the host work of a call), so the interval is the call's GPU time: throughput.
+  * `per_call_us`: K calls back to back with no flush and events around the whole run, divided by K:
+    the steady-state cost of one eager call as a caller sees it, host work (Python, launch) included
+    whenever the host is slower than the GPU. The small-M sweep reports both.
+  * `copy_baseline_ms`: the same bytes moved by a plain copy, the best of x.clone() and copies into
+    two other preallocated buffers (the copy's speed was seen to depend on where the allocator put
+    its output: 4160 vs 3750 GB/s in one process on an H200; the best is the conservative ceiling).
 """
 from __future__ import annotations
 
@@ -22,29 +26,45 @@ def _flush_l2() -> None:
     _flush_buffer.zero_()
 
 
-def _timed(fn, reps: int, warmup: int, idle_before: bool) -> list[float]:
+def device_ms(fn, reps: int = 40, warmup: int = 3) -> dict:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         _flush_l2()
-        if idle_before:
-            torch.cuda.synchronize()
         start.record()
         fn()
         end.record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in events]
-
-
-def device_ms(fn, reps: int = 40, warmup: int = 3) -> dict:
-    t = _timed(fn, reps, warmup, idle_before=False)
+    t = [s.elapsed_time(e) for s, e in events]
     q = statistics.quantiles(t, n=10)
     return {"median_ms": statistics.median(t), "p10_ms": q[0], "p90_ms": q[-1]}
 
 
-def caller_us(fn, reps: int = 100, warmup: int = 10) -> dict:
-    t = _timed(fn, reps, warmup, idle_before=True)
-    q = statistics.quantiles(t, n=10)
-    return {"median_us": 1e3 * statistics.median(t), "p10_us": 1e3 * q[0], "p90_us": 1e3 * q[-1]}
+def per_call_us(fn, calls: int = 200, reps: int = 7) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        runs.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(runs)
+
+
+def gpu_us(fn, reps: int = 100) -> float:
+    return device_ms(fn, reps=reps, warmup=10)["median_ms"] * 1e3
+
+
+def copy_baseline_ms(x: torch.Tensor, reps: int = 40) -> dict:
+    dsts = [torch.empty_like(x) for _ in range(2)]
+    variants = {"clone": device_ms(lambda: x.clone(), reps)["median_ms"]}
+    for i, d in enumerate(dsts):
+        variants[f"copy_{i}"] = device_ms(lambda: d.copy_(x), reps)["median_ms"]
+    return {"median_ms": min(variants.values()), "variants_ms": variants}

@@ -133,7 +133,13 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 
 
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
-    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot."""
+    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot.
+    Decisions are cached per (mode, device, dtype, M, N) and the experimental opt-in state."""
+    return _resolve(mode_name, dev, tools, dtype, M, N, experimental_enabled())
+
+
+@functools.lru_cache(maxsize=8192)
+def _resolve(mode_name, dev, tools, dtype, M, N, _experimental_on) -> Choice:
     if mode_name is None:
         return choose_forward(dev, tools, dtype, M, N)
     mode = MODES.get(mode_name) if isinstance(mode_name, str) else None

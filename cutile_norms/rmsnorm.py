@@ -43,13 +43,13 @@ def _validate(x, weight, eps, offset) -> None:
             raise TypeError(f"weight must be x's dtype ({x.dtype}) or float32, got {weight.dtype}")
         if weight.device != x.device:
             raise ValueError(f"x and weight must be on the same device, got {x.device} and {weight.device}")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps > 0):
+    if not (0 < eps < math.inf):  # also false for NaN
         raise ValueError(f"eps must be a finite positive number, got {eps}")
-    if isinstance(offset, bool) or not isinstance(offset, numbers.Real):
+    if type(offset) is not float and (isinstance(offset, bool) or not isinstance(offset, numbers.Real)):
         raise TypeError(f"offset must be a real number, got {type(offset).__name__}")
-    if not math.isfinite(offset):
+    if not (-math.inf < offset < math.inf):
         raise ValueError(f"offset must be finite, got {offset}")
     if weight is None and offset != 0:
         raise ValueError(f"offset={offset} scales the weight (offset + w), but weight is None; "
@@ -88,9 +88,9 @@ class _RMSNormFunction(torch.autograd.Function):
 # ================================================================================================
 def _plan(x, mode):
     dev = device_info(x.device)
-    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    choice = dispatch.resolve(mode, dev, toolchain(), x.dtype, M, x.shape[-1])
-    return dev, M, choice
+    N = x.shape[-1]
+    M = x.numel() // N if N else 0
+    return dev, M, dispatch.resolve(mode, dev, toolchain(), x.dtype, M, N)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
@@ -109,12 +109,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
         return torch.empty_like(x, memory_format=torch.contiguous_format)
     backend = dispatch.backend(choice.mode)
     x2d = _as_rows(x)
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-    if needs_grad:
-        y = _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), backend, dev)
-    else:
-        y, _ = backend.forward(x2d, weight, float(eps), float(offset), False, dev)
-    return y.view(x.shape)
+    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
+        return _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), backend, dev).view(x.shape)
+    # inference: no autograd node, no rstd, y allocated in x's shape
+    return backend.forward(x2d, weight, float(eps), float(offset), False, dev, out_shape=x.shape)[0]
 
 
 def available_modes(device: torch.device | str | int | None = None) -> dict[str, str | None]:

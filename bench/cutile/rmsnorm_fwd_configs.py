@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import caller_us, device_ms  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms, per_call_us  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min, default_config, launch  # noqa: E402
 
@@ -37,44 +37,49 @@ def candidates(N: int, e: int) -> list[FwdConfig]:
     """A targeted set per width class (row bytes), plus the current heuristic's pick for each mode."""
     rb = N * e
     pm = cached_piece_min(N)
+    C = FwdConfig
     cfgs = []
-    if rb <= 2048:
-        for tm in (4, 8, 16, 32, 64, 128):
+    if rb <= 2048:  # narrow rows: several rows per tile
+        for tm in (8, 16, 32, 64):
             if 2048 <= rb * tm <= 65536:
-                cfgs.append(FwdConfig("cached", tile_m=tm, piece_min=pm))
-                cfgs.append(FwdConfig("cached", tile_m=tm, piece_min=pm, persistent=True, blocks_per_sm=4))
-        for tm in (8, 16, 32):
-            if 4096 <= rb * tm <= 32768:
-                for b in (2, 8):
-                    cfgs.append(FwdConfig("cached", tile_m=tm, piece_min=pm, persistent=True, blocks_per_sm=b))
-        cfgs.append(FwdConfig("reload", tile_m=max(1, 8192 // rb), chunk=_pow2(N)))
-    elif rb <= 32768:
-        tms = (1, 2) if rb <= 8192 else (1,)
-        for tm in tms:
+                cfgs.append(C("cached", tile_m=tm, piece_min=pm))
+                for lat in (3, 10):
+                    cfgs.append(C("cached", tile_m=tm, piece_min=pm, latency=lat))
+                for b in (4, 8):
+                    for lat in (1, 3, 10):
+                        cfgs.append(C("cached", tile_m=tm, piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat))
+        for tm in (4, 8, 16):
+            if 2048 <= rb * tm <= 32768:
+                for lat in (1, 3):
+                    cfgs.append(C("reload", tile_m=tm, chunk=_pow2(N), latency=lat))
+    elif rb <= 32768:  # 1K..16K elements of 16-bit
+        for tm in ((1, 2) if rb <= 8192 else (1,)):
             for nww in (None, 8):
-                cfgs.append(FwdConfig("cached", tile_m=tm, piece_min=pm, num_worker_warps=nww))
+                cfgs.append(C("cached", tile_m=tm, piece_min=pm, num_worker_warps=nww))
             if pm != _pow2(N):
-                cfgs.append(FwdConfig("cached", tile_m=tm, piece_min=_pow2(N)))  # one padded tile
-        cfgs.append(FwdConfig("cached", tile_m=1, piece_min=pm, latency=3))
-        cfgs.append(FwdConfig("cached", tile_m=1, piece_min=pm, occupancy=4))
-        for b in (1, 2, 4):
-            cfgs.append(FwdConfig("cached", tile_m=1, piece_min=pm, persistent=True, blocks_per_sm=b,
-                                  num_worker_warps=8 if rb > 16384 else None))
-        for chunk in (1024, 2048, 4096):
-            if chunk < N:
-                cfgs.append(FwdConfig("reload", chunk=chunk))
-    else:
-        for nctas in (1, 2, 4, 8):
-            for nww in (None, 8):
-                if nctas == 1 and nww is None and rb > 65536:
-                    continue  # spills (ptxas), not worth timing
-                cfgs.append(FwdConfig("cached", piece_min=pm, num_ctas=nctas if nctas > 1 else None,
-                                      num_worker_warps=nww))
+                cfgs.append(C("cached", tile_m=tm, piece_min=_pow2(N)))
+        for b in (1, 2, 3, 4):
+            for lat in (3, 10):
+                cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat,
+                              num_worker_warps=8 if rb > 16384 else None))
+        for chunk in (1024, 2048, 4096, 8192):
+            if chunk <= _pow2(N):
+                for lat in (1, 3, 10):
+                    cfgs.append(C("reload", chunk=chunk, latency=lat))
+                for b in (2, 4):
+                    cfgs.append(C("reload", chunk=chunk, latency=10, persistent=True, blocks_per_sm=b))
+    else:  # wide rows: the two-pass kernel, rows in flight capped so the re-read stays in L2
+        cfgs.append(C("cached", piece_min=pm, num_worker_warps=8))
+        for b in (1, 2):
+            for lat in (3, 10):
+                cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat, num_worker_warps=8))
         for chunk in (2048, 4096, 8192):
-            for rev in (True, False):
-                cfgs.append(FwdConfig("reload", chunk=chunk, reverse=rev))
-        cfgs.append(FwdConfig("reload", chunk=4096, num_worker_warps=8))
-        cfgs.append(FwdConfig("reload", chunk=4096, occupancy=2))
+            for lat in (3, 10):
+                cfgs.append(C("reload", chunk=chunk, latency=lat))
+                for b in (1, 2, 4):
+                    for nww in (None, 8):
+                        cfgs.append(C("reload", chunk=chunk, latency=lat, persistent=True, blocks_per_sm=b,
+                                      num_worker_warps=nww))
     dev = device_info("cuda")
     for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload"):
         cfgs.append(default_config(mode, ELEMENTS // N, N, e, dev))
@@ -90,31 +95,33 @@ ELEMENTS = 1 << 27
 
 
 def host_costs(dtype) -> dict:
-    """CPU microseconds per call (no sync in the loop): ct.launch alone, rms_norm, and x.clone()."""
+    """Microseconds per call back to back (host-bound here): the pieces of one small rms_norm call."""
+    import cuda.tile as ct
+
+    from cutile_norms.cutile.rmsnorm_fwd import _flat, _prepared
+
     N, M = 4096, 1
     x = torch.randn(M, N, device="cuda", dtype=dtype)
     w = torch.ones(N, device="cuda", dtype=dtype)
+    y = torch.empty_like(x)
     dev = device_info("cuda")
     cfg = default_config("multi_wave_cached", M, N, x.element_size(), dev)
-    out = {}
-
-    def per_call(fn, n=2000):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        return (t1 - t0) / n * 1e6
-
-    out["clone_us"] = per_call(lambda: x.clone())
-    out["empty_us"] = per_call(lambda: torch.empty(N, device="cuda", dtype=dtype))
-    out["launch_wrapper_us"] = per_call(lambda: launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count))
-    out["rms_norm_us"] = per_call(lambda: cn.rms_norm(x, w, mode="multi_wave_cached"))
-    out["rms_norm_caller_us"] = caller_us(lambda: cn.rms_norm(x, w, mode="multi_wave_cached"))["median_us"]
-    out["clone_caller_us"] = caller_us(lambda: x.clone())["median_us"]
+    kernel, consts = _prepared(cfg, N, 8, True, False)
+    args = (x.view(-1), w, y.view(-1), y.view(-1), M, N, 1e-6, 0.0) + consts
+    stream = torch.cuda.current_stream()
+    out = {"clone": per_call_us(lambda: x.clone()),
+           "torch.empty": per_call_us(lambda: torch.empty(N, device="cuda", dtype=dtype)),
+           "current_stream": per_call_us(lambda: torch.cuda.current_stream()),
+           "ct.launch (prebuilt args)": per_call_us(lambda: ct.launch(stream, (1,), kernel, args)),
+           "launch() wrapper": per_call_us(lambda: launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)),
+           "rms_norm(mode=cached)": per_call_us(lambda: cn.rms_norm(x, w, mode="multi_wave_cached")),
+           "rms_norm(mode=None)": per_call_us(lambda: cn.rms_norm(x, w)),
+           "F.rms_norm": per_call_us(lambda: torch.nn.functional.rms_norm(x, (N,), w, 1e-6))}
+    try:
+        raw = torch.cuda.current_stream().cuda_stream
+        out["ct.launch (int stream)"] = per_call_us(lambda: ct.launch(raw, (1,), kernel, args))
+    except Exception as exc:
+        out["ct.launch (int stream)"] = f"{type(exc).__name__}: {exc}"[:120]
     return out
 
 
@@ -132,12 +139,13 @@ def main(argv=None) -> int:
     e = torch.empty((), dtype=dtype).element_size()
     dev = device_info("cuda")
     results = {"gpu": dev.name, "dtype": str(dtype), "host": host_costs(dtype), "sweep": []}
-    print("host costs (us):", {k: round(v, 2) for k, v in results["host"].items()}, flush=True)
+    print("host costs (us per call):", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in results["host"].items()},
+          flush=True)
     for N in args.ns:
         M = ELEMENTS // N
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        copy = device_ms(lambda: x.clone(), reps=args.reps)["median_ms"]
+        copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
         for cfg in candidates(N, e):
             rec = {"config": cfg.short(), "fields": cfg.__dict__}

@@ -130,41 +130,45 @@ def rms_norm_fwd_reload_kernel(
         mX, mW, mY, mRstd,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, CHUNK: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, LATENCY: ConstInt):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt):
     """Two passes over CHUNK-wide column chunks of TILE_M rows: the sum of squares, then a re-read
-    that normalises and stores. Nothing but one chunk is held on chip, so any N fits; the re-read of a
-    row that was just streamed mostly hits L2. REVERSE walks the second pass backwards, so it starts
-    with the chunks read most recently (the likeliest still in L2)."""
+    that normalises and stores. Only one chunk is held on chip, so any N fits; the re-read of a row
+    that was just streamed hits L2 as long as the rows in flight fit in it (PERSISTENT caps them at
+    the grid size). REVERSE walks the second pass backwards: the most recently read chunks first.
+    LATENCY >= 3 makes the compiler pipeline the chunk loops through shared memory (cp.async)."""
     num_chunks = ct.static_eval(_chunks(N, CHUNK))
+    num_tiles = ct.cdiv(M, TILE_M)
+    step = ct.num_blocks(0) if PERSISTENT else num_tiles
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
-    rows = ct.bid(0) * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
-    row_ok = ct.reshape(rows < M, (TILE_M, 1))
-    xbase = ct.reshape(rows * stride, (TILE_M, 1))
-    ybase = ct.reshape(rows * N, (TILE_M, 1))
     cols0 = ct.reshape(ct.arange(CHUNK, dtype=ct.int32), (1, CHUNK))
+    for tile in range(ct.bid(0), num_tiles, step):
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        ybase = ct.reshape(rows * N, (TILE_M, 1))
 
-    acc = ct.zeros((TILE_M, CHUNK), dtype=ct.float32)
-    for c in range(num_chunks):
-        cols = cols0 + c * CHUNK
-        x = ct.astype(ct.gather(mX, xbase + cols, mask=row_ok & (cols < N), check_bounds=False,
-                                latency=LATENCY), ct.float32)
-        acc = acc + x * x
-    rstd = ct.rsqrt(ct.sum(acc, axis=1, keepdims=True) * ct.static_eval(1.0 / N) + eps)
-    if STORE_RSTD:
-        ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
+        acc = ct.zeros((TILE_M, CHUNK), dtype=ct.float32)
+        for c in range(num_chunks):
+            cols = cols0 + c * CHUNK
+            x = ct.astype(ct.gather(mX, xbase + cols, mask=row_ok & (cols < N), check_bounds=False,
+                                    latency=LATENCY), ct.float32)
+            acc = acc + x * x
+        rstd = ct.rsqrt(ct.sum(acc, axis=1, keepdims=True) * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
 
-    for i in range(num_chunks):
-        c = num_chunks - 1 - i if REVERSE else i
-        cols = cols0 + c * CHUNK
-        mask = row_ok & (cols < N)
-        x = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
-                      ct.float32)
-        y = x * rstd
-        if HAS_W:
-            w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
-            y = y * (ct.astype(w, ct.float32) + offset)
-        ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
-                   latency=LATENCY)
+        for i in range(num_chunks):
+            c = num_chunks - 1 - i if REVERSE else i
+            cols = cols0 + c * CHUNK
+            mask = row_ok & (cols < N)
+            x = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
+                          ct.float32)
+            y = x * rstd
+            if HAS_W:
+                w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
+                y = y * (ct.astype(w, ct.float32) + offset)
+            ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
+                       latency=LATENCY)
 
 
 # ================================================================================================
@@ -179,7 +183,7 @@ class FwdConfig:
     piece_min: int = 1 << 30  # cached: smallest power-of-two piece before the padded tail
     chunk: int = 2048  # reload: columns per chunk
     reverse: bool = True  # reload: second pass walks the chunks backwards
-    persistent: bool = False  # cached: a persistent grid of blocks_per_sm x SMs
+    persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm)
     blocks_per_sm: int = 1
     latency: int = 1  # ct.gather/scatter DRAM latency hint
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
@@ -187,19 +191,21 @@ class FwdConfig:
     occupancy: int | None = None
 
     def hints(self) -> dict:
+        # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
+        occupancy = self.blocks_per_sm if self.persistent else self.occupancy
         return {k: v for k, v in (("num_worker_warps", self.num_worker_warps), ("num_ctas", self.num_ctas),
-                                  ("occupancy", self.occupancy)) if v is not None}
+                                  ("occupancy", occupancy)) if v is not None}
 
     def short(self) -> str:
         parts = [self.kernel, f"tile_m={self.tile_m}"]
         if self.kernel == "cached":
             parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
-            if self.persistent:
-                parts.append(f"persistent x{self.blocks_per_sm}/SM")
         else:
             parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
+        if self.persistent:
+            parts.append(f"persistent x{self.blocks_per_sm}/SM")
         parts.append(f"latency={self.latency}")
-        parts += [f"{k}={v}" for k, v in self.hints().items()]
+        parts += [f"{k}={v}" for k, v in self.hints().items() if not (k == "occupancy" and self.persistent)]
         return " ".join(parts)
 
 
@@ -217,6 +223,11 @@ def cached_piece_min(n: int) -> int:
     while pm > 64 and _pieces_waste(n, pm) > 0.125:
         pm //= 2
     return pm
+
+
+@functools.lru_cache(maxsize=4096)
+def _config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
+    return default_config(mode, 0, N, elem_bytes, dev)
 
 
 def default_config(mode: str, M: int, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
@@ -260,7 +271,7 @@ def _align_elems(stride: int, elem_bytes: int) -> int:
 def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool) -> tuple:
     if cfg.kernel == "cached":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent, cfg.latency)
-    return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.latency)
+    return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
 
 
 def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, store_rstd: bool = True):
@@ -285,7 +296,6 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
 # ================================================================================================
 # Launch wrappers
 # ================================================================================================
-_CT_DTYPES = {torch.float16: ct.float16, torch.bfloat16: ct.bfloat16, torch.float32: ct.float32}
 _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
 
 
@@ -293,42 +303,58 @@ def _round16(n: int) -> int:
     return (n + 15) & ~15
 
 
-def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool):
-    """The flat y (length rounded up to 16) and rstd (rows rounded up to 16) a launch writes into."""
-    y_flat = torch.empty(_round16(M * N), dtype=dtype, device=device)
-    rstd = torch.empty(_round16(M), dtype=torch.float32, device=device) if store_rstd else None
-    return y_flat, rstd
+@functools.lru_cache(maxsize=4096)
+def _prepared(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool):
+    """(kernel object, compile-time constants) of one launch shape: everything but the tensors."""
+    return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), constants(cfg, N, x_align, has_w, store_rstd)
+
+
+def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool, shape=None):
+    """y (in `shape`, default [M, N]; flat length padded to 16 when M*N is not a multiple of 16) and
+    rstd (rows padded to 16): the padding keeps the flat arrays' "divisible by 16" bit independent of M."""
+    if (M * N) % 16 == 0:
+        y = torch.empty(shape if shape is not None else (M, N), dtype=dtype, device=device)
+    else:
+        y = torch.empty(_round16(M * N), dtype=dtype, device=device)[:M * N].view(shape if shape is not None else (M, N))
+    rstd = torch.empty(_round16(M), dtype=torch.float32, device=device)[:M] if store_rstd else None
+    return y, rstd
+
+
+def _flat(t: torch.Tensor, length: int, offset: int = 0) -> torch.Tensor:
+    return t.as_strided((length,), (1,), t.storage_offset() + offset)
 
 
 def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
-           store_rstd: bool, sm_count: int, out: tuple | None = None):
-    """y [M, N] (contiguous) and rstd [M] fp32 (or None) for a 2-D x with unit column stride.
+           store_rstd: bool, sm_count: int, out: tuple | None = None, out_shape=None):
+    """y (contiguous, [M, N] or `out_shape`) and rstd [M] fp32 (or None) for a 2-D x, unit column stride.
 
     The API layer has validated everything: dtypes, shapes, devices, x2d.stride(1) == 1, M >= 1.
-    `out`: buffers from `output_buffers` to write into (the tests poison them first).
+    `out`: (y, rstd) from `output_buffers` to write into (the tests poison them first).
     """
     M, N = x2d.shape
     stride = x2d.stride(0) if M > 1 else N
-    y_flat, rstd = out if out is not None else output_buffers(M, N, x2d.dtype, x2d.device, store_rstd)
-    if rstd is None:
-        rstd = y_flat  # never written when STORE_RSTD is False
+    y, rstd = out if out is not None else output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, out_shape)
+    kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd)
+    y_flat = _flat(y, _round16(M * N))
+    r_flat = _flat(rstd, _round16(M)) if store_rstd else y_flat  # never written when STORE_RSTD is False
     w = weight if weight is not None else y_flat  # never read when HAS_W is False
-    kernel = kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items())))
-    x_align = _align_elems(stride, x2d.element_size())
-    consts = constants(cfg, N, x_align, weight is not None, store_rstd)
     stream = torch.cuda.current_stream()
-    # rows per launch so the flat x stays inside int32 indexing (one launch unless M*N > 2^31)
-    rows_per_launch = M if (M - 1) * stride + N <= _MAX_FLAT else max(16, (_MAX_FLAT - N) // stride // 16 * 16)
-    for r0 in range(0, M, rows_per_launch):
-        m = min(rows_per_launch, M - r0)
-        x_flat = x2d.as_strided(((m - 1) * stride + N,), (1,), x2d.storage_offset() + r0 * stride)
-        y_part = y_flat[r0 * N:] if r0 else y_flat
-        r_part = rstd[r0:] if (r0 and store_rstd) else rstd
+    span = (M - 1) * stride + N
+    if span <= _MAX_FLAT:  # one launch (the usual case)
+        tiles = -(-M // cfg.tile_m)
+        grid = min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
+        ct.launch(stream, (grid,), kernel, (_flat(x2d, span), w, y_flat, r_flat, M, stride, eps, offset) + consts)
+        return y, rstd
+    # beyond int32 indexing: row chunks (a multiple of 16 rows) that each stay below 2^31 elements
+    rows = max(16, (_MAX_FLAT - N) // max(stride, N) // 16 * 16)
+    for r0 in range(0, M, rows):
+        m = min(rows, M - r0)
         tiles = -(-m // cfg.tile_m)
         grid = min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
-        ct.launch(stream, (grid,), kernel, (x_flat, w, y_part, r_part, m, stride, eps, offset) + consts)
-    y = y_flat[:M * N].view(M, N)
-    return y, (rstd[:M] if store_rstd else None)
+        args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, _flat(y, _round16(m * N), r0 * N),
+                _flat(rstd, _round16(m), r0) if store_rstd else y_flat, m, stride, eps, offset)
+        ct.launch(stream, (grid,), kernel, args + consts)
+    return y, rstd
 
 
 # ================================================================================================
@@ -340,7 +366,7 @@ class CuTileForward:
     idea: str
 
     def config(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
-        return default_config(self.mode, M, N, dtype.itemsize, dev)
+        return _config(self.mode, N, dtype.itemsize, dev)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
         cfg = self.config(M, N, dtype, dev)
@@ -349,9 +375,9 @@ class CuTileForward:
         return f"cuTile rms_norm_fwd_{cfg.kernel}_kernel, grid ({grid},), {cfg.short()}"
 
     def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
-                out: tuple | None = None):
-        cfg = cfg or self.config(x2d.shape[0], x2d.shape[1], x2d.dtype, dev)
-        return launch(cfg, x2d, weight, eps, offset, store_rstd, dev.sm_count, out)
+                out: tuple | None = None, out_shape=None):
+        cfg = cfg or _config(self.mode, x2d.shape[1], x2d.dtype.itemsize, dev)
+        return launch(cfg, x2d, weight, eps, offset, store_rstd, dev.sm_count, out, out_shape)
 
 
 MULTI_WAVE_CACHED = CuTileForward("multi_wave_cached", "whole row loaded once, kept on chip")
