@@ -72,13 +72,17 @@ FAKE_TABLE = {
 
 @pytest.fixture
 def fake_table(monkeypatch):
+    from cutile_norms import rmsnorm
+
     dispatch._resolve.cache_clear()  # decisions are cached per process; this test swaps the table
+    rmsnorm._route.cache_clear()
     monkeypatch.setattr(dispatch, "measured_table", lambda: FAKE_TABLE)
     fake = dispatch.Mode("experimental_one", "cutile", "x:y", dispatch.EXPERIMENTAL, ("nvidia",), (9, 0), "test")
     monkeypatch.setitem(dispatch.MODES, "experimental_one", fake)
     monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")  # even opted in, mode=None never picks it
     yield
     dispatch._resolve.cache_clear()
+    rmsnorm._route.cache_clear()
 
 
 def test_mode_none_follows_the_measured_table(fake_table):

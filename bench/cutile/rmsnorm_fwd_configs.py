@@ -33,13 +33,38 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def candidates(N: int, e: int) -> list[FwdConfig]:
+def wide_candidates(N: int, e: int) -> list[FwdConfig]:
+    """Rows of 32 KiB and more: more bytes in flight per SM (smaller chunks, deeper pipelines, 2-4 CTAs
+    per SM) while the rows in flight still fit in L2; clusters with pipelining."""
+    pm = cached_piece_min(N)
+    C = FwdConfig
+    cfgs = []
+    for chunk in (1024, 2048, 4096):
+        for lat in (1, 3, 10):
+            cfgs.append(C("reload", chunk=chunk, latency=lat))
+            for occ in (2, 4):
+                cfgs.append(C("reload", chunk=chunk, latency=lat, occupancy=occ))
+            for b in (2, 3):
+                cfgs.append(C("reload", chunk=chunk, latency=lat, persistent=True, blocks_per_sm=b))
+    for nctas in (2, 4):
+        for lat in (1, 10):
+            cfgs.append(C("cached", piece_min=pm, num_ctas=nctas, latency=lat, num_worker_warps=8))
+            cfgs.append(C("cached", piece_min=pm, num_ctas=nctas, latency=lat, num_worker_warps=8, persistent=True,
+                          blocks_per_sm=1))
+    for b in (1, 2):
+        cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=10, num_worker_warps=8))
+    return cfgs
+
+
+def candidates(N: int, e: int, wide: bool = False) -> list[FwdConfig]:
     """A targeted set per width class (row bytes), plus the current heuristic's pick for each mode."""
     rb = N * e
     pm = cached_piece_min(N)
     C = FwdConfig
     cfgs = []
-    if rb <= 2048:  # narrow rows: several rows per tile
+    if wide:
+        cfgs = wide_candidates(N, e)
+    elif rb <= 2048:  # narrow rows: several rows per tile
         for tm in (8, 16, 32, 64):
             if 2048 <= rb * tm <= 65536:
                 cfgs.append(C("cached", tile_m=tm, piece_min=pm))
@@ -130,6 +155,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
     p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--wide", action="store_true", help="the wide-row candidate set (rows >= 32 KiB)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -147,7 +173,7 @@ def main(argv=None) -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
-        for cfg in candidates(N, e):
+        for cfg in candidates(N, e, args.wide):
             rec = {"config": cfg.short(), "fields": cfg.__dict__}
             t0 = time.time()
             try:
@@ -172,7 +198,7 @@ def main(argv=None) -> int:
         del x, w
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"rmsnorm_fwd_configs_{str(dtype).removeprefix('torch.')}.json")
+    path = os.path.join(args.out, f"rmsnorm_fwd_configs_{str(dtype).removeprefix('torch.')}{'_wide' if args.wide else ''}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print("\nsummary (best per N):")
