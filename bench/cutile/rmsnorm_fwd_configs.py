@@ -33,78 +33,52 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def wide_candidates(N: int, e: int) -> list[FwdConfig]:
-    """Rows of 32 KiB and more: more bytes in flight per SM (smaller chunks, deeper pipelines, 2-4 CTAs
-    per SM) while the rows in flight still fit in L2; clusters with pipelining."""
-    pm = cached_piece_min(N)
+def candidates(N: int, e: int) -> list[FwdConfig]:
+    """The configs worth timing for rows of N elements of e bytes (pruned by the earlier sweeps in
+    bench/NOTES.md), plus the current heuristic's pick for each mode."""
+    rb, p2, pm = N * e, _pow2(N), cached_piece_min(N)
     C = FwdConfig
     cfgs = []
-    for chunk in (1024, 2048, 4096):
-        for lat in (1, 3, 10):
-            cfgs.append(C("reload", chunk=chunk, latency=lat))
-            for occ in (2, 4):
-                cfgs.append(C("reload", chunk=chunk, latency=lat, occupancy=occ))
-            for b in (2, 3):
-                cfgs.append(C("reload", chunk=chunk, latency=lat, persistent=True, blocks_per_sm=b))
-    for nctas in (2, 4):
-        for lat in (1, 10):
-            cfgs.append(C("cached", piece_min=pm, num_ctas=nctas, latency=lat, num_worker_warps=8))
-            cfgs.append(C("cached", piece_min=pm, num_ctas=nctas, latency=lat, num_worker_warps=8, persistent=True,
-                          blocks_per_sm=1))
-    for b in (1, 2):
-        cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=10, num_worker_warps=8))
-    return cfgs
-
-
-def candidates(N: int, e: int, wide: bool = False) -> list[FwdConfig]:
-    """A targeted set per width class (row bytes), plus the current heuristic's pick for each mode."""
-    rb = N * e
-    pm = cached_piece_min(N)
-    C = FwdConfig
-    cfgs = []
-    if wide:
-        cfgs = wide_candidates(N, e)
-    elif rb <= 2048:  # narrow rows: several rows per tile
-        for tm in (8, 16, 32, 64):
+    if rb <= 2048:  # narrow rows: several rows per tile
+        for tm in (4, 8, 16, 32, 64):
             if 2048 <= rb * tm <= 65536:
                 cfgs.append(C("cached", tile_m=tm, piece_min=pm))
-                for lat in (3, 10):
-                    cfgs.append(C("cached", tile_m=tm, piece_min=pm, latency=lat))
-                for b in (4, 8):
-                    for lat in (1, 3, 10):
-                        cfgs.append(C("cached", tile_m=tm, piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat))
-        for tm in (4, 8, 16):
-            if 2048 <= rb * tm <= 32768:
-                for lat in (1, 3):
-                    cfgs.append(C("reload", tile_m=tm, chunk=_pow2(N), latency=lat))
-    elif rb <= 32768:  # 1K..16K elements of 16-bit
+                cfgs.append(C("reload", tile_m=tm, chunk=p2))
+                for b in (4, 8, 16):
+                    for lat in (1, 3):
+                        cfgs.append(C("cached", tile_m=tm, piece_min=pm, persistent=True, blocks_per_sm=b,
+                                      hoist_w=True, latency=lat))
+    elif rb <= 65536:  # 1K..32K elements of 16-bit
         for tm in ((1, 2) if rb <= 8192 else (1,)):
             for nww in (None, 8):
                 cfgs.append(C("cached", tile_m=tm, piece_min=pm, num_worker_warps=nww))
-            if pm != _pow2(N):
-                cfgs.append(C("cached", tile_m=tm, piece_min=_pow2(N)))
+                if pm != p2:
+                    cfgs.append(C("cached", tile_m=tm, piece_min=p2, num_worker_warps=nww))
         for b in (1, 2, 3, 4):
-            for lat in (3, 10):
-                cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat,
-                              num_worker_warps=8 if rb > 16384 else None))
+            for lat in (1, 10):
+                for nww in ((None, 8) if rb > 4096 else (None,)):
+                    cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat,
+                                  num_worker_warps=nww))
         for chunk in (1024, 2048, 4096, 8192):
-            if chunk <= _pow2(N):
-                for lat in (1, 3, 10):
-                    cfgs.append(C("reload", chunk=chunk, latency=lat))
-                for b in (2, 4):
-                    cfgs.append(C("reload", chunk=chunk, latency=10, persistent=True, blocks_per_sm=b))
-    else:  # wide rows: the two-pass kernel, rows in flight capped so the re-read stays in L2
-        cfgs.append(C("cached", piece_min=pm, num_worker_warps=8))
+            if chunk <= p2:
+                for nww in (None, 8):
+                    cfgs.append(C("reload", chunk=chunk, num_worker_warps=nww))
         for b in (1, 2):
-            for lat in (3, 10):
-                cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=lat, num_worker_warps=8))
+            cfgs.append(C("reload", chunk=4096, latency=10, persistent=True, blocks_per_sm=b))
+    else:  # wide rows
+        cfgs.append(C("cached", piece_min=pm, num_worker_warps=8))
+        for nctas in (2, 4):
+            cfgs.append(C("cached", piece_min=pm, num_ctas=nctas, num_worker_warps=8))
+        for b in (1, 2):
+            cfgs.append(C("cached", piece_min=pm, persistent=True, blocks_per_sm=b, latency=10, num_worker_warps=8))
         for chunk in (2048, 4096, 8192):
-            for lat in (3, 10):
-                cfgs.append(C("reload", chunk=chunk, latency=lat))
-                for b in (1, 2, 4):
-                    for nww in (None, 8):
-                        cfgs.append(C("reload", chunk=chunk, latency=lat, persistent=True, blocks_per_sm=b,
-                                      num_worker_warps=nww))
+            for lat in (1, 10):
+                for occ in (None, 2):
+                    cfgs.append(C("reload", chunk=chunk, latency=lat, occupancy=occ))
+                for nww in (None, 8):
+                    cfgs.append(C("reload", chunk=chunk, latency=lat, num_worker_warps=nww))
+            for b in (1, 2):
+                cfgs.append(C("reload", chunk=chunk, latency=10, persistent=True, blocks_per_sm=b))
     dev = device_info("cuda")
     for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload"):
         cfgs.append(default_config(mode, ELEMENTS // N, N, e, dev))
@@ -155,7 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
     p.add_argument("--reps", type=int, default=25)
-    p.add_argument("--wide", action="store_true", help="the wide-row candidate set (rows >= 32 KiB)")
+    p.add_argument("--write-configs", action="store_true",
+                   help="write the best config per mode and width into cutile_norms/tuning/rmsnorm_fwd_configs.json")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -173,8 +148,8 @@ def main(argv=None) -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
-        for cfg in candidates(N, e, args.wide):
-            rec = {"config": cfg.short(), "fields": cfg.__dict__}
+        for cfg in candidates(N, e):
+            rec = {"config": cfg.short(), "fields": dict(cfg.__dict__)}
             t0 = time.time()
             try:
                 y, _ = launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)
@@ -198,7 +173,7 @@ def main(argv=None) -> int:
         del x, w
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"rmsnorm_fwd_configs_{str(dtype).removeprefix('torch.')}{'_wide' if args.wide else ''}.json")
+    path = os.path.join(args.out, f"rmsnorm_fwd_configs_{str(dtype).removeprefix('torch.')}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print("\nsummary (best per N):")
@@ -208,7 +183,36 @@ def main(argv=None) -> int:
             b = max(ok, key=lambda c: c["vs_copy"])
             print(f"  N={entry['N']:>6} {b['vs_copy']:.3f}x  {b['config']}")
     print(f"wrote {path}")
+    if args.write_configs:
+        print(f"wrote {write_configs(results, e, ' '.join(sys.argv[1:]))}")
     return 0
+
+
+def write_configs(results: dict, e: int, argv: str) -> str:
+    """Best measured config per (mode family, row size) into the package's tuning table (this arch)."""
+    import datetime
+
+    from cutile_norms.cutile.rmsnorm_fwd import CONFIG_TABLE, FAMILIES
+
+    dev = device_info("cuda")
+    table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}
+    arch = table["configs"].setdefault(dev.arch_name, {})
+    for mode, in_family in FAMILIES.items():
+        entries = {ent["row_bytes"]: ent for ent in arch.get(mode, [])}
+        for sweep in results["sweep"]:
+            timed = [c for c in sweep["configs"] if "vs_copy" in c and in_family(FwdConfig(**c["fields"]))]
+            if timed:
+                best = max(timed, key=lambda c: c["vs_copy"])
+                entries[sweep["N"] * e] = {"row_bytes": sweep["N"] * e, "measured_n": sweep["N"], "dtype": results["dtype"],
+                                           "config": best["fields"], "vs_copy": round(best["vs_copy"], 4)}
+        arch[mode] = sorted(entries.values(), key=lambda ent: ent["row_bytes"])
+    table["source"][dev.arch_name] = {"gpu": dev.name, "date": datetime.date.today().isoformat(),
+                                      "command": f"python bench/cutile/rmsnorm_fwd_configs.py {argv}"}
+    os.makedirs(os.path.dirname(CONFIG_TABLE), exist_ok=True)
+    with open(CONFIG_TABLE, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    return CONFIG_TABLE
 
 
 if __name__ == "__main__":

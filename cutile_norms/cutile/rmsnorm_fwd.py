@@ -19,7 +19,9 @@ Conventions shared by both kernels (names follow CuTe's: `mX` a global array, `t
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,10 +52,6 @@ def row_pieces(n: int, piece_min: int) -> tuple[tuple[int, int], ...]:
     return tuple(pieces)
 
 
-def _mask_cols(off: int, size: int, n: int) -> bool:
-    return off + size > n
-
-
 def _chunks(n: int, chunk: int) -> int:
     return -(-n // chunk)
 
@@ -61,68 +59,182 @@ def _chunks(n: int, chunk: int) -> int:
 # ================================================================================================
 # Kernels
 # ================================================================================================
+def _gather_cols(mA, base, off, size, N, latency):
+    """A (size,) tile of columns [off, off + size) at flat offset `base`; masked only past N."""
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if ct.static_eval(off + size > N):
+        return ct.gather(mA, base + cols, mask=cols < N, check_bounds=False, latency=latency)
+    return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
+
+
+def _scatter_cols(mA, base, off, size, N, tile, latency):
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if ct.static_eval(off + size > N):
+        ct.scatter(mA, base + cols, tile, mask=cols < N, check_bounds=False, latency=latency)
+    else:
+        ct.scatter(mA, base + cols, tile, check_bounds=False, latency=latency)
+
+
+def _gather_rows(mA, xbase, row_ok, off, size, N, latency):
+    """A (TILE_M, size) tile: rows at flat offsets xbase (TILE_M, 1), masked by row_ok and past N."""
+    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+    mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
+    return ct.gather(mA, xbase + cols, mask=mask, check_bounds=False, latency=latency)
+
+
+def _scatter_rows(mA, ybase, row_ok, off, size, N, tile, latency):
+    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+    mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
+    ct.scatter(mA, ybase + cols, tile, mask=mask, check_bounds=False, latency=latency)
+
+
+def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
+                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY):
+    """One row tile of the cached kernel (inlined; called once or from the persistent loop)."""
+    if TILE_M == 1:
+        xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
+        ybase = tile * N
+        tXrX = ()
+        ssq = 0.0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            x = ct.astype(_gather_cols(mX, xbase, off, size, N, LATENCY), ct.float32)
+            ssq = ssq + ct.sum(x * x)
+            tXrX += (x,)
+        rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, tile, rstd, check_bounds=False)
+        i = 0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            y = tXrX[i] * rstd
+            if HAS_W:
+                if HOIST_W:
+                    y = y * tWrW[i]
+                else:
+                    y = y * (ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset)
+            _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
+            i += 1
+    else:
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        ybase = ct.reshape(rows * N, (TILE_M, 1))
+        tXrX = ()
+        ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            x = ct.astype(_gather_rows(mX, xbase, row_ok, off, size, N, LATENCY), ct.float32)
+            ssq = ssq + ct.sum(x * x, axis=1, keepdims=True)
+            tXrX += (x,)
+        rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
+        i = 0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            y = tXrX[i] * rstd
+            if HAS_W:
+                if HOIST_W:
+                    y = y * tWrW[i]
+                else:
+                    w = ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset
+                    y = y * ct.reshape(w, (1, size))
+            _scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
+            i += 1
+
+
 @ct.kernel
 def rms_norm_fwd_cached_kernel(
         mX, mW, mY, mRstd,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt):
-    """Each tile block owns TILE_M rows, loads them once (the pieces stay in registers), reduces in
-    fp32 and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles and
-    keeps the weight in registers across them; otherwise one tile block per row tile."""
-    num_tiles = ct.cdiv(M, TILE_M)
-    first = ct.bid(0)
-    step = ct.num_blocks(0) if PERSISTENT else num_tiles
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt):
+    """Each tile block owns TILE_M rows, loads them once (the pieces stay on chip), reduces in fp32
+    and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles; HOIST_W
+    keeps the weight in registers across that loop (narrow rows only). TILE_M == 1 takes 1-D tiles
+    with no row mask (a row index below the tile count is always valid): the (1, size) tiles with a
+    per-element row mask held 168 registers at N=16384 (8 warps) where 1-D tiles need ~90 (ptxas).
+    The multi-wave path runs its tile once, outside any loop: a dynamic loop around the same body
+    raised it from 88 to 168 registers (ptxas, N=16384, 8 warps)."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
-    rows0 = ct.arange(TILE_M, dtype=ct.int32)
 
-    # weight (+ offset), hoisted out of the row loop: one (1, size) fp32 tile per piece
-    tWrW = ()
+    tWrW = ()  # hoisted weight (+ offset), one fp32 tile per piece
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-        if HAS_W:
-            wcols = ct.arange(size, dtype=ct.int32) + off
-            if ct.static_eval(_mask_cols(off, size, N)):
-                w = ct.gather(mW, wcols, mask=wcols < N, latency=LATENCY)
-            else:
-                w = ct.gather(mW, wcols, check_bounds=False, latency=LATENCY)
-            tWrW += (ct.reshape(ct.astype(w, ct.float32) + offset, (1, size)),)
+        if HAS_W and HOIST_W:
+            w = ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset
+            tWrW += (w if TILE_M == 1 else ct.reshape(w, (1, size)),)
 
-    for tile in range(first, num_tiles, step):
-        rows = tile * TILE_M + rows0
+    if PERSISTENT:
+        for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
+            _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
+                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY)
+    else:
+        _cached_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset, tWrW,
+                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY)
+
+
+def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
+                 N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN):
+    """One row tile of the two-pass kernel (inlined; called once or from the persistent loop)."""
+    num_chunks = ct.static_eval(_chunks(N, CHUNK))
+    if TILE_M == 1:
+        xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
+        ybase = tile * N
+        cols0 = ct.arange(CHUNK, dtype=ct.int32)
+        acc = ct.zeros((CHUNK,), dtype=ct.float32)
+        for c in range(num_chunks):
+            cols = cols0 + c * CHUNK
+            if ct.static_eval(N % CHUNK == 0):
+                xg = ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY)
+            else:
+                xg = ct.gather(mX, xbase + cols, mask=cols < N, check_bounds=False, latency=LATENCY)
+            x = ct.astype(xg, ct.float32)
+            acc = acc + x * x
+        rstd = ct.rsqrt(ct.sum(acc) * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, tile, rstd, check_bounds=False)
+        for i in range(num_chunks):
+            c = num_chunks - 1 - i if REVERSE else i
+            cols = cols0 + c * CHUNK
+            if ct.static_eval(N % CHUNK == 0):
+                xg = ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY)
+            else:
+                xg = ct.gather(mX, xbase + cols, mask=cols < N, check_bounds=False, latency=LATENCY)
+            y = ct.astype(xg, ct.float32) * rstd
+            if HAS_W:
+                if ct.static_eval(N % CHUNK == 0):
+                    w = ct.gather(mW, cols, check_bounds=False, latency=LATENCY)
+                else:
+                    w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
+                y = y * (ct.astype(w, ct.float32) + offset)
+            if ct.static_eval(N % CHUNK == 0):
+                ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), check_bounds=False, latency=LATENCY)
+            else:
+                ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=cols < N, check_bounds=False,
+                           latency=LATENCY)
+    else:
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
         row_ok = ct.reshape(rows < M, (TILE_M, 1))
         xbase = ct.reshape(rows * stride, (TILE_M, 1))
         ybase = ct.reshape(rows * N, (TILE_M, 1))
-
-        tXrX = ()
-        ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
-        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
-            if ct.static_eval(_mask_cols(off, size, N)):
-                mask = row_ok & (cols < N)
-            else:
-                mask = row_ok
-            x = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
-                          ct.float32)
-            ssq = ssq + ct.sum(x * x, axis=1, keepdims=True)
-            tXrX += (x,)
-
-        rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+        cols0 = ct.reshape(ct.arange(CHUNK, dtype=ct.int32), (1, CHUNK))
+        acc = ct.zeros((TILE_M, CHUNK), dtype=ct.float32)
+        for c in range(num_chunks):
+            cols = cols0 + c * CHUNK
+            x = ct.astype(ct.gather(mX, xbase + cols, mask=row_ok & (cols < N), check_bounds=False,
+                                    latency=LATENCY), ct.float32)
+            acc = acc + x * x
+        rstd = ct.rsqrt(ct.sum(acc, axis=1, keepdims=True) * ct.static_eval(1.0 / N) + eps)
         if STORE_RSTD:
             ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
-
-        i = 0
-        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
-            if ct.static_eval(_mask_cols(off, size, N)):
-                mask = row_ok & (cols < N)
-            else:
-                mask = row_ok
-            y = tXrX[i] * rstd
+        for i in range(num_chunks):
+            c = num_chunks - 1 - i if REVERSE else i
+            cols = cols0 + c * CHUNK
+            mask = row_ok & (cols < N)
+            y = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
+                          ct.float32) * rstd
             if HAS_W:
-                y = y * tWrW[i]
+                w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
+                y = y * (ct.astype(w, ct.float32) + offset)
             ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
                        latency=LATENCY)
-            i += 1
 
 
 @ct.kernel
@@ -133,42 +245,18 @@ def rms_norm_fwd_reload_kernel(
         HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt):
     """Two passes over CHUNK-wide column chunks of TILE_M rows: the sum of squares, then a re-read
     that normalises and stores. Only one chunk is held on chip, so any N fits; the re-read of a row
-    that was just streamed hits L2 as long as the rows in flight fit in it (PERSISTENT caps them at
-    the grid size). REVERSE walks the second pass backwards: the most recently read chunks first.
-    LATENCY >= 3 makes the compiler pipeline the chunk loops through shared memory (cp.async)."""
-    num_chunks = ct.static_eval(_chunks(N, CHUNK))
-    num_tiles = ct.cdiv(M, TILE_M)
-    step = ct.num_blocks(0) if PERSISTENT else num_tiles
+    that was just streamed hits L2 as long as the rows in flight fit in it (ncu at N=65536: 1.02x the
+    ideal DRAM reads with one CTA per SM, 1.7-1.8x with three to five). REVERSE walks the second pass
+    backwards, most recently read chunks first. LATENCY >= 3 makes the compiler pipeline the chunk
+    loops through shared memory (cp.async). TILE_M == 1 takes 1-D tiles with no row mask."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
-    cols0 = ct.reshape(ct.arange(CHUNK, dtype=ct.int32), (1, CHUNK))
-    for tile in range(ct.bid(0), num_tiles, step):
-        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
-        row_ok = ct.reshape(rows < M, (TILE_M, 1))
-        xbase = ct.reshape(rows * stride, (TILE_M, 1))
-        ybase = ct.reshape(rows * N, (TILE_M, 1))
-
-        acc = ct.zeros((TILE_M, CHUNK), dtype=ct.float32)
-        for c in range(num_chunks):
-            cols = cols0 + c * CHUNK
-            x = ct.astype(ct.gather(mX, xbase + cols, mask=row_ok & (cols < N), check_bounds=False,
-                                    latency=LATENCY), ct.float32)
-            acc = acc + x * x
-        rstd = ct.rsqrt(ct.sum(acc, axis=1, keepdims=True) * ct.static_eval(1.0 / N) + eps)
-        if STORE_RSTD:
-            ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
-
-        for i in range(num_chunks):
-            c = num_chunks - 1 - i if REVERSE else i
-            cols = cols0 + c * CHUNK
-            mask = row_ok & (cols < N)
-            x = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
-                          ct.float32)
-            y = x * rstd
-            if HAS_W:
-                w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
-                y = y * (ct.astype(w, ct.float32) + offset)
-            ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
-                       latency=LATENCY)
+    if PERSISTENT:
+        for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
+            _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
+                         N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
+    else:
+        _reload_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset,
+                     N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
 
 
 # ================================================================================================
@@ -185,6 +273,7 @@ class FwdConfig:
     reverse: bool = True  # reload: second pass walks the chunks backwards
     persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm)
     blocks_per_sm: int = 1
+    hoist_w: bool = False  # cached: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
@@ -203,7 +292,7 @@ class FwdConfig:
         else:
             parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
         if self.persistent:
-            parts.append(f"persistent x{self.blocks_per_sm}/SM")
+            parts.append(f"persistent x{self.blocks_per_sm}/SM" + (" hoist_w" if self.hoist_w else ""))
         parts.append(f"latency={self.latency}")
         parts += [f"{k}={v}" for k, v in self.hints().items() if not (k == "occupancy" and self.persistent)]
         return " ".join(parts)
@@ -230,23 +319,57 @@ def _config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
     return default_config(mode, 0, N, elem_bytes, dev)
 
 
+CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning",
+                            "rmsnorm_fwd_configs.json")
+FAMILIES = {  # which configs implement each mode's idea
+    "multi_wave_cached": lambda c: c.kernel == "cached" and not c.persistent,
+    "static_persistent": lambda c: c.persistent,
+    "multi_wave_reload": lambda c: c.kernel == "reload" and not c.persistent,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def measured_configs() -> dict:
+    """{arch: {mode: [(row_bytes, FwdConfig, ratio_to_copy), ...]}} from the sweep's table."""
+    try:
+        with open(CONFIG_TABLE) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for arch, modes in table.get("configs", {}).items():
+        for mode, entries in modes.items():
+            out.setdefault(arch, {})[mode] = sorted(
+                (e["row_bytes"], FwdConfig(**e["config"]), e["vs_copy"]) for e in entries)
+    return out
+
+
 def default_config(mode: str, M: int, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
-    """The launch config each mode uses for (M, N, dtype) on `dev` (sm_90 measurements, bench/NOTES)."""
+    """The launch config of `mode` for rows of N elements: the config measured best for the nearest
+    row size (bytes) on this arch (tuning/rmsnorm_fwd_configs.json, written by
+    bench/cutile/rmsnorm_fwd_configs.py --write-configs), else the analytical rule below."""
+    entries = measured_configs().get(dev.arch_name, {}).get(mode)
+    if entries:
+        rb = N * elem_bytes
+        return min(entries, key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))[1]
+    return analytical_config(mode, N, elem_bytes)
+
+
+def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
+    """Rules for an arch without measurements (from the sm_90 sweeps, bench/NOTES.md)."""
     row_bytes = N * elem_bytes
     # rows per tile so one tile moves >= ~8 KiB (narrow rows: one row per block is too little work)
     tile_m = 1 if row_bytes >= 4096 else min(64, _pow2_ceil(8192 // row_bytes))
-    nww = 8 if N * 4 > 64 * 1024 else None  # > 16K fp32 values per row: 8 warps keep it spill-free
+    nww = 8 if row_bytes >= 8192 else None  # 8 warps: half the registers per thread for long rows
     if mode == "multi_wave_cached":
-        if N > 32768:  # a 4-CTA cluster splits the row; 1 CTA would spill (ptxas: 1.6 KB stack)
-            return FwdConfig("cached", tile_m=1, piece_min=cached_piece_min(N), num_ctas=4 if N <= 65536 else 8,
-                             num_worker_warps=8)
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww)
     if mode == "static_persistent":
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), persistent=True,
-                         blocks_per_sm=4 if row_bytes * tile_m <= 32768 else 2, num_worker_warps=nww)
+                         blocks_per_sm=8 if row_bytes * tile_m <= 16384 else 2, hoist_w=row_bytes <= 4096,
+                         latency=1 if row_bytes <= 4096 else 10, num_worker_warps=nww)
     if mode == "multi_wave_reload":
-        chunk = min(_pow2_ceil(N), 4096 // elem_bytes * 2)
-        return FwdConfig("reload", tile_m=tile_m, chunk=chunk)
+        chunk = min(_pow2_ceil(N), 8192 // elem_bytes)
+        return FwdConfig("reload", tile_m=tile_m, chunk=chunk, latency=1 if row_bytes <= 65536 else 10)
     raise ValueError(mode)
 
 
@@ -270,7 +393,8 @@ def _align_elems(stride: int, elem_bytes: int) -> int:
 
 def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool) -> tuple:
     if cfg.kernel == "cached":
-        return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent, cfg.latency)
+        return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent,
+                cfg.persistent and cfg.hoist_w, cfg.latency)
     return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
 
 

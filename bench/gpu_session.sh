@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One GPU session in stages (each fits one 10-minute device call; run them in order on one machine):
+#   bash bench/gpu_session.sh tune    # sweep the cuTile forward configs (bf16), write the config table
+#   bash bench/gpu_session.sh table   # bench our modes per dtype, write the mode=None table
+#   bash bench/gpu_session.sh bench   # the full bf16 bench against the anchors, forward + backward
+#   bash bench/gpu_session.sh check   # GPU test suite + fp16/fp32 benches against QuACK
+# Tuning tables written by a stage are kept in $KEEP (outside the repo) and restored by the next one;
+# every result lands in $OUT (or bench/results).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results}; KEEP=${KEEP:-/tmp/cutile_norms_tuning}
+mkdir -p "$OUT" "$KEEP" cutile_norms/tuning
+cp "$KEEP"/*.json cutile_norms/tuning/ 2>/dev/null
+keep() { cp cutile_norms/tuning/*.json "$KEEP"/ 2>/dev/null; cp cutile_norms/tuning/*.json "$OUT"/ 2>/dev/null; true; }
+export PYTHONUNBUFFERED=1
+case "${1:-}" in
+  tune)
+    python3 bench/cutile/rmsnorm_fwd_configs.py --write-configs --out "$OUT" > "$OUT/sweep.log" 2>&1
+    keep; sed -n '/summary/,$p' "$OUT/sweep.log" ;;
+  table)
+    for dt in bfloat16 float16 float32; do
+      python3 bench/rmsnorm.py --dtype $dt --anchors none --no-backward --small-m "" --write-table \
+        --out "$OUT/table_$dt" > "$OUT/table_$dt.log" 2>&1 || echo "table $dt failed"
+      keep
+    done
+    grep -h "^| " "$OUT"/table_*/rmsnorm_*.md | head -60 ;;
+  bench)
+    python3 bench/rmsnorm.py --anchors quack,liger,torch_eager,tilegym_static_persistent,tilegym_multi_wave_reload,tilegym_multi_wave_cached \
+      --out "$OUT" > "$OUT/bench_bf16.log" 2>&1
+    sed -n '/^# RMSNorm bench/,$p' "$OUT/bench_bf16.log" ;;
+  check)
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log"
+    for dt in float16 float32; do
+      python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
+      sed -n '/^Forward/,/^$/p;/^Small M/,/^$/p' "$OUT/bench_$dt.log" | head -40
+    done ;;
+  *) echo "usage: $0 tune|table|bench|check" >&2; exit 2 ;;
+esac

@@ -1,0 +1,66 @@
+"""Compile checks (CPU only, no GPU): every cuTile forward kernel variant the library can launch is
+built to a real sm_90 and sm_100 cubin with cuda.tile.compilation.export_kernel (cuTile front end +
+tileiras), and the sm_90 builds are re-assembled with `ptxas -v` to check registers and spills.
+"""
+from __future__ import annotations
+
+import pytest
+
+from cutile_norms._platform import DeviceInfo
+from cutile_norms.cutile import rmsnorm_fwd
+from tests.cutile.compile_util import compile_cubin, ptxas_report
+
+MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
+WIDTHS = [128, 512, 1000, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
+ARCHS = {"sm_90": DeviceInfo("nvidia", "H100 (simulated)", (9, 0), 132),
+         "sm_100": DeviceInfo("nvidia", "B200 (simulated)", (10, 0), 148)}
+ELEM = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _config(mode, N, x_dtype, arch):
+    return rmsnorm_fwd.default_config(mode, 1 << 20, N, ELEM[x_dtype], ARCHS[arch])
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N", WIDTHS)
+@pytest.mark.parametrize("mode", MODES)
+def test_compiles(mode, N, x_dtype, w_dtype, arch):
+    """The config the library picks for this (mode, N, dtype, arch), as a training forward (weight, rstd)."""
+    cubin = compile_cubin(_config(mode, N, x_dtype, arch), N, x_dtype, w_dtype, has_w=True, store_rstd=True,
+                          arch=arch)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("has_w,store_rstd", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("N", [128, 2880, 4096, 65536])
+@pytest.mark.parametrize("mode", MODES)
+def test_compiles_inference_and_no_weight_variants(mode, N, has_w, store_rstd, arch):
+    cubin = compile_cubin(_config(mode, N, "bfloat16", arch), N, "bfloat16", "bfloat16", has_w=has_w,
+                          store_rstd=store_rstd, arch=arch)
+    assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("N", [n for n in WIDTHS if n * 2 <= 65536])
+@pytest.mark.parametrize("mode", MODES)
+def test_picked_configs_do_not_spill(mode, N):
+    """sm_90, bf16, rows up to 64 KiB: the picked config keeps everything in registers (no spill
+    stores in ptxas -v) and its CTA fits the register file. Wider rows cannot be held by one CTA:
+    the cached kernels spill there by construction (bench/NOTES.md)."""
+    report = ptxas_report(compile_cubin(_config(mode, N, "bfloat16", "sm_90"), N, "bfloat16", "bfloat16",
+                                        has_w=True, store_rstd=False))
+    assert report["registers"] * report["threads"][0] <= 65536, report
+    assert report["spill_stores"] == 0, f"{mode} N={N}: {report}"
+
+
+def test_every_measured_config_is_a_valid_config():
+    """The tuning table only holds configs of each mode's own family (cached/reload, persistent or not)."""
+    table = rmsnorm_fwd.measured_configs()
+    for arch, modes in table.items():
+        for mode, entries in modes.items():
+            assert mode in rmsnorm_fwd.FAMILIES
+            for row_bytes, cfg, ratio in entries:
+                assert rmsnorm_fwd.FAMILIES[mode](cfg), f"{arch}/{mode}: {cfg} is not a {mode} config"
+                assert row_bytes > 0 and 0 < ratio < 1.5
