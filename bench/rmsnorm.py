@@ -263,7 +263,9 @@ def write_table(result: dict) -> str:
     table = json.load(open(dispatch.TABLE_PATH)) if os.path.exists(dispatch.TABLE_PATH) else {"source": {}, "tables": {}}
     table["tables"].setdefault(result["arch"], {})[result["dtype"]] = rows
     src = table["source"].setdefault(result["arch"], {})
-    src.update(gpu=result["gpu"], command=result["command"], date=result["date"])
+    src["gpu"] = result["gpu"]
+    src.setdefault("commands", {})[result["dtype"]] = {"command": result["command"], "date": result["date"]}
+    src["command"] = "; ".join(f"{d}: {c['command']}" for d, c in sorted(src["commands"].items()))
     os.makedirs(os.path.dirname(dispatch.TABLE_PATH), exist_ok=True)
     with open(dispatch.TABLE_PATH, "w") as f:
         json.dump(table, f, indent=1)
