@@ -1,11 +1,16 @@
 """Probe: does the copy baseline drift under sustained load? Copies for ~60 s, printing GB/s of
 x.clone() and of one RMSNorm kernel every few seconds, with the SM/memory clocks and power."""
-import statistics, subprocess, time, sys, os
+import os
+import statistics
+import subprocess
+import sys
+import time
+
 import torch
 sys.path.insert(0, os.getcwd())
 import cutile_norms as cn
 
-x = torch.randn(1 << 27 - 12, 4096, device="cuda").to(torch.bfloat16) if False else torch.randn((1 << 27) // 4096, 4096, device="cuda").to(torch.bfloat16)
+x = torch.randn((1 << 27) // 4096, 4096, device="cuda").to(torch.bfloat16)
 w = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
 buf = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
 def gbps(fn, reps=20):
