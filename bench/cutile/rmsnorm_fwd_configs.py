@@ -97,7 +97,7 @@ def host_costs(dtype) -> dict:
     """Microseconds per call back to back (host-bound here): the pieces of one small rms_norm call."""
     import cuda.tile as ct
 
-    from cutile_norms.cutile.rmsnorm_fwd import _flat, _prepared
+    from cutile_norms.cutile.rmsnorm_fwd import _prepared
 
     N, M = 4096, 1
     x = torch.randn(M, N, device="cuda", dtype=dtype)

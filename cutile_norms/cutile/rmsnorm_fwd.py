@@ -22,7 +22,7 @@ import functools
 import json
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
