@@ -265,7 +265,6 @@ def write_table(result: dict) -> str:
     src = table["source"].setdefault(result["arch"], {})
     src["gpu"] = result["gpu"]
     src.setdefault("commands", {})[result["dtype"]] = {"command": result["command"], "date": result["date"]}
-    src["command"] = "; ".join(f"{d}: {c['command']}" for d, c in sorted(src["commands"].items()))
     os.makedirs(os.path.dirname(dispatch.TABLE_PATH), exist_ok=True)
     with open(dispatch.TABLE_PATH, "w") as f:
         json.dump(table, f, indent=1)

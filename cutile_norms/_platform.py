@@ -52,17 +52,6 @@ def _gpu_info(index: int) -> DeviceInfo:
 
 def device_info(device: torch.device | str | int | None = None) -> DeviceInfo:
     """The device a tensor lives on; None = the current CUDA device if there is one, else the CPU."""
-    if type(device) is torch.device and device.index is not None:
-        return _device_info_cached(device)
-    return _device_info(device)
-
-
-@functools.lru_cache(maxsize=64)
-def _device_info_cached(device: torch.device) -> DeviceInfo:
-    return _device_info(device)
-
-
-def _device_info(device) -> DeviceInfo:
     if device is None:
         if not torch.cuda.is_available():
             return CPU

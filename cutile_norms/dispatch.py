@@ -125,21 +125,17 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
             if mode.status != STABLE or why_not:
                 break
             src = table.get("source", {}).get(dev.arch_name, {})
+            command = src.get("commands", {}).get(dname, {}).get("command", "?")
             return Choice(mode.name, f"measured table {dev.arch_name}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
                                      f"M in [{row['m_min']}, {row['m_max']}] -> {row['mode']} ({row['evidence']}; "
-                                     f"{src.get('gpu', '?')}, {src.get('command', '?')})")
+                                     f"{src.get('gpu', '?')}, {command})")
     return Choice("torch", f"the measured table for {dev.arch_name} has no runnable row for {dname}, N={N}, M={M}: "
                            f"the reference runs")
 
 
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
     """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot.
-    Decisions are cached per (mode, device, dtype, M, N) and the experimental opt-in state."""
-    return _resolve(mode_name, dev, tools, dtype, M, N, experimental_enabled())
-
-
-@functools.lru_cache(maxsize=8192)
-def _resolve(mode_name, dev, tools, dtype, M, N, _experimental_on) -> Choice:
+    (rms_norm caches the decision per call signature: rmsnorm._route.)"""
     if mode_name is None:
         return choose_forward(dev, tools, dtype, M, N)
     mode = MODES.get(mode_name) if isinstance(mode_name, str) else None

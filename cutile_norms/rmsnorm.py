@@ -91,15 +91,16 @@ class _RMSNormFunction(torch.autograd.Function):
 def _plan(x, mode):
     N = x.shape[-1]
     M = x.numel() // N if N else 0
-    return _route(mode, x.device, x.dtype, M, N, experimental_enabled())
+    dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
+    return dev, M, choice
 
 
 @functools.lru_cache(maxsize=8192)
 def _route(mode, device, dtype, M, N, _experimental_on):
-    """(device info, M, the dispatch choice) for one call signature; cached so a call hashes plain
+    """(device info, the dispatch choice) for one call signature; cached so a call hashes plain
     values only (an uncached route cost ~10 us of Python per call on an H200 host)."""
     dev = device_info(device)
-    return dev, M, dispatch.resolve(mode, dev, toolchain(), dtype, M, N)
+    return dev, dispatch.resolve(mode, dev, toolchain(), dtype, M, N)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,

@@ -61,7 +61,8 @@ def test_mode_none_on_cpu_and_on_unmeasured_arch():
 
 
 FAKE_TABLE = {
-    "source": {"sm_90": {"gpu": "NVIDIA H100", "command": "python bench/rmsnorm.py --write-table"}},
+    "source": {"sm_90": {"gpu": "NVIDIA H100",
+                         "commands": {"bfloat16": {"command": "python bench/rmsnorm.py --write-table"}}}},
     "tables": {"sm_90": {"bfloat16": [
         {"n_min": 1, "n_max": 1024, "m_min": 1, "m_max": 2 ** 31, "mode": "static_persistent", "evidence": "0.99x"},
         {"n_min": 1025, "n_max": 8192, "m_min": 1, "m_max": 2 ** 31, "mode": "multi_wave_cached", "evidence": "1.0x"},
@@ -74,14 +75,12 @@ FAKE_TABLE = {
 def fake_table(monkeypatch):
     from cutile_norms import rmsnorm
 
-    dispatch._resolve.cache_clear()  # decisions are cached per process; this test swaps the table
-    rmsnorm._route.cache_clear()
+    rmsnorm._route.cache_clear()  # decisions are cached per process; this test swaps the table
     monkeypatch.setattr(dispatch, "measured_table", lambda: FAKE_TABLE)
     fake = dispatch.Mode("experimental_one", "cutile", "x:y", dispatch.EXPERIMENTAL, ("nvidia",), (9, 0), "test")
     monkeypatch.setitem(dispatch.MODES, "experimental_one", fake)
     monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")  # even opted in, mode=None never picks it
     yield
-    dispatch._resolve.cache_clear()
     rmsnorm._route.cache_clear()
 
 
@@ -116,8 +115,8 @@ def test_the_shipped_table_is_consistent():
     table = dispatch.measured_table()
     for arch, by_dtype in table["tables"].items():
         assert arch in table["source"], f"{arch}: no source (GPU, command) recorded"
-        assert "bench/rmsnorm.py" in table["source"][arch]["command"]
         for dtype, rows in by_dtype.items():
+            assert "bench/rmsnorm.py" in table["source"][arch]["commands"][dtype]["command"], f"{arch}/{dtype}"
             assert dtype in ("bfloat16", "float16", "float32")
             for row in rows:
                 mode = dispatch.MODES[row["mode"]]

@@ -81,7 +81,7 @@ def candidates(N: int, e: int) -> list[FwdConfig]:
                 cfgs.append(C("reload", chunk=chunk, latency=10, persistent=True, blocks_per_sm=b))
     dev = device_info("cuda")
     for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload"):
-        cfgs.append(default_config(mode, ELEMENTS // N, N, e, dev))
+        cfgs.append(default_config(mode, N, e, dev))
     seen, out = set(), []
     for c in cfgs:
         if c not in seen:
@@ -104,7 +104,7 @@ def host_costs(dtype) -> dict:
     w = torch.ones(N, device="cuda", dtype=dtype)
     y = torch.empty_like(x)
     dev = device_info("cuda")
-    cfg = default_config("multi_wave_cached", M, N, x.element_size(), dev)
+    cfg = default_config("multi_wave_cached", N, x.element_size(), dev)
     kernel, consts = _prepared(cfg, N, 8, True, False)
     args = (x.view(-1), w, y.view(-1), y.view(-1), M, N, 1e-6, 0.0) + consts
     stream = torch.cuda.current_stream()

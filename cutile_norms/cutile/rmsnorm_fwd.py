@@ -314,11 +314,6 @@ def cached_piece_min(n: int) -> int:
     return pm
 
 
-@functools.lru_cache(maxsize=4096)
-def _config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
-    return default_config(mode, 0, N, elem_bytes, dev)
-
-
 CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning",
                             "rmsnorm_fwd_configs.json")
 FAMILIES = {  # which configs implement each mode's idea
@@ -344,7 +339,8 @@ def measured_configs() -> dict:
     return out
 
 
-def default_config(mode: str, M: int, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
+@functools.lru_cache(maxsize=4096)
+def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
     """The launch config of `mode` for rows of N elements: the config measured best for the nearest
     row size (bytes) on this arch (tuning/rmsnorm_fwd_configs.json, written by
     bench/cutile/rmsnorm_fwd_configs.py --write-configs), else the analytical rule below."""
@@ -453,6 +449,12 @@ def _flat(t: torch.Tensor, length: int, offset: int = 0) -> torch.Tensor:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def grid_size(cfg: FwdConfig, M: int, sm_count: int) -> int:
+    """Tile blocks of a launch over M rows: one per row tile, or at most blocks_per_sm x SMs (persistent)."""
+    tiles = -(-M // cfg.tile_m)
+    return min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
+
+
 def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
            store_rstd: bool, sm_count: int, out: tuple | None = None, out_shape=None):
     """y (contiguous, [M, N] or `out_shape`) and rstd [M] fp32 (or None) for a 2-D x, unit column stride.
@@ -471,19 +473,15 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     span = (M - 1) * stride + N
     if span <= _MAX_FLAT:  # one launch (the usual case)
         x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
-        tiles = -(-M // cfg.tile_m)
-        grid = min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
-        ct.launch(stream, (grid,), kernel, (x_flat, w, y_flat, r_flat, M, stride, eps, offset) + consts)
+        ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel, (x_flat, w, y_flat, r_flat, M, stride, eps, offset) + consts)
         return y, rstd
     # beyond int32 indexing: row chunks (a multiple of 16 rows) that each stay below 2^31 elements
     rows = max(16, (_MAX_FLAT - N) // max(stride, N) // 16 * 16)
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
-        tiles = -(-m // cfg.tile_m)
-        grid = min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
         args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, _flat(y, _round16(m * N), r0 * N),
                 _flat(rstd, _round16(m), r0) if store_rstd else y_flat, m, stride, eps, offset)
-        ct.launch(stream, (grid,), kernel, args + consts)
+        ct.launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts)
     return y, rstd
 
 
@@ -495,18 +493,16 @@ class CuTileForward:
     mode: str
     idea: str
 
-    def config(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
-        return _config(self.mode, N, dtype.itemsize, dev)
+    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
+        return default_config(self.mode, N, dtype.itemsize, dev)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
-        cfg = self.config(M, N, dtype, dev)
-        tiles = -(-M // cfg.tile_m)
-        grid = min(tiles, cfg.blocks_per_sm * dev.sm_count) if cfg.persistent else tiles
-        return f"cuTile rms_norm_fwd_{cfg.kernel}_kernel, grid ({grid},), {cfg.short()}"
+        cfg = self.config(N, dtype, dev)
+        return f"cuTile rms_norm_fwd_{cfg.kernel}_kernel, grid ({grid_size(cfg, M, dev.sm_count)},), {cfg.short()}"
 
     def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
                 out: tuple | None = None, out_shape=None):
-        cfg = cfg or _config(self.mode, x2d.shape[1], x2d.dtype.itemsize, dev)
+        cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
         return launch(cfg, x2d, weight, eps, offset, store_rstd, dev.sm_count, out, out_shape)
 
 

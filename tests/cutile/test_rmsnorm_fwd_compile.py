@@ -19,7 +19,7 @@ ELEM = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _config(mode, N, x_dtype, arch):
-    return rmsnorm_fwd.default_config(mode, 1 << 20, N, ELEM[x_dtype], ARCHS[arch])
+    return rmsnorm_fwd.default_config(mode, N, ELEM[x_dtype], ARCHS[arch])
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
