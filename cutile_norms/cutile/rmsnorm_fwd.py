@@ -88,6 +88,27 @@ def _scatter_rows(mA, ybase, row_ok, off, size, N, tile, latency):
     ct.scatter(mA, ybase + cols, tile, mask=mask, check_bounds=False, latency=latency)
 
 
+def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY):
+    """The fp32 weight (+ offset) of the row piece [off, off + size): (size,), or (1, size) for
+    multi-row tiles."""
+    w = ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset
+    return w if TILE_M == 1 else ct.reshape(w, (1, size))
+
+
+def _gather_chunk(mA, idx, cols, N, CHUNK, LATENCY):
+    """A reload chunk at flat indices idx; masked past N only when N is not a multiple of CHUNK."""
+    if ct.static_eval(N % CHUNK == 0):
+        return ct.gather(mA, idx, check_bounds=False, latency=LATENCY)
+    return ct.gather(mA, idx, mask=cols < N, check_bounds=False, latency=LATENCY)
+
+
+def _scatter_chunk(mA, idx, cols, N, CHUNK, tile, LATENCY):
+    if ct.static_eval(N % CHUNK == 0):
+        ct.scatter(mA, idx, tile, check_bounds=False, latency=LATENCY)
+    else:
+        ct.scatter(mA, idx, tile, mask=cols < N, check_bounds=False, latency=LATENCY)
+
+
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
                  N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY):
     """One row tile of the cached kernel (inlined; called once or from the persistent loop)."""
@@ -107,10 +128,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = tXrX[i] * rstd
             if HAS_W:
-                if HOIST_W:
-                    y = y * tWrW[i]
-                else:
-                    y = y * (ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset)
+                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY))
             _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
     else:
@@ -131,11 +149,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = tXrX[i] * rstd
             if HAS_W:
-                if HOIST_W:
-                    y = y * tWrW[i]
-                else:
-                    w = ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset
-                    y = y * ct.reshape(w, (1, size))
+                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY))
             _scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
 
@@ -158,8 +172,7 @@ def rms_norm_fwd_cached_kernel(
     tWrW = ()  # hoisted weight (+ offset), one fp32 tile per piece
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
-            w = ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset
-            tWrW += (w if TILE_M == 1 else ct.reshape(w, (1, size)),)
+            tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY),)
 
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
@@ -181,11 +194,7 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
         acc = ct.zeros((CHUNK,), dtype=ct.float32)
         for c in range(num_chunks):
             cols = cols0 + c * CHUNK
-            if ct.static_eval(N % CHUNK == 0):
-                xg = ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY)
-            else:
-                xg = ct.gather(mX, xbase + cols, mask=cols < N, check_bounds=False, latency=LATENCY)
-            x = ct.astype(xg, ct.float32)
+            x = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32)
             acc = acc + x * x
         rstd = ct.rsqrt(ct.sum(acc) * ct.static_eval(1.0 / N) + eps)
         if STORE_RSTD:
@@ -193,22 +202,10 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
         for i in range(num_chunks):
             c = num_chunks - 1 - i if REVERSE else i
             cols = cols0 + c * CHUNK
-            if ct.static_eval(N % CHUNK == 0):
-                xg = ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY)
-            else:
-                xg = ct.gather(mX, xbase + cols, mask=cols < N, check_bounds=False, latency=LATENCY)
-            y = ct.astype(xg, ct.float32) * rstd
+            y = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32) * rstd
             if HAS_W:
-                if ct.static_eval(N % CHUNK == 0):
-                    w = ct.gather(mW, cols, check_bounds=False, latency=LATENCY)
-                else:
-                    w = ct.gather(mW, cols, mask=cols < N, check_bounds=False, latency=LATENCY)
-                y = y * (ct.astype(w, ct.float32) + offset)
-            if ct.static_eval(N % CHUNK == 0):
-                ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), check_bounds=False, latency=LATENCY)
-            else:
-                ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=cols < N, check_bounds=False,
-                           latency=LATENCY)
+                y = y * (ct.astype(_gather_chunk(mW, cols, cols, N, CHUNK, LATENCY), ct.float32) + offset)
+            _scatter_chunk(mY, ybase + cols, cols, N, CHUNK, ct.astype(y, mY.dtype), LATENCY)
     else:
         rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
         row_ok = ct.reshape(rows < M, (TILE_M, 1))
