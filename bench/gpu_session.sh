@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One GPU session in stages (each fits one 10-minute device call; run them in order on one machine):
-#   bash bench/gpu_session.sh tune    # sweep the cuTile forward configs (bf16), write the config table
+#   bash bench/gpu_session.sh tune    # sweep the cuTile forward configs (DTYPES, default bf16), write the config table
 #   bash bench/gpu_session.sh table   # bench our modes per dtype, write the mode=None table
 #   bash bench/gpu_session.sh bench   # the full bf16 bench against the anchors, forward + backward
 #   bash bench/gpu_session.sh check   # GPU test suite + fp16/fp32 benches against QuACK
@@ -14,9 +14,11 @@ cp "$KEEP"/*.json cutile_norms/tuning/ 2>/dev/null
 keep() { cp cutile_norms/tuning/*.json "$KEEP"/ 2>/dev/null; cp cutile_norms/tuning/*.json "$OUT"/ 2>/dev/null; true; }
 export PYTHONUNBUFFERED=1
 case "${1:-}" in
-  tune)
-    python3 bench/cutile/rmsnorm_fwd_configs.py --write-configs --out "$OUT" > "$OUT/sweep.log" 2>&1
-    keep; sed -n '/summary/,$p' "$OUT/sweep.log" ;;
+  tune)  # DTYPES="bfloat16 float16 float32" to sweep several (each dtype keeps its own entries)
+    for dt in ${DTYPES:-bfloat16}; do
+      python3 bench/cutile/rmsnorm_fwd_configs.py --dtype $dt --write-configs --out "$OUT" > "$OUT/sweep_$dt.log" 2>&1
+      keep; echo "== $dt"; sed -n '/summary/,$p' "$OUT/sweep_$dt.log"
+    done ;;
   table)
     for dt in bfloat16 float16 float32; do
       python3 bench/rmsnorm.py --dtype $dt --anchors none --no-backward --small-m "" --write-table \

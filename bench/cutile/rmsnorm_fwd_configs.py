@@ -24,7 +24,8 @@ import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, per_call_us  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min, default_config, launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd import (FwdConfig, cached_piece_min, default_config, launch,  # noqa: E402
+                                             split_part)
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 
@@ -33,7 +34,7 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def candidates(N: int, e: int) -> list[FwdConfig]:
+def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
     """The configs worth timing for rows of N elements of e bytes (pruned by the earlier sweeps in
     bench/NOTES.md), plus the current heuristic's pick for each mode."""
     rb, p2, pm = N * e, _pow2(N), cached_piece_min(N)
@@ -54,6 +55,10 @@ def candidates(N: int, e: int) -> list[FwdConfig]:
                 cfgs.append(C("cached", tile_m=tm, piece_min=pm, num_worker_warps=nww))
                 if pm != p2:
                     cfgs.append(C("cached", tile_m=tm, piece_min=p2, num_worker_warps=nww))
+        if rb >= 8192 and e == 2:  # 16-bit x kept as loaded between its two uses: fewer registers, more CTAs per SM
+            for nww in (None, 8):
+                for occ in (None, 2, 3, 4):
+                    cfgs.append(C("cached", piece_min=pm, num_worker_warps=nww, packed=True, occupancy=occ))
         for b in (1, 2, 3, 4):
             for lat in (1, 10):
                 for nww in ((None, 8) if rb > 4096 else (None,)):
@@ -67,6 +72,8 @@ def candidates(N: int, e: int) -> list[FwdConfig]:
             cfgs.append(C("reload", chunk=4096, latency=10, persistent=True, blocks_per_sm=b))
     else:  # wide rows
         cfgs.append(C("cached", piece_min=pm, num_worker_warps=8))
+        if e == 2:
+            cfgs.append(C("cached", piece_min=pm, num_worker_warps=8, packed=True))
         for nctas in (2, 4):
             cfgs.append(C("cached", piece_min=pm, num_ctas=nctas, num_worker_warps=8))
         for b in (1, 2):
@@ -79,9 +86,19 @@ def candidates(N: int, e: int) -> list[FwdConfig]:
                     cfgs.append(C("reload", chunk=chunk, latency=lat, num_worker_warps=nww))
             for b in (1, 2):
                 cfgs.append(C("reload", chunk=chunk, latency=10, persistent=True, blocks_per_sm=b))
+    if rb >= 16384:  # the row split over blocks that exchange partial sums (8-64 KiB per block)
+        for split in (2, 4, 8, 16, 32, 64):
+            part = split_part(N, split)
+            if 8192 <= part * e <= 65536:
+                for packed in ((False, True) if e == 2 else (False,)):
+                    cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), num_worker_warps=8,
+                                  packed=packed))
+                    for occ in (None, 4, 6, 8):
+                        cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), occupancy=occ,
+                                      packed=packed))
     dev = device_info("cuda")
     for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload"):
-        cfgs.append(default_config(mode, N, e, dev))
+        cfgs.append(default_config(mode, N, e, dev, dtype_name))
     seen, out = set(), []
     for c in cfgs:
         if c not in seen:
@@ -139,7 +156,7 @@ def main(argv=None) -> int:
     dtype = DTYPES[args.dtype]
     e = torch.empty((), dtype=dtype).element_size()
     dev = device_info("cuda")
-    results = {"gpu": dev.name, "dtype": str(dtype), "host": host_costs(dtype), "sweep": []}
+    results = {"gpu": dev.name, "dtype": str(dtype).removeprefix("torch."), "host": host_costs(dtype), "sweep": []}
     print("host costs (us per call):", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in results["host"].items()},
           flush=True)
     for N in args.ns:
@@ -148,7 +165,7 @@ def main(argv=None) -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
-        for cfg in candidates(N, e):
+        for cfg in candidates(N, e, results["dtype"]):
             rec = {"config": cfg.short(), "fields": dict(cfg.__dict__)}
             t0 = time.time()
             try:
@@ -198,16 +215,23 @@ def write_configs(results: dict, e: int, argv: str) -> str:
     table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}
     arch = table["configs"].setdefault(dev.arch_name, {})
     for mode, in_family in FAMILIES.items():
-        entries = {ent["row_bytes"]: ent for ent in arch.get(mode, [])}
+        entries = {(ent["row_bytes"], ent.get("dtype", "")): ent for ent in arch.get(mode, [])}
         for sweep in results["sweep"]:
             timed = [c for c in sweep["configs"] if "vs_copy" in c and in_family(FwdConfig(**c["fields"]))]
             if timed:
                 best = max(timed, key=lambda c: c["vs_copy"])
-                entries[sweep["N"] * e] = {"row_bytes": sweep["N"] * e, "measured_n": sweep["N"], "dtype": results["dtype"],
+                entries[(sweep["N"] * e, results["dtype"])] = {"row_bytes": sweep["N"] * e, "measured_n": sweep["N"], "dtype": results["dtype"],
                                            "config": best["fields"], "vs_copy": round(best["vs_copy"], 4)}
-        arch[mode] = sorted(entries.values(), key=lambda ent: ent["row_bytes"])
-    table["source"][dev.arch_name] = {"gpu": dev.name, "date": datetime.date.today().isoformat(),
-                                      "command": f"python bench/cutile/rmsnorm_fwd_configs.py {argv}"}
+        arch[mode] = sorted(entries.values(), key=lambda ent: (ent["row_bytes"], ent.get("dtype", "")))
+    # a sweep over some widths keeps the others' entries: the source lists every command that wrote
+    # entries still in the table, with the widths (row bytes) it measured
+    src = table["source"].get(dev.arch_name, {})
+    measured = sorted({sw["N"] * e for sw in results["sweep"]})
+    runs = [r for r in src.get("runs", [])  # minus the runs this one supersedes
+            if r["dtype"] != results["dtype"] or not set(r["row_bytes"]) <= set(measured)]
+    runs.append({"date": datetime.date.today().isoformat(), "dtype": results["dtype"],
+                 "command": f"python bench/cutile/rmsnorm_fwd_configs.py {argv}", "row_bytes": measured})
+    table["source"][dev.arch_name] = {"gpu": dev.name, "runs": runs}
     os.makedirs(os.path.dirname(CONFIG_TABLE), exist_ok=True)
     with open(CONFIG_TABLE, "w") as f:
         json.dump(table, f, indent=1)

@@ -109,8 +109,24 @@ def _scatter_chunk(mA, idx, cols, N, CHUNK, tile, LATENCY):
         ct.scatter(mA, idx, tile, mask=cols < N, check_bounds=False, latency=LATENCY)
 
 
+def _widen_again(x):
+    """x in fp32, by an op chain the compiler does not merge with the first ct.astype of the same
+    tile: only the 16-bit tile then stays live between the two uses (half the registers)."""
+    if ct.static_eval(x.dtype == ct.bfloat16):  # the top half of an fp32
+        return ct.bitcast(ct.astype(ct.bitcast(x, ct.uint16), ct.uint32) << 16, ct.float32)
+    if ct.static_eval(x.dtype == ct.float16):
+        h = ct.astype(ct.bitcast(x, ct.uint16), ct.uint32)
+        em = h & 0x7FFF
+        # exponent and mantissa moved into place, then rebiased by 2^(127-15): exact for normal and
+        # subnormal halves; inf / NaN (exponent all ones) get the fp32 all-ones exponent instead
+        f = ct.bitcast(em << 13, ct.float32) * ct.static_eval(2.0 ** 112)
+        f = ct.where(em >= 0x7C00, ct.bitcast((em << 13) | 0x7F800000, ct.float32), f)
+        return ct.bitcast(ct.bitcast(f, ct.uint32) | ((h & 0x8000) << 16), ct.float32)
+    return x
+
+
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY):
+                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED):
     """One row tile of the cached kernel (inlined; called once or from the persistent loop)."""
     if TILE_M == 1:
         xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
@@ -118,15 +134,16 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         tXrX = ()
         ssq = 0.0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            x = ct.astype(_gather_cols(mX, xbase, off, size, N, LATENCY), ct.float32)
-            ssq = ssq + ct.sum(x * x)
-            tXrX += (x,)
+            x = _gather_cols(mX, xbase, off, size, N, LATENCY)
+            xf = ct.astype(x, ct.float32)
+            ssq = ssq + ct.sum(xf * xf)
+            tXrX += (x if PACKED else xf,)
         rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
         if STORE_RSTD:
             ct.scatter(mRstd, tile, rstd, check_bounds=False)
         i = 0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            y = tXrX[i] * rstd
+            y = (_widen_again(tXrX[i]) if PACKED else tXrX[i]) * rstd
             if HAS_W:
                 y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY))
             _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
@@ -159,7 +176,8 @@ def rms_norm_fwd_cached_kernel(
         mX, mW, mY, mRstd,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt,
+        PACKED: ConstBool):
     """Each tile block owns TILE_M rows, loads them once (the pieces stay on chip), reduces in fp32
     and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles; HOIST_W
     keeps the weight in registers across that loop (narrow rows only). TILE_M == 1 takes 1-D tiles
@@ -177,10 +195,10 @@ def rms_norm_fwd_cached_kernel(
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
             _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY)
+                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED)
     else:
         _cached_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset, tWrW,
-                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY)
+                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED)
 
 
 def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
@@ -256,6 +274,89 @@ def rms_norm_fwd_reload_kernel(
                      N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
 
 
+def _split_cols(mA, base, off, size, lim, MASKED, latency):
+    """A (size,) tile of this block's columns [off, off + size) at flat offset `base`; masked at
+    `lim` (the part's valid width, dynamic for the last part of a width SPLIT does not divide)."""
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if MASKED:
+        return ct.gather(mA, base + cols, mask=cols < lim, check_bounds=False, latency=latency)
+    return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
+
+
+def _split_scatter(mA, base, off, size, lim, MASKED, tile, latency):
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if MASKED:
+        ct.scatter(mA, base + cols, tile, mask=cols < lim, check_bounds=False, latency=latency)
+    else:
+        ct.scatter(mA, base + cols, tile, check_bounds=False, latency=latency)
+
+
+@ct.kernel
+def rms_norm_fwd_split_kernel(
+        mX, mW, mY, mRstd, mSync,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool):
+    """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
+    on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
+    partial sums of squares through global memory (a software cluster).
+
+    mSync (fp32, filled with -1 before the launch): [0] a ticket counter, [(r + 1) * SPLIT + p] the
+    partial sum of part p of row r; -1 means "not yet written" (a sum of squares is never negative,
+    so the value is its own ready flag and nothing else needs ordering). A block takes its (row, part)
+    from the ticket, not from its block index: a block only waits on blocks that took earlier tickets
+    (already running) or later ones (started as soon as any block ends), so the wait cannot deadlock
+    however the hardware schedules blocks, as long as SPLIT blocks fit on the GPU at once."""
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    t = ct.astype(ct.atomic_add(mSync, 0, 1.0, memory_order=ct.MemoryOrder.RELAXED), ct.int32) + 1
+    row = t // SPLIT
+    part = t - row * SPLIT
+    c0 = part * PART
+    xbase = ct.assume_divisible_by(row * stride + c0, X_ALIGN)
+    ybase = ct.assume_divisible_by(row * N + c0, X_ALIGN)
+    MASK_N = ct.static_eval(SPLIT * PART != N)
+    lim = ct.minimum(N - c0, PART) if MASK_N else PART
+
+    tXrX = ()
+    ssq = 0.0
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        masked = ct.static_eval(MASK_N or off + size > PART)
+        x = _split_cols(mX, xbase, off, size, lim, masked, LATENCY)
+        xf = ct.astype(x, ct.float32)
+        ssq = ssq + ct.sum(xf * xf)
+        tXrX += (x,)
+    ct.atomic_xchg(mSync, (row + 1) * SPLIT + part, ssq, memory_order=ct.MemoryOrder.RELAXED)
+
+    tWrW = ()  # the weight's loads are issued before the wait
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        if HAS_W:
+            masked = ct.static_eval(MASK_N or off + size > PART)
+            tWrW += (ct.astype(_split_cols(mW, c0, off, size, lim, masked, LATENCY), ct.float32) + offset,)
+
+    # the wait: relaxed gpu-scope loads of the row's partial sums (served by L2, where the atomics
+    # wrote them). `again` (always 0) ties the load's index to the loop's own variable: a load with
+    # a loop-invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a
+    # load has no observable effect), and the loop then spins forever (seen in the sm_90 PTX)
+    total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
+    while total < 0.0:
+        again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
+        parts = ct.load(mSync, (row + 1 + again,), (SPLIT,), allow_tma=False,
+                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
+        total = ct.where(ct.min(parts) < 0.0, -1.0, ct.sum(parts))
+    rstd = ct.rsqrt(total * ct.static_eval(1.0 / N) + eps)
+    if STORE_RSTD:
+        if part == 0:
+            ct.scatter(mRstd, row, rstd, check_bounds=False)
+    i = 0
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        y = (_widen_again(tXrX[i]) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        if HAS_W:
+            y = y * tWrW[i]
+        masked = ct.static_eval(MASK_N or off + size > PART)
+        _split_scatter(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
+        i += 1
+
+
 # ================================================================================================
 # Launch configs
 # ================================================================================================
@@ -263,9 +364,11 @@ def rms_norm_fwd_reload_kernel(
 class FwdConfig:
     """One launch of one kernel. Everything here is a compile-time constant or a compiler hint."""
 
-    kernel: str  # "cached" | "reload"
+    kernel: str  # "cached" | "reload" | "split"
     tile_m: int = 1  # rows per tile block
-    piece_min: int = 1 << 30  # cached: smallest power-of-two piece before the padded tail
+    piece_min: int = 1 << 30  # cached/split: smallest power-of-two piece before the padded tail
+    split: int = 1  # split: blocks per row (each keeps split_part(N, split) columns on chip)
+    packed: bool = False  # cached (one row per tile) and split: keep 16-bit x as loaded between its two uses
     chunk: int = 2048  # reload: columns per chunk
     reverse: bool = True  # reload: second pass walks the chunks backwards
     persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm)
@@ -276,6 +379,10 @@ class FwdConfig:
     num_ctas: int | None = None
     occupancy: int | None = None
 
+    def __post_init__(self):
+        if self.split < 1 or self.split & (self.split - 1):
+            raise ValueError(f"split must be a power of two (the partial sums are one tile), got {self.split}")
+
     def hints(self) -> dict:
         # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
         occupancy = self.blocks_per_sm if self.persistent else self.occupancy
@@ -284,8 +391,12 @@ class FwdConfig:
 
     def short(self) -> str:
         parts = [self.kernel, f"tile_m={self.tile_m}"]
-        if self.kernel == "cached":
+        if self.kernel == "split":
+            parts.append(f"split={self.split}")
+        if self.kernel in ("cached", "split"):
             parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
+            if self.packed:
+                parts.append("packed")
         else:
             parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
         if self.persistent:
@@ -303,6 +414,12 @@ def _pieces_waste(n: int, piece_min: int) -> float:
     return sum(s for _, s in row_pieces(n, piece_min)) / n - 1.0
 
 
+def split_part(n: int, split: int) -> int:
+    """Columns per block of a row split over `split` blocks: a multiple of 16 elements, so every
+    block's columns start 16-byte aligned; the last block's part is short when split does not divide n."""
+    return -(-n // (16 * split)) * 16
+
+
 def cached_piece_min(n: int) -> int:
     """One padded tile when it wastes <= 1/8 of the lanes, else the fewest pieces that do."""
     pm = _pow2_ceil(n)
@@ -314,7 +431,7 @@ def cached_piece_min(n: int) -> int:
 CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning",
                             "rmsnorm_fwd_configs.json")
 FAMILIES = {  # which configs implement each mode's idea
-    "multi_wave_cached": lambda c: c.kernel == "cached" and not c.persistent,
+    "multi_wave_cached": lambda c: c.kernel in ("cached", "split") and not c.persistent,
     "static_persistent": lambda c: c.persistent,
     "multi_wave_reload": lambda c: c.kernel == "reload" and not c.persistent,
 }
@@ -322,7 +439,7 @@ FAMILIES = {  # which configs implement each mode's idea
 
 @functools.lru_cache(maxsize=None)
 def measured_configs() -> dict:
-    """{arch: {mode: [(row_bytes, FwdConfig, ratio_to_copy), ...]}} from the sweep's table."""
+    """{arch: {mode: [(row_bytes, FwdConfig, ratio_to_copy, dtype), ...]}} from the sweep's table."""
     try:
         with open(CONFIG_TABLE) as f:
             table = json.load(f)
@@ -332,20 +449,26 @@ def measured_configs() -> dict:
     for arch, modes in table.get("configs", {}).items():
         for mode, entries in modes.items():
             out.setdefault(arch, {})[mode] = sorted(
-                (e["row_bytes"], FwdConfig(**e["config"]), e["vs_copy"]) for e in entries)
+                ((e["row_bytes"], FwdConfig(**e["config"]), e["vs_copy"], e.get("dtype", "")) for e in entries),
+                key=lambda t: (t[0], t[3]))
     return out
 
 
 @functools.lru_cache(maxsize=4096)
-def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo) -> FwdConfig:
-    """The launch config of `mode` for rows of N elements: the config measured best for the nearest
-    row size (bytes) on this arch (tuning/rmsnorm_fwd_configs.json, written by
-    bench/cutile/rmsnorm_fwd_configs.py --write-configs), else the analytical rule below."""
+def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "") -> FwdConfig:
+    """The launch config of `mode` for rows of N elements of `dtype` ("bfloat16", ...): the config
+    measured best for the nearest row size (bytes) on this arch, among the entries measured in this
+    dtype if there are any (tuning/rmsnorm_fwd_configs.json, written by
+    bench/cutile/rmsnorm_fwd_configs.py --dtype D --write-configs), else the analytical rule below."""
     entries = measured_configs().get(dev.arch_name, {}).get(mode)
     if entries:
+        same = [e for e in entries if e[3] == dtype] or entries
         rb = N * elem_bytes
-        return min(entries, key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))[1]
+        return min(same, key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))[1]
     return analytical_config(mode, N, elem_bytes)
+
+
+SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (bench/NOTES.md items 7 and 12)
 
 
 def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
@@ -355,6 +478,13 @@ def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
     tile_m = 1 if row_bytes >= 4096 else min(64, _pow2_ceil(8192 // row_bytes))
     nww = 8 if row_bytes >= 8192 else None  # 8 warps: half the registers per thread for long rows
     if mode == "multi_wave_cached":
+        if row_bytes > SPLIT_ROW_BYTES:
+            # the H200 sweeps' optimum: 16 KiB of 16-bit x per block kept packed with 8 blocks per SM,
+            # 32 KiB of fp32 with 4 (bench/NOTES.md item 12)
+            part_bytes, occupancy = (16384, 8) if elem_bytes == 2 else (32768, 4)
+            split = min(64, _pow2_ceil(-(-row_bytes // part_bytes)))
+            return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)),
+                             packed=elem_bytes == 2, occupancy=occupancy)
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww)
     if mode == "static_persistent":
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), persistent=True,
@@ -369,7 +499,8 @@ def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
 # ================================================================================================
 # Compiled-kernel objects (hints -> kernel), signatures for ahead-of-time compile checks
 # ================================================================================================
-_KERNELS = {"cached": rms_norm_fwd_cached_kernel, "reload": rms_norm_fwd_reload_kernel}
+_KERNELS = {"cached": rms_norm_fwd_cached_kernel, "reload": rms_norm_fwd_reload_kernel,
+            "split": rms_norm_fwd_split_kernel}
 
 
 @functools.lru_cache(maxsize=None)
@@ -387,7 +518,10 @@ def _align_elems(stride: int, elem_bytes: int) -> int:
 def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool) -> tuple:
     if cfg.kernel == "cached":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent,
-                cfg.persistent and cfg.hoist_w, cfg.latency)
+                cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1)
+    if cfg.kernel == "split":
+        return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
+                cfg.packed)
     return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
 
 
@@ -402,9 +536,11 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
                                shape_divisible_by=16 if div16 else 1, base_addr_divisible_by=16)
 
     elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
-    params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), arr(x_dtype, True), arr(ct.float32, True),
-              ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
-              ScalarConstraint(ct.float32)]
+    params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), arr(x_dtype, True), arr(ct.float32, True)]
+    if cfg.kernel == "split":
+        params.append(arr(ct.float32, False))  # the sync workspace, (M + 1) * split long
+    params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
+               ScalarConstraint(ct.float32)]
     params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd)]
     return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), \
         KernelSignature(params, CallingConvention.cutile_python_v2())
@@ -414,6 +550,15 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
 # Launch wrappers
 # ================================================================================================
 _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
+
+
+_MAX_TICKETS = 1 << 24  # the split kernel counts its blocks in fp32, exact up to 2^24
+
+
+def _sync_workspace(M: int, split: int, device) -> torch.Tensor:
+    """The split kernel's ticket counter and partial sums, all -1 ("not yet written"); a fresh one
+    per launch, so launches on different streams never share one."""
+    return torch.full(((M + 1) * split,), -1.0, dtype=torch.float32, device=device)
 
 
 def _round16(n: int) -> int:
@@ -447,7 +592,10 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def grid_size(cfg: FwdConfig, M: int, sm_count: int) -> int:
-    """Tile blocks of a launch over M rows: one per row tile, or at most blocks_per_sm x SMs (persistent)."""
+    """Tile blocks of a launch over M rows: one per row tile, or at most blocks_per_sm x SMs
+    (persistent), or `split` per row."""
+    if cfg.kernel == "split":
+        return M * cfg.split
     tiles = -(-M // cfg.tile_m)
     return min(tiles, cfg.blocks_per_sm * sm_count) if cfg.persistent else tiles
 
@@ -467,17 +615,24 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     r_flat = _flat(rstd, _round16(M)) if store_rstd else y_flat  # never written when STORE_RSTD is False
     w = weight if weight is not None else y_flat  # never read when HAS_W is False
     stream = _raw_stream(x2d.device.index)
+    split = cfg.kernel == "split"
     span = (M - 1) * stride + N
-    if span <= _MAX_FLAT:  # one launch (the usual case)
+    if span <= _MAX_FLAT and not (split and M * cfg.split >= _MAX_TICKETS):  # one launch (the usual case)
         x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
-        ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel, (x_flat, w, y_flat, r_flat, M, stride, eps, offset) + consts)
+        sync = (_sync_workspace(M, cfg.split, x2d.device),) if split else ()
+        ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel,
+                  (x_flat, w, y_flat, r_flat) + sync + (M, stride, eps, offset) + consts)
         return y, rstd
-    # beyond int32 indexing: row chunks (a multiple of 16 rows) that each stay below 2^31 elements
+    # beyond int32 indexing (or the split kernel's fp32 ticket counter): row chunks, a multiple of 16
+    # rows each, that stay below 2^31 elements (and 2^24 tickets)
     rows = max(16, (_MAX_FLAT - N) // max(stride, N) // 16 * 16)
+    if split:
+        rows = min(rows, _MAX_TICKETS // cfg.split // 16 * 16)
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
+        sync = (_sync_workspace(m, cfg.split, x2d.device),) if split else ()
         args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, _flat(y, _round16(m * N), r0 * N),
-                _flat(rstd, _round16(m), r0) if store_rstd else y_flat, m, stride, eps, offset)
+                _flat(rstd, _round16(m), r0) if store_rstd else y_flat) + sync + (m, stride, eps, offset)
         ct.launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts)
     return y, rstd
 
@@ -491,7 +646,7 @@ class CuTileForward:
     idea: str
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
-        return default_config(self.mode, N, dtype.itemsize, dev)
+        return default_config(self.mode, N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
         cfg = self.config(N, dtype, dev)

@@ -36,6 +36,26 @@ def test_row_pieces_cover_the_row(n, piece_min):
     assert off >= n and pieces[-1][0] < n and off - n < pieces[-1][1]
 
 
+@pytest.mark.parametrize("n", [1000, 2880, 32768, 40000, 65536, 100003, 262144])
+@pytest.mark.parametrize("split", [1, 2, 4, 8, 16, 64])
+def test_split_parts_cover_the_row(n, split):
+    """The split kernel's parts: 16-element aligned starts, every column in exactly one part."""
+    from cutile_norms.cutile.rmsnorm_fwd import split_part
+
+    part = split_part(n, split)
+    assert part % 16 == 0 and part * split >= n
+    if 1 < split and n > 16 * split * (split - 1):  # rounding to 16 overshoots by < 16 per part
+        assert part * (split - 1) < n  # the last part holds at least one column (empty parts, which
+        # only arise for tiny parts, would still be correct: fully masked, a partial sum of 0)
+
+
+def test_split_grid_is_split_blocks_per_row():
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, grid_size
+
+    assert grid_size(FwdConfig("split", split=4), 1000, 132) == 4000
+    assert grid_size(FwdConfig("cached", tile_m=4), 1001, 132) == 251
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------------------
@@ -195,3 +215,140 @@ def test_module_on_gpu(seed):
             m.weight.copy_(0.1 * torch.randn(2880, device="cuda"))
         x = random_rows((2, 33, 2880), torch.bfloat16, "cuda")
         assert_close(m(x), reference64(x, m.weight, EPS, 1.0)[0], torch.bfloat16, f"module {mode}", seed)
+
+
+# (N, split, piece_min): power-of-two parts; parts that split does not divide evenly (the last part
+# short: 40000 / 8, 1000 / 4); a non-power-of-two part in pieces (100003 / 8); 16 blocks per row
+SPLIT_CASES = [(32768, 2, 1 << 30), (65536, 4, 1 << 30), (40000, 8, 2048), (1000, 4, 64), (100003, 8, 2048),
+               (262144, 16, 1 << 30)]
+
+
+def _run_split(x, w, offset, split, piece_min, store_rstd=True, nww=8):
+    from cutile_norms.cutile.rmsnorm_fwd import MULTI_WAVE_CACHED, FwdConfig, output_buffers
+
+    M, N = x.shape
+    cfg = FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=nww)
+    y, rstd = output_buffers(M, N, x.dtype, x.device, store_rstd)
+    y.fill_(float("nan"))
+    if rstd is not None:
+        rstd.fill_(float("nan"))
+    out = MULTI_WAVE_CACHED.forward(x, w, EPS, offset, store_rstd, _device_info(), cfg=cfg, out=(y, rstd))
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,split,piece_min", SPLIT_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 7, 300])
+def test_split_kernel_matches_reference(seed, N, split, piece_min, x_dtype, w_dtype, M):
+    """The row split over `split` blocks that exchange partial sums through global memory."""
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    y, rstd = _run_split(x, w, 0.0, split, piece_min)
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
+    assert_close(y, y64, DT[x_dtype], f"split={split} y", seed)
+    assert_close(rstd, rstd64, torch.float32, f"split={split} rstd", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,split,piece_min", SPLIT_CASES[:3])
+@pytest.mark.parametrize("case", ["offset1", "no_weight", "no_rstd"])
+def test_split_kernel_offset_no_weight_no_rstd(seed, N, split, piece_min, case):
+    x = random_rows((33, N), torch.bfloat16, "cuda")
+    w = None if case == "no_weight" else random_weight(N, torch.bfloat16, "cuda")
+    offset = 1.0 if case == "offset1" else 0.0
+    y, rstd = _run_split(x, w, offset, split, piece_min, store_rstd=case != "no_rstd")
+    y64, rstd64 = reference64(x, w, EPS, offset)
+    assert_close(y, y64, torch.bfloat16, f"split {case}", seed)
+    if case != "no_rstd":
+        assert_close(rstd, rstd64, torch.float32, f"split {case} rstd", seed)
+
+
+@pytest.mark.gpu
+def test_split_kernel_full_size_and_launch_chunks(seed, monkeypatch):
+    """M = 2^27 / N rows (thousands of blocks waiting on each other), then the same with the ticket
+    limit lowered so the launch is cut into row chunks, each with its own workspace."""
+    from cutile_norms.cutile import rmsnorm_fwd
+
+    N = 65536
+    x = random_rows(((1 << 27) // N, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
+    y, rstd = _run_split(x, w, 0.0, 4, 1 << 30)
+    assert_close(y, y64, torch.bfloat16, "split full size", seed)
+    monkeypatch.setattr(rmsnorm_fwd, "_MAX_TICKETS", 4 * 16 * 5)  # 80 rows per launch -> 26 launches
+    y, rstd = _run_split(x, w, 0.0, 4, 1 << 30)
+    assert_close(y, y64, torch.bfloat16, "split chunked", seed)
+    assert_close(rstd, rstd64, torch.float32, "split chunked rstd", seed)
+
+
+@pytest.mark.gpu
+def test_split_kernel_nan_row_does_not_hang(seed):
+    """A NaN in a row makes its partial sum NaN, which is not "-1 = not yet written": the row's
+    blocks finish (NaN out for that row only) instead of waiting forever."""
+    x = random_rows((16, 65536), torch.bfloat16, "cuda")
+    x[5, 12345] = float("nan")
+    w = random_weight(65536, torch.bfloat16, "cuda")
+    y, _ = _run_split(x, w, 0.0, 4, 1 << 30)
+    assert torch.isnan(y[5]).all()
+    keep = torch.arange(16, device="cuda") != 5
+    assert_close(y[keep], reference64(x[keep], w, EPS, 0.0)[0], torch.bfloat16, "split other rows", seed)
+
+
+def _run_config(cfg, x, w, eps, offset=0.0, store_rstd=True):
+    from cutile_norms.cutile.rmsnorm_fwd import MULTI_WAVE_CACHED, output_buffers
+
+    M, N = x.shape
+    y, rstd = output_buffers(M, N, x.dtype, x.device, store_rstd)
+    y.fill_(float("nan"))
+    if rstd is not None:
+        rstd.fill_(float("nan"))
+    out = MULTI_WAVE_CACHED.forward(x, w, eps, offset, store_rstd, _device_info(), cfg=cfg, out=(y, rstd))
+    torch.cuda.synchronize()
+    return out
+
+
+def _packed_configs(N):
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min
+
+    return [FwdConfig("cached", piece_min=cached_piece_min(N), packed=True, num_worker_warps=8),
+            FwdConfig("split", split=4, piece_min=cached_piece_min(N // 4), occupancy=8)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [5120, 16384])
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("which", [0, 1])
+def test_packed_x_matches_reference(seed, N, x_dtype, w_dtype, which):
+    """16-bit x kept as loaded and widened a second time by bit operations (cached `packed`, split)."""
+    cfg = _packed_configs(N)[which]
+    x = random_rows((65, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    y, rstd = _run_config(cfg, x, w, EPS, offset=1.0)
+    y64, rstd64 = reference64(x, w, EPS, 1.0)
+    assert_close(y, y64, DT[x_dtype], f"{cfg.short()} y", seed)
+    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} rstd", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("which", [0, 1])
+def test_packed_widening_of_extreme_values(seed, dtype, which):
+    """Rows of only subnormals (fp16: with eps tiny, y is O(1), so a subnormal widened wrongly
+    shows), and rows mixing huge values with small normals: fp16's largest finite value; for bf16
+    2^56, since the fp32 sum of squares (as in every fp32-accumulating RMSNorm) overflows near bf16's max."""
+    N = 16384
+    cfg = _packed_configs(N)[which]
+    info = torch.finfo(DT[dtype])
+    sub = (torch.rand(8, N, device="cuda") * 0.9 + 0.05) * info.tiny  # below the smallest normal
+    sub = sub * torch.where(torch.rand_like(sub) < 0.5, -1.0, 1.0)
+    big = random_rows((8, N), torch.float32, "cuda") * 1e-3
+    big[:, ::97] = (info.max if dtype == "float16" else 2.0 ** 56) * torch.where(torch.rand_like(big[:, ::97]) < 0.5, -1.0, 1.0)
+    x = torch.cat([sub, big]).to(DT[dtype])
+    assert (x[:8] != 0).float().mean() > 0.9 and (x[:8].abs() < info.tiny).all()
+    for eps in (1e-30, EPS):
+        y, rstd = _run_config(cfg, x, None, eps)
+        y64, rstd64 = reference64(x, None, eps, 0.0)
+        assert_close(y, y64, DT[dtype], f"{cfg.short()} eps={eps}", seed)
+        assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} rstd eps={eps}", seed)

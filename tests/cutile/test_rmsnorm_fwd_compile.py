@@ -19,7 +19,7 @@ ELEM = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _config(mode, N, x_dtype, arch):
-    return rmsnorm_fwd.default_config(mode, N, ELEM[x_dtype], ARCHS[arch])
+    return rmsnorm_fwd.default_config(mode, N, ELEM[x_dtype], ARCHS[arch], x_dtype)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -61,6 +61,45 @@ def test_every_measured_config_is_a_valid_config():
     for arch, modes in table.items():
         for mode, entries in modes.items():
             assert mode in rmsnorm_fwd.FAMILIES
-            for row_bytes, cfg, ratio in entries:
+            for row_bytes, cfg, ratio, dtype in entries:
                 assert rmsnorm_fwd.FAMILIES[mode](cfg), f"{arch}/{mode}: {cfg} is not a {mode} config"
-                assert row_bytes > 0 and 0 < ratio < 1.5
+                assert row_bytes > 0 and 0 < ratio < 1.5 and dtype in ELEM, (arch, mode, dtype)
+
+
+# the split kernel (a long row over several blocks), also where the tuning table does not pick it
+SPLIT_CONFIGS = [(32768, 2, 1 << 30), (65536, 4, 1 << 30), (40000, 8, 2048), (100003, 8, 2048), (262144, 16, 1 << 30)]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N,split,piece_min", SPLIT_CONFIGS)
+def test_split_kernel_compiles(N, split, piece_min, x_dtype, w_dtype, arch):
+    cfg = rmsnorm_fwd.FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=8)
+    assert compile_cubin(cfg, N, x_dtype, w_dtype, arch=arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("has_w,store_rstd", [(False, False), (True, False), (False, True)])
+def test_split_kernel_inference_and_no_weight_variants(has_w, store_rstd):
+    cfg = rmsnorm_fwd.FwdConfig("split", split=8, piece_min=2048, num_worker_warps=8)
+    assert compile_cubin(cfg, 40000, "bfloat16", "bfloat16", has_w=has_w, store_rstd=store_rstd)[:4] == b"\x7fELF"
+
+
+def test_split_kernel_polls_inside_its_wait_loop():
+    """The wait loop must re-read the partial sums from L2 every iteration. A ct.load there whose
+    index does not change is hoisted out of the loop by cuTile (loads have no observable effect):
+    an endless spin. The kernel makes the index depend on the loop's own variable; the sm_90 PTX
+    must show the relaxed gpu-scope load after the exchange that publishes the block's partial sum,
+    followed by a backward branch."""
+    import re
+
+    from tests.cutile.compile_util import embedded_ptx
+
+    cfg = rmsnorm_fwd.FwdConfig("split", split=4, num_worker_warps=8)
+    ptx = embedded_ptx(compile_cubin(cfg, 65536, "bfloat16", "bfloat16"))
+    assert "atom.global.add.f32" in ptx and "0f3F800000" in ptx  # the ticket
+    after = ptx.split("atom.global.exch.b32", 1)[1]  # the partial sum, published
+    load = after.index("ld.relaxed.gpu.global")
+    loop_labels = re.findall(r"^(\$L__BB\d+_\d+):", after[:load], re.M)
+    assert loop_labels, "no loop header before the poll"
+    assert f"bra \t{loop_labels[-1]};" in after[load:] or f"bra {loop_labels[-1]};" in after[load:], \
+        "the poll is not inside a loop"
