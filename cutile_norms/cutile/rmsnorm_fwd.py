@@ -59,20 +59,30 @@ def _chunks(n: int, chunk: int) -> int:
 # ================================================================================================
 # Kernels
 # ================================================================================================
-def _gather_cols(mA, base, off, size, N, latency):
-    """A (size,) tile of columns [off, off + size) at flat offset `base`; masked only past N."""
+def _gather_masked(mA, base, off, size, lim, MASKED, latency):
+    """A (size,) tile of columns [off, off + size) at flat offset `base`; if MASKED, only columns
+    below `lim` (a constant, or dynamic for the split kernel's last part)."""
     cols = ct.arange(size, dtype=ct.int32) + off
-    if ct.static_eval(off + size > N):
-        return ct.gather(mA, base + cols, mask=cols < N, check_bounds=False, latency=latency)
+    if MASKED:
+        return ct.gather(mA, base + cols, mask=cols < lim, check_bounds=False, latency=latency)
     return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
 
 
-def _scatter_cols(mA, base, off, size, N, tile, latency):
+def _scatter_masked(mA, base, off, size, lim, MASKED, tile, latency):
     cols = ct.arange(size, dtype=ct.int32) + off
-    if ct.static_eval(off + size > N):
-        ct.scatter(mA, base + cols, tile, mask=cols < N, check_bounds=False, latency=latency)
+    if MASKED:
+        ct.scatter(mA, base + cols, tile, mask=cols < lim, check_bounds=False, latency=latency)
     else:
         ct.scatter(mA, base + cols, tile, check_bounds=False, latency=latency)
+
+
+def _gather_cols(mA, base, off, size, N, latency):
+    """A (size,) tile of columns [off, off + size) of a row of N at flat offset `base`; masked only past N."""
+    return _gather_masked(mA, base, off, size, N, ct.static_eval(off + size > N), latency)
+
+
+def _scatter_cols(mA, base, off, size, N, tile, latency):
+    _scatter_masked(mA, base, off, size, N, ct.static_eval(off + size > N), tile, latency)
 
 
 def _gather_rows(mA, xbase, row_ok, off, size, N, latency):
@@ -274,23 +284,6 @@ def rms_norm_fwd_reload_kernel(
                      N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
 
 
-def _split_cols(mA, base, off, size, lim, MASKED, latency):
-    """A (size,) tile of this block's columns [off, off + size) at flat offset `base`; masked at
-    `lim` (the part's valid width, dynamic for the last part of a width SPLIT does not divide)."""
-    cols = ct.arange(size, dtype=ct.int32) + off
-    if MASKED:
-        return ct.gather(mA, base + cols, mask=cols < lim, check_bounds=False, latency=latency)
-    return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
-
-
-def _split_scatter(mA, base, off, size, lim, MASKED, tile, latency):
-    cols = ct.arange(size, dtype=ct.int32) + off
-    if MASKED:
-        ct.scatter(mA, base + cols, tile, mask=cols < lim, check_bounds=False, latency=latency)
-    else:
-        ct.scatter(mA, base + cols, tile, check_bounds=False, latency=latency)
-
-
 @ct.kernel
 def rms_norm_fwd_split_kernel(
         mX, mW, mY, mRstd, mSync,
@@ -321,7 +314,7 @@ def rms_norm_fwd_split_kernel(
     ssq = 0.0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         masked = ct.static_eval(MASK_N or off + size > PART)
-        x = _split_cols(mX, xbase, off, size, lim, masked, LATENCY)
+        x = _gather_masked(mX, xbase, off, size, lim, masked, LATENCY)
         xf = ct.astype(x, ct.float32)
         ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
@@ -331,7 +324,7 @@ def rms_norm_fwd_split_kernel(
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         if HAS_W:
             masked = ct.static_eval(MASK_N or off + size > PART)
-            tWrW += (ct.astype(_split_cols(mW, c0, off, size, lim, masked, LATENCY), ct.float32) + offset,)
+            tWrW += (ct.astype(_gather_masked(mW, c0, off, size, lim, masked, LATENCY), ct.float32) + offset,)
 
     # the wait: relaxed gpu-scope loads of the row's partial sums (served by L2, where the atomics
     # wrote them). `again` (always 0) ties the load's index to the loop's own variable: a load with
@@ -353,7 +346,7 @@ def rms_norm_fwd_split_kernel(
         if HAS_W:
             y = y * tWrW[i]
         masked = ct.static_eval(MASK_N or off + size > PART)
-        _split_scatter(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
+        _scatter_masked(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
         i += 1
 
 

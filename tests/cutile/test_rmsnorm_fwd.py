@@ -65,8 +65,8 @@ def _device_info():
     return device_info("cuda")
 
 
-def _run_backend(mode, x2d, w, offset, store_rstd=True):
-    """The mode's backend on poisoned output buffers; returns (y, rstd)."""
+def _run_backend(mode, x2d, w, offset, store_rstd=True, cfg=None, eps=EPS):
+    """The mode's backend (with its own config, or `cfg`) on poisoned output buffers; returns (y, rstd)."""
     from cutile_norms import dispatch
     from cutile_norms.cutile.rmsnorm_fwd import output_buffers
 
@@ -75,7 +75,8 @@ def _run_backend(mode, x2d, w, offset, store_rstd=True):
     y_flat.fill_(float("nan"))
     if rstd is not None:
         rstd.fill_(float("nan"))
-    y, r = dispatch.backend(mode).forward(x2d, w, EPS, offset, store_rstd, _device_info(), out=(y_flat, rstd))
+    y, r = dispatch.backend(mode).forward(x2d, w, eps, offset, store_rstd, _device_info(), cfg=cfg,
+                                          out=(y_flat, rstd))
     torch.cuda.synchronize()
     return y, r
 
@@ -224,17 +225,10 @@ SPLIT_CASES = [(32768, 2, 1 << 30), (65536, 4, 1 << 30), (40000, 8, 2048), (1000
 
 
 def _run_split(x, w, offset, split, piece_min, store_rstd=True, nww=8):
-    from cutile_norms.cutile.rmsnorm_fwd import MULTI_WAVE_CACHED, FwdConfig, output_buffers
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
 
-    M, N = x.shape
     cfg = FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=nww)
-    y, rstd = output_buffers(M, N, x.dtype, x.device, store_rstd)
-    y.fill_(float("nan"))
-    if rstd is not None:
-        rstd.fill_(float("nan"))
-    out = MULTI_WAVE_CACHED.forward(x, w, EPS, offset, store_rstd, _device_info(), cfg=cfg, out=(y, rstd))
-    torch.cuda.synchronize()
-    return out
+    return _run_backend("multi_wave_cached", x, w, offset, store_rstd, cfg=cfg)
 
 
 @pytest.mark.gpu
@@ -296,19 +290,6 @@ def test_split_kernel_nan_row_does_not_hang(seed):
     assert_close(y[keep], reference64(x[keep], w, EPS, 0.0)[0], torch.bfloat16, "split other rows", seed)
 
 
-def _run_config(cfg, x, w, eps, offset=0.0, store_rstd=True):
-    from cutile_norms.cutile.rmsnorm_fwd import MULTI_WAVE_CACHED, output_buffers
-
-    M, N = x.shape
-    y, rstd = output_buffers(M, N, x.dtype, x.device, store_rstd)
-    y.fill_(float("nan"))
-    if rstd is not None:
-        rstd.fill_(float("nan"))
-    out = MULTI_WAVE_CACHED.forward(x, w, eps, offset, store_rstd, _device_info(), cfg=cfg, out=(y, rstd))
-    torch.cuda.synchronize()
-    return out
-
-
 def _packed_configs(N):
     from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min
 
@@ -325,7 +306,7 @@ def test_packed_x_matches_reference(seed, N, x_dtype, w_dtype, which):
     cfg = _packed_configs(N)[which]
     x = random_rows((65, N), DT[x_dtype], "cuda")
     w = random_weight(N, DT[w_dtype], "cuda")
-    y, rstd = _run_config(cfg, x, w, EPS, offset=1.0)
+    y, rstd = _run_backend("multi_wave_cached", x, w, 1.0, cfg=cfg)
     y64, rstd64 = reference64(x, w, EPS, 1.0)
     assert_close(y, y64, DT[x_dtype], f"{cfg.short()} y", seed)
     assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} rstd", seed)
@@ -348,7 +329,7 @@ def test_packed_widening_of_extreme_values(seed, dtype, which):
     x = torch.cat([sub, big]).to(DT[dtype])
     assert (x[:8] != 0).float().mean() > 0.9 and (x[:8].abs() < info.tiny).all()
     for eps in (1e-30, EPS):
-        y, rstd = _run_config(cfg, x, None, eps)
+        y, rstd = _run_backend("multi_wave_cached", x, None, 0.0, cfg=cfg, eps=eps)
         y64, rstd64 = reference64(x, None, eps, 0.0)
         assert_close(y, y64, DT[dtype], f"{cfg.short()} eps={eps}", seed)
         assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} rstd eps={eps}", seed)
