@@ -14,18 +14,19 @@ cp "$KEEP"/*.json cutile_norms/tuning/ 2>/dev/null
 keep() { cp cutile_norms/tuning/*.json "$KEEP"/ 2>/dev/null; cp cutile_norms/tuning/*.json "$OUT"/ 2>/dev/null; true; }
 export PYTHONUNBUFFERED=1
 case "${1:-}" in
-  tune)  # DTYPES="bfloat16 float16 float32" to sweep several (each dtype keeps its own entries)
+  tune)  # DTYPES="bfloat16 float16 float32" to sweep several (each dtype keeps its own entries);
+         # SWEEP_ARGS="--ns ... --family ..." to sweep part of the table
     for dt in ${DTYPES:-bfloat16}; do
-      python3 bench/cutile/rmsnorm_fwd_configs.py --dtype $dt --write-configs --out "$OUT" > "$OUT/sweep_$dt.log" 2>&1
+      python3 bench/cutile/rmsnorm_fwd_configs.py --dtype $dt ${SWEEP_ARGS:-} --write-configs --out "$OUT" > "$OUT/sweep_$dt.log" 2>&1
       keep; echo "== $dt"; sed -n '/summary/,$p' "$OUT/sweep_$dt.log"
     done ;;
   table)
     for dt in bfloat16 float16 float32; do
-      python3 bench/rmsnorm.py --dtype $dt --anchors none --no-backward --small-m "" --write-table \
+      python3 bench/rmsnorm.py --dtype $dt --anchors none --no-backward --small-m 1,64 --small-n 1024,4096,16384 --write-table \
         --out "$OUT/table_$dt" > "$OUT/table_$dt.log" 2>&1 || echo "table $dt failed"
       keep
     done
-    grep -h "^| " "$OUT"/table_*/rmsnorm_*.md | head -60 ;;
+    grep -h "^| " "$OUT"/table_*/rmsnorm_*.md | cut -c1-160 | head -80 ;;
   bench)
     python3 bench/rmsnorm.py --anchors quack,liger,torch_eager,tilegym_static_persistent,tilegym_multi_wave_reload,tilegym_multi_wave_cached \
       --out "$OUT" > "$OUT/bench_bf16.log" 2>&1

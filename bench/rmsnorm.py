@@ -35,6 +35,7 @@ from cutile_norms.reference import rms_norm_reference  # noqa: E402
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 SMALL_MS = [1, 64, 1024]
+SMALL_NS = [4096]
 ELEMENTS = 1 << 27
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32}
@@ -156,8 +157,7 @@ def run(args) -> dict:
         result["sweep"].append(row)
         del x, w
         torch.cuda.empty_cache()
-    N = 4096
-    for M in args.small_m:
+    for N, M in ((n, m) for n in args.small_n for m in args.small_m):
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         row = {"N": N, "M": M, "copy_us": gpu_us(lambda: x.clone()), "copy_call_us": per_call_us(lambda: x.clone()),
@@ -165,7 +165,7 @@ def run(args) -> dict:
         for name, fn in impls.items():
             rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True)
             row["impls"].append(rec)
-            log(f"small M={M:>5} N={N} {name:<28} " + (rec.get("error") or
+            log(f"small M={M:>5} N={N:>6} {name:<28} " + (rec.get("error") or
                 f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy), per call "
                 f"{rec['fwd_call_us']:6.1f} us ({rec['fwd_call_us'] / row['copy_call_us']:.2f}x copy)" +
                 (f"  bwd {rec['bwd_us']:6.1f} / {rec['bwd_call_us']:6.1f} us" if "bwd_us" in rec else "")))
@@ -203,12 +203,12 @@ def markdown(result: dict) -> str:
     if result["small_m"]:
         for key, title in (("us", "GPU µs per call (L2 flushed, events around one call)"),
                            ("call_us", "µs per call back to back (host work included when the host is slower)")):
-            out += ["", f"Small M, N = 4096, {title}, fwd (/ bwd):", "",
-                    "| M | copy | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+            out += ["", f"Small M, {title}, fwd (/ bwd):", "",
+                    "| N | M | copy | " + " | ".join(names) + " |", "|---:|---:|---:|" + "---:|" * len(names)]
             for row in result["small_m"]:
                 cells = [_cell(r, f"fwd_{key}", "{:.1f}") + (f" / {r[f'bwd_{key}']:.1f}" if f"bwd_{key}" in r else "")
                          for r in row["impls"]]
-                out.append(f"| {row['M']} | {row[f'copy_{key}']:.1f} | " + " | ".join(cells) + " |")
+                out.append(f"| {row['N']} | {row['M']} | {row[f'copy_{key}']:.1f} | " + " | ".join(cells) + " |")
     if result["skipped"]:
         out += ["", "Not run: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
     return "\n".join(out) + "\n"
@@ -240,8 +240,43 @@ def plot(result: dict, path: str) -> str | None:
     return None
 
 
+def _ranges(points: list, m_max: int, m_min: int = 1) -> list[dict]:
+    """Table rows from (N, mode, evidence) points sorted by N: each point's mode from the geometric
+    midpoint to its neighbours (adjacent points with the same mode merge), for M in [m_min, m_max]."""
+    rows, prev_hi = [], 0
+    for i, (n, mode, evidence) in enumerate(points):
+        hi = 1 << 40 if i == len(points) - 1 else int((n * points[i + 1][0]) ** 0.5)
+        if rows and rows[-1]["mode"] == mode:
+            rows[-1]["n_max"], rows[-1]["evidence"] = hi, rows[-1]["evidence"] + "; " + evidence
+        else:
+            rows.append({"n_min": prev_hi + 1, "n_max": hi, "m_min": m_min, "m_max": m_max, "mode": mode,
+                         "evidence": evidence})
+        prev_hi = hi
+    return rows
+
+
+def _small_m_points(result: dict, candidates: list[str]) -> tuple[list, int]:
+    """(N, mode, evidence) per small-M width, and the largest M they cover. Small M = fewer rows than
+    SMs (every mode's grid is below one wave: latency, not bandwidth); per width, the mode whose worst
+    GPU time over those Ms is nearest the fastest's (differences are tenths of a microsecond)."""
+    rows = [r for r in result["small_m"] if r["M"] < result["sm_count"]]
+    points = []
+    for n in sorted({r["N"] for r in rows}):
+        times = [({r["impl"][3:]: r["fwd_us"] for r in row["impls"] if r["impl"][3:] in candidates and "fwd_us" in r}, row)
+                 for row in rows if row["N"] == n]
+        common = set.intersection(*(set(t) for t, _ in times))
+        if not common:
+            continue
+        worst = {m: max(t[m] / min(t[c] for c in common) for t, _ in times) for m in common}
+        mode = min(sorted(common), key=worst.get)
+        us = ", ".join(f"M={row['M']}: {t[mode]:.1f} us (copy {row['copy_us']:.1f})" for t, row in times)
+        points.append((n, mode, f"N={n}: {us}; at most {worst[mode]:.2f}x the fastest mode"))
+    return points, max((r["M"] for r in rows), default=0)
+
+
 def write_table(result: dict) -> str:
-    """The mode=None table for this arch/dtype from the measured forward winners (cuTile stable modes)."""
+    """The mode=None table for this arch/dtype from the measured forward winners (cuTile stable
+    modes): rows for small M (from the small-M sweep) first, then by N for every M."""
     candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
     points = []
     for row in result["sweep"]:
@@ -251,15 +286,8 @@ def write_table(result: dict) -> str:
             best = scored[0]
             runner = f"; runner-up {scored[1][1]} {scored[1][0]:.3f}x" if len(scored) > 1 else ""
             points.append((row["N"], best[1], f"N={row['N']}: {best[0]:.3f}x copy{runner}"))
-    rows, prev_hi = [], 0
-    for i, (n, mode, evidence) in enumerate(points):
-        hi = 1 << 40 if i == len(points) - 1 else int((n * points[i + 1][0]) ** 0.5)
-        if rows and rows[-1]["mode"] == mode:
-            rows[-1]["n_max"], rows[-1]["evidence"] = hi, rows[-1]["evidence"] + "; " + evidence
-        else:
-            rows.append({"n_min": prev_hi + 1, "n_max": hi, "m_min": 1, "m_max": 1 << 40, "mode": mode,
-                         "evidence": evidence})
-        prev_hi = hi
+    small, small_m_max = _small_m_points(result, candidates)
+    rows = (_ranges(small, small_m_max) if small else []) + _ranges(points, 1 << 40)
     table = json.load(open(dispatch.TABLE_PATH)) if os.path.exists(dispatch.TABLE_PATH) else {"source": {}, "tables": {}}
     table["tables"].setdefault(result["arch"], {})[result["dtype"]] = rows
     src = table["source"].setdefault(result["arch"], {})
@@ -277,6 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
     p.add_argument("--small-m", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_MS)
+    p.add_argument("--small-n", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_NS,
+                   help="widths of the small-M sweep")
     p.add_argument("--modes", type=lambda s: [v for v in s.split(",") if v], default=OUR_MODES)
     p.add_argument("--anchors", type=lambda s: [v for v in s.split(",") if v and v != "none"],
                    default=list(anchor_registry.ANCHORS))

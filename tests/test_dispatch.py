@@ -128,3 +128,40 @@ def test_the_shipped_table_is_consistent():
                 assert band[0]["n_min"] == 1 and band[-1]["n_max"] >= 2 ** 18
                 for a, b in zip(band, band[1:]):
                     assert b["n_min"] == a["n_max"] + 1, f"{arch}/{dtype}: gap between {a} and {b}"
+
+
+def _bench_result(sweep_winners: dict, small: dict) -> dict:
+    """A bench result (bench/rmsnorm.py's JSON) with the given winners: {N: mode} at large M, and
+    {(N, M): {mode: us}} for the small-M sweep; the other modes measure 10 % slower."""
+    def impls(best):
+        return [{"impl": f"cn.{m}", "fwd_vs_copy": 0.99 if m == best else 0.9} for m in CUTILE_MODES]
+    return {"arch": "sm_90", "gpu": "NVIDIA H100", "dtype": "bfloat16", "sm_count": 132, "date": "today",
+            "command": "python bench/rmsnorm.py --write-table",
+            "sweep": [{"N": n, "impls": impls(m)} for n, m in sorted(sweep_winners.items())],
+            "small_m": [{"N": n, "M": m, "copy_us": 4.0, "impls": [{"impl": f"cn.{k}", "fwd_us": v} for k, v in t.items()]}
+                        for (n, m), t in sorted(small.items())]}
+
+
+def test_written_table_has_small_m_rows_first(tmp_path, monkeypatch):
+    """bench/rmsnorm.py --write-table: rows for M below the SM count from the small-M sweep (the mode
+    whose worst time over those Ms is nearest the fastest), then the large-M rows by N; resolve() picks
+    by M. M = 1024 (above the SM count) is not small and does not vote."""
+    from bench.rmsnorm import write_table
+    from cutile_norms import rmsnorm
+
+    monkeypatch.setattr(dispatch, "TABLE_PATH", str(tmp_path / "table.json"))
+    monkeypatch.setattr(dispatch, "measured_table", lambda: __import__("json").load(open(tmp_path / "table.json")))
+    rmsnorm._route.cache_clear()
+    t = {"multi_wave_cached": 4.6, "multi_wave_reload": 4.9, "static_persistent": 4.8}
+    small = {(4096, 1): t, (4096, 64): {"multi_wave_cached": 5.5, "multi_wave_reload": 5.9, "static_persistent": 5.4},
+             (4096, 1024): {"multi_wave_cached": 9.0, "multi_wave_reload": 9.9, "static_persistent": 8.0}}
+    write_table(_bench_result({1024: "static_persistent", 4096: "multi_wave_reload", 65536: "multi_wave_cached"}, small))
+    rows = dispatch.measured_table()["tables"]["sm_90"]["bfloat16"]
+    assert [(r["m_max"], r["mode"]) for r in rows] == [(64, "multi_wave_cached"), (1 << 40, "static_persistent"),
+                                                       (1 << 40, "multi_wave_reload"), (1 << 40, "multi_wave_cached")]
+    assert "M=1: 4.6 us" in rows[0]["evidence"] and "1.02x the fastest" in rows[0]["evidence"]
+    for M, mode in ((1, "multi_wave_cached"), (64, "multi_wave_cached"), (65, "multi_wave_reload"),
+                    (1 << 20, "multi_wave_reload")):
+        assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, M, 4096).mode == mode, M
+    assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 1, 1 << 18).mode == "multi_wave_cached"
+    rmsnorm._route.cache_clear()

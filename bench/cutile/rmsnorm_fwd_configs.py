@@ -24,8 +24,8 @@ import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, per_call_us  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.cutile.rmsnorm_fwd import (FwdConfig, cached_piece_min, default_config, launch,  # noqa: E402
-                                             split_part)
+from cutile_norms.cutile.rmsnorm_fwd import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
+                                             launch, split_part)
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 
@@ -146,6 +146,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
     p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--family", choices=sorted(FAMILIES), default=None,
+                   help="time only this mode's configs (the other modes' table entries are kept)")
     p.add_argument("--write-configs", action="store_true",
                    help="write the best config per mode and width into cutile_norms/tuning/rmsnorm_fwd_configs.json")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
@@ -166,6 +168,8 @@ def main(argv=None) -> int:
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
         for cfg in candidates(N, e, results["dtype"]):
+            if args.family and not FAMILIES[args.family](cfg):
+                continue
             rec = {"config": cfg.short(), "fields": dict(cfg.__dict__)}
             t0 = time.time()
             try:
@@ -209,7 +213,7 @@ def write_configs(results: dict, e: int, argv: str) -> str:
     """Best measured config per (mode family, row size) into the package's tuning table (this arch)."""
     import datetime
 
-    from cutile_norms.cutile.rmsnorm_fwd import CONFIG_TABLE, FAMILIES
+    from cutile_norms.cutile.rmsnorm_fwd import CONFIG_TABLE
 
     dev = device_info("cuda")
     table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}

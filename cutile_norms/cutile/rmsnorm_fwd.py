@@ -119,20 +119,23 @@ def _scatter_chunk(mA, idx, cols, N, CHUNK, tile, LATENCY):
         ct.scatter(mA, idx, tile, mask=cols < N, check_bounds=False, latency=LATENCY)
 
 
-def _widen_again(x):
+def _widen_again(x, zero):
     """x in fp32, by an op chain the compiler does not merge with the first ct.astype of the same
-    tile: only the 16-bit tile then stays live between the two uses (half the registers)."""
+    tile: only the 16-bit tile then stays live between the two uses (half the registers).
+    `zero` is a runtime 0 (uint16) the compiler cannot fold."""
     if ct.static_eval(x.dtype == ct.bfloat16):  # the top half of an fp32
         return ct.bitcast(ct.astype(ct.bitcast(x, ct.uint16), ct.uint32) << 16, ct.float32)
     if ct.static_eval(x.dtype == ct.float16):
-        h = ct.astype(ct.bitcast(x, ct.uint16), ct.uint32)
-        em = h & 0x7FFF
-        # exponent and mantissa moved into place, then rebiased by 2^(127-15): exact for normal and
-        # subnormal halves; inf / NaN (exponent all ones) get the fp32 all-ones exponent instead
-        f = ct.bitcast(em << 13, ct.float32) * ct.static_eval(2.0 ** 112)
-        f = ct.where(em >= 0x7C00, ct.bitcast((em << 13) | 0x7F800000, ct.float32), f)
-        return ct.bitcast(ct.bitcast(f, ct.uint32) | ((h & 0x8000) << 16), ct.float32)
+        # the bits xor-ed with a runtime zero: a different value to the compiler, so its conversion
+        # is not the first one's, and costs one integer op more (an exact conversion by integer ops,
+        # exponent rebias and inf/NaN fix-up, cost ~9 instructions per element: bench/NOTES.md item 14)
+        return ct.astype(ct.bitcast(ct.bitcast(x, ct.uint16) ^ zero, ct.float16), ct.float32)
     return x
+
+
+def _runtime_zero(M):
+    """0 as uint16, computed from the row count M (>= 1 at every launch) so it is not a constant."""
+    return ct.astype(ct.minimum(M, 0), ct.uint16)
 
 
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
@@ -153,7 +156,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
             ct.scatter(mRstd, tile, rstd, check_bounds=False)
         i = 0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            y = (_widen_again(tXrX[i]) if PACKED else tXrX[i]) * rstd
+            y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
                 y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY))
             _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
@@ -284,28 +287,46 @@ def rms_norm_fwd_reload_kernel(
                      N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
 
 
+def _row_ssq(mX, xbase, N, CHUNK, LATENCY):
+    """The sum of squares of a whole row read from memory in CHUNK-column pieces (the split
+    kernel's fallback: one loop, few registers)."""
+    cols0 = ct.arange(CHUNK, dtype=ct.int32)
+    total = 0.0
+    for c in range(ct.static_eval(_chunks(N, CHUNK))):
+        cols = cols0 + c * CHUNK
+        x = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32)
+        total = total + ct.sum(x * x)
+    return total
+
+
+SPLIT_FALLBACK_CHUNK = 1024  # columns per fallback piece (8 per thread at 128 threads)
+
+
 @ct.kernel
 def rms_norm_fwd_split_kernel(
         mX, mW, mY, mRstd, mSync,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, MAX_POLLS: ConstInt):
     """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
     on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
     partial sums of squares through global memory (a software cluster).
 
-    mSync (fp32, filled with -1 before the launch): [0] a ticket counter, [(r + 1) * SPLIT + p] the
-    partial sum of part p of row r; -1 means "not yet written" (a sum of squares is never negative,
-    so the value is its own ready flag and nothing else needs ordering). A block takes its (row, part)
-    from the ticket, not from its block index: a block only waits on blocks that took earlier tickets
-    (already running) or later ones (started as soon as any block ends), so the wait cannot deadlock
-    however the hardware schedules blocks, as long as SPLIT blocks fit on the GPU at once."""
+    Block b owns part b % SPLIT of row b // SPLIT. mSync (fp32, M * SPLIT, filled with -1 before the
+    launch) holds the partial sums: -1 means "not yet written" (a sum of squares is never negative,
+    so the value is its own ready flag and nothing else needs ordering). A block publishes its sum,
+    then polls its row's sums up to MAX_POLLS times. A sibling that has not published by then may
+    not be resident at all (blocks are not guaranteed to run at once, nor in index order): the block
+    then reads the whole row's x again and sums it itself, so no schedule can deadlock the launch.
+    With the hardware's in-order dispatch the siblings are resident within a block's lifetime and the
+    fallback is not taken (a test forces it with MAX_POLLS = 0)."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
-    t = ct.astype(ct.atomic_add(mSync, 0, 1.0, memory_order=ct.MemoryOrder.RELAXED), ct.int32) + 1
-    row = t // SPLIT
-    part = t - row * SPLIT
+    bid = ct.bid(0)
+    row = bid // SPLIT
+    part = bid - row * SPLIT
     c0 = part * PART
-    xbase = ct.assume_divisible_by(row * stride + c0, X_ALIGN)
+    rbase = ct.assume_divisible_by(row * stride, X_ALIGN)
+    xbase = ct.assume_divisible_by(rbase + c0, X_ALIGN)
     ybase = ct.assume_divisible_by(row * N + c0, X_ALIGN)
     MASK_N = ct.static_eval(SPLIT * PART != N)
     lim = ct.minimum(N - c0, PART) if MASK_N else PART
@@ -318,7 +339,7 @@ def rms_norm_fwd_split_kernel(
         xf = ct.astype(x, ct.float32)
         ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
-    ct.atomic_xchg(mSync, (row + 1) * SPLIT + part, ssq, memory_order=ct.MemoryOrder.RELAXED)
+    ct.atomic_xchg(mSync, bid, ssq, memory_order=ct.MemoryOrder.RELAXED)
 
     tWrW = ()  # the weight's loads are issued before the wait
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
@@ -331,18 +352,22 @@ def rms_norm_fwd_split_kernel(
     # a loop-invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a
     # load has no observable effect), and the loop then spins forever (seen in the sm_90 PTX)
     total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
-    while total < 0.0:
+    polls = 0
+    while (total < 0.0) & (polls < MAX_POLLS):
         again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
-        parts = ct.load(mSync, (row + 1 + again,), (SPLIT,), allow_tma=False,
+        parts = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
                         memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
         total = ct.where(ct.min(parts) < 0.0, -1.0, ct.sum(parts))
+        polls += 1
+    if total < 0.0:  # a sibling never showed up: the whole row's sum from x itself
+        total = _row_ssq(mX, rbase, N, ct.static_eval(min(SPLIT_FALLBACK_CHUNK, _pow2_ceil(N))), LATENCY)
     rstd = ct.rsqrt(total * ct.static_eval(1.0 / N) + eps)
     if STORE_RSTD:
         if part == 0:
             ct.scatter(mRstd, row, rstd, check_bounds=False)
     i = 0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
-        y = (_widen_again(tXrX[i]) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
         if HAS_W:
             y = y * tWrW[i]
         masked = ct.static_eval(MASK_N or off + size > PART)
@@ -362,6 +387,7 @@ class FwdConfig:
     piece_min: int = 1 << 30  # cached/split: smallest power-of-two piece before the padded tail
     split: int = 1  # split: blocks per row (each keeps split_part(N, split) columns on chip)
     packed: bool = False  # cached (one row per tile) and split: keep 16-bit x as loaded between its two uses
+    max_polls: int = 4096  # split: rounds of polling for the siblings' sums before reading the row itself
     chunk: int = 2048  # reload: columns per chunk
     reverse: bool = True  # reload: second pass walks the chunks backwards
     persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm)
@@ -386,6 +412,8 @@ class FwdConfig:
         parts = [self.kernel, f"tile_m={self.tile_m}"]
         if self.kernel == "split":
             parts.append(f"split={self.split}")
+            if self.max_polls != FwdConfig.max_polls:
+                parts.append(f"max_polls={self.max_polls}")
         if self.kernel in ("cached", "split"):
             parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
             if self.packed:
@@ -514,7 +542,7 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
                 cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1)
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
-                cfg.packed)
+                cfg.packed, cfg.max_polls)
     return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
 
 
@@ -531,7 +559,7 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
     elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
     params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), arr(x_dtype, True), arr(ct.float32, True)]
     if cfg.kernel == "split":
-        params.append(arr(ct.float32, False))  # the sync workspace, (M + 1) * split long
+        params.append(arr(ct.float32, True))  # the sync workspace, M * split rounded up to 16
     params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
                ScalarConstraint(ct.float32)]
     params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd)]
@@ -545,13 +573,11 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
 _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
 
 
-_MAX_TICKETS = 1 << 24  # the split kernel counts its blocks in fp32, exact up to 2^24
-
-
 def _sync_workspace(M: int, split: int, device) -> torch.Tensor:
-    """The split kernel's ticket counter and partial sums, all -1 ("not yet written"); a fresh one
-    per launch, so launches on different streams never share one."""
-    return torch.full(((M + 1) * split,), -1.0, dtype=torch.float32, device=device)
+    """The split kernel's partial sums, all -1 ("not yet written"); a fresh one per launch, so
+    launches on different streams never share one. Its length is padded to 16, like y's, so the
+    array's "divisible by 16" bit (which a launch specialises on) does not change with M."""
+    return torch.full((_round16(M * split),), -1.0, dtype=torch.float32, device=device)
 
 
 def _round16(n: int) -> int:
@@ -610,17 +636,14 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     stream = _raw_stream(x2d.device.index)
     split = cfg.kernel == "split"
     span = (M - 1) * stride + N
-    if span <= _MAX_FLAT and not (split and M * cfg.split >= _MAX_TICKETS):  # one launch (the usual case)
+    if span <= _MAX_FLAT:  # one launch (the usual case)
         x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
         sync = (_sync_workspace(M, cfg.split, x2d.device),) if split else ()
         ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel,
                   (x_flat, w, y_flat, r_flat) + sync + (M, stride, eps, offset) + consts)
         return y, rstd
-    # beyond int32 indexing (or the split kernel's fp32 ticket counter): row chunks, a multiple of 16
-    # rows each, that stay below 2^31 elements (and 2^24 tickets)
+    # beyond int32 indexing: row chunks, a multiple of 16 rows each, that stay below 2^31 elements
     rows = max(16, (_MAX_FLAT - N) // max(stride, N) // 16 * 16)
-    if split:
-        rows = min(rows, _MAX_TICKETS // cfg.split // 16 * 16)
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
         sync = (_sync_workspace(m, cfg.split, x2d.device),) if split else ()
