@@ -312,13 +312,18 @@ def rms_norm_fwd_split_kernel(
     on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
     partial sums of squares through global memory (a software cluster).
 
-    Block b owns part b % SPLIT of row b // SPLIT. mSync (fp32, M * SPLIT, filled with -1 before the
-    launch) holds the partial sums: -1 means "not yet written" (a sum of squares is never negative,
-    so the value is its own ready flag and nothing else needs ordering). A block publishes its sum,
-    then polls its row's sums up to MAX_POLLS times. A sibling that has not published by then may
-    not be resident at all (blocks are not guaranteed to run at once, nor in index order): the block
-    then reads the whole row's x again and sums it itself, so no schedule can deadlock the launch.
-    With the hardware's in-order dispatch the siblings are resident within a block's lifetime and the
+    Block b owns part b % SPLIT of row b // SPLIT and slot b of mSync (int32, kept between launches
+    on the same stream, all 0 when allocated). A slot holds the fp32 bits of a partial sum of squares
+    (never negative: the sign bit is free) with the sign bit set by every other launch: a block reads
+    its own slot's sign first (what the last launch over this row wrote), publishes its sum with the
+    other sign, and waits until every slot of its row shows that sign. The workspace thus needs no
+    clearing between launches (a fill kernel per launch cost ~1.5 %: bench/NOTES.md item 14), and the
+    state lives on the device, so a replayed CUDA graph flips it like an eager launch does.
+
+    A block polls up to MAX_POLLS times. A sibling that has not published by then may not be resident
+    at all (blocks are not guaranteed to run at once, nor in index order): the block then reads the
+    whole row's x again and sums it itself, so no schedule can deadlock the launch. With the
+    hardware's in-order dispatch the siblings are resident within a block's lifetime and the
     fallback is not taken (a test forces it with MAX_POLLS = 0)."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
     bid = ct.bid(0)
@@ -331,6 +336,8 @@ def rms_norm_fwd_split_kernel(
     MASK_N = ct.static_eval(SPLIT * PART != N)
     lim = ct.minimum(N - c0, PART) if MASK_N else PART
 
+    # this launch's sign bit: the opposite of what the last launch over this row left in our slot
+    sign = ct.where(ct.gather(mSync, bid, check_bounds=False, latency=10) < 0, 0, ct.static_eval(-(1 << 31)))
     tXrX = ()
     ssq = 0.0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
@@ -339,7 +346,7 @@ def rms_norm_fwd_split_kernel(
         xf = ct.astype(x, ct.float32)
         ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
-    ct.atomic_xchg(mSync, bid, ssq, memory_order=ct.MemoryOrder.RELAXED)
+    ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
 
     tWrW = ()  # the weight's loads are issued before the wait
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
@@ -356,8 +363,9 @@ def rms_norm_fwd_split_kernel(
     while (total < 0.0) & (polls < MAX_POLLS):
         again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
         parts = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
-                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
-        total = ct.where(ct.min(parts) < 0.0, -1.0, ct.sum(parts))
+                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
+        # a slot with this launch's sign now has its sign bit clear and holds the plain sum
+        total = ct.where(ct.min(parts) < 0, -1.0, ct.sum(ct.bitcast(parts, ct.float32)))
         polls += 1
     if total < 0.0:  # a sibling never showed up: the whole row's sum from x itself
         total = _row_ssq(mX, rbase, N, ct.static_eval(min(SPLIT_FALLBACK_CHUNK, _pow2_ceil(N))), LATENCY)
@@ -559,7 +567,7 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
     elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
     params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), arr(x_dtype, True), arr(ct.float32, True)]
     if cfg.kernel == "split":
-        params.append(arr(ct.float32, True))  # the sync workspace, M * split rounded up to 16
+        params.append(arr(ct.int32, True))  # the split kernel's slots, a multiple of 16 long
     params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
                ScalarConstraint(ct.float32)]
     params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd)]
@@ -573,11 +581,24 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
 _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
 
 
-def _sync_workspace(M: int, split: int, device) -> torch.Tensor:
-    """The split kernel's partial sums, all -1 ("not yet written"); a fresh one per launch, so
-    launches on different streams never share one. Its length is padded to 16, like y's, so the
-    array's "divisible by 16" bit (which a launch specialises on) does not change with M."""
-    return torch.full((_round16(M * split),), -1.0, dtype=torch.float32, device=device)
+_WORKSPACES: dict = {}  # (device index, raw stream, split) -> the split kernel's int32 slots
+
+
+def _sync_workspace(M: int, split: int, device, stream: int) -> torch.Tensor:
+    """The split kernel's slots for M rows: one workspace per (device, stream, split), kept between
+    launches (the kernel flips a sign bit instead of needing it cleared) and regrown, all 0, when M
+    outgrows it. Launches on one stream run in order, so they may share it; other streams get their
+    own. Lengths are multiples of 16, so the array's "divisible by 16" bit (which a launch
+    specialises on) never changes. Under CUDA graph capture a new workspace is not cached: its zero
+    fill is captured with the kernel and replays with it."""
+    key = (device.index, stream, split)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < M * split:
+        ws = torch.zeros(_round16(max(M * split, 2 * ws.numel() if ws is not None else 0)), dtype=torch.int32,
+                         device=device)
+        if not torch.cuda.is_current_stream_capturing():
+            _WORKSPACES[key] = ws
+    return ws
 
 
 def _round16(n: int) -> int:
@@ -638,7 +659,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     span = (M - 1) * stride + N
     if span <= _MAX_FLAT:  # one launch (the usual case)
         x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
-        sync = (_sync_workspace(M, cfg.split, x2d.device),) if split else ()
+        sync = (_sync_workspace(M, cfg.split, x2d.device, stream),) if split else ()
         ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel,
                   (x_flat, w, y_flat, r_flat) + sync + (M, stride, eps, offset) + consts)
         return y, rstd
@@ -646,7 +667,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     rows = max(16, (_MAX_FLAT - N) // max(stride, N) // 16 * 16)
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
-        sync = (_sync_workspace(m, cfg.split, x2d.device),) if split else ()
+        sync = (_sync_workspace(m, cfg.split, x2d.device, stream),) if split else ()
         args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, _flat(y, _round16(m * N), r0 * N),
                 _flat(rstd, _round16(m), r0) if store_rstd else y_flat) + sync + (m, stride, eps, offset)
         ct.launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts)

@@ -297,6 +297,48 @@ def test_split_kernel_fallback_reads_the_row_itself(seed, N, split, piece_min, x
 
 
 @pytest.mark.gpu
+def test_split_kernel_workspace_across_launches_streams_and_graphs(seed):
+    """The slots are kept between launches (a sign bit flips per launch instead of a clear): back to
+    back launches with different M and split on one stream, then on a second stream while the first
+    is busy, then a captured CUDA graph replayed with new inputs: every result against the reference."""
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, launch
+
+    def check(y, x, w, what):
+        assert_close(y, reference64(x, w, EPS, 0.0)[0], torch.bfloat16, what, seed)
+
+    N = 40000
+    w = random_weight(N, torch.bfloat16, "cuda")
+    cfgs = {s: FwdConfig("split", split=s, piece_min=2048, packed=True) for s in (4, 8)}
+    runs = []
+    for M, s in ((300, 8), (7, 8), (301, 8), (64, 4), (300, 8), (1, 4), (300, 8)):  # no sync in between
+        x = random_rows((M, N), torch.bfloat16, "cuda")
+        runs.append((launch(cfgs[s], x, w, EPS, 0.0, False, 132)[0], x, f"M={M} split={s}"))
+    for y, x, what in runs:
+        check(y, x, w, what)
+    side = torch.cuda.Stream()
+    xa, xb = (random_rows((257, N), torch.bfloat16, "cuda") for _ in range(2))
+    ya = launch(cfgs[8], xa, w, EPS, 0.0, False, 132)[0]
+    with torch.cuda.stream(side):
+        yb = launch(cfgs[8], xb, w, EPS, 0.0, False, 132)[0]
+    torch.cuda.synchronize()
+    check(ya, xa, w, "main stream")
+    check(yb, xb, w, "side stream")
+    static_x = random_rows((33, N), torch.bfloat16, "cuda")
+    graph = torch.cuda.CUDAGraph()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(cfgs[8], static_x, w, EPS, 0.0, False, 132)  # compiled and its workspace made outside the capture
+        with torch.cuda.graph(graph, stream=side):
+            static_y = launch(cfgs[8], static_x, w, EPS, 0.0, False, 132)[0]
+    for i in range(3):
+        static_x.copy_(random_rows((33, N), torch.bfloat16, "cuda"))
+        static_y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(static_y, static_x, w, f"graph replay {i}")
+
+
+@pytest.mark.gpu
 def test_split_kernel_nan_row_does_not_hang(seed):
     """A NaN in a row makes its partial sum NaN, which is not "-1 = not yet written": the row's
     blocks finish (NaN out for that row only) instead of waiting forever."""

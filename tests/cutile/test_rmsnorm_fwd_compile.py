@@ -97,6 +97,10 @@ def test_split_kernel_polls_inside_its_wait_loop():
     cfg = rmsnorm_fwd.FwdConfig("split", split=4, num_worker_warps=8)
     ptx = embedded_ptx(compile_cubin(cfg, 65536, "bfloat16", "bfloat16"))
     assert "atom.global.add" not in ptx  # blocks own (row, part) by their index: no ticket
+    # the block's own slot (whose sign bit says which sign this launch publishes) is read before x,
+    # not after the reduction, where the compiler sank it at first (an extra round trip per block)
+    first = ptx.index("ld.global")
+    assert ptx[first:].startswith("ld.global.b32") and ptx.index("ld.global.v4") > first
     after = ptx.split("atom.global.exch.b32", 1)[1]  # the partial sum, published
     load = after.index("ld.relaxed.gpu.global")
     loop_labels = re.findall(r"^(\$L__BB\d+_\d+):", after[:load], re.M)
