@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The third session's GPU runs (split kernel by block index, fp16 packed), in order on one machine:
-#   bash bench/probe/session_fwd.sh probe   # split/packed tests, two probes, the multi_wave_cached sweeps of the changed widths
+#   bash bench/probe/session_fwd.sh probe   # split/packed tests, two probes, the bf16 multi_wave_cached sweep of the changed widths
+#   bash bench/probe/session_fwd.sh tune    # the same sweep for fp16 and fp32
 #   bash bench/probe/session_fwd.sh final   # the mode=None tables (with small-M rows), then the GPU suite
 #   bash bench/probe/session_fwd.sh bench   # forward benches against the anchors, three dtypes
 set -uo pipefail
@@ -10,14 +11,15 @@ mkdir -p "$OUT"
 cp /tmp/cutile_norms_tuning/*.json cutile_norms/tuning/ 2>/dev/null  # what an earlier stage measured on this machine
 case "${1:-}" in
   probe)
-    timeout 240 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "split or packed" \
+    timeout 180 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "split or packed" \
       > "$OUT/split_tests.log" 2>&1; echo "split/packed tests rc=$?"; tail -3 "$OUT/split_tests.log"
     timeout 60 python3 bench/probe/small_m_latency.py > "$OUT/small_m_latency.log" 2>&1; cat "$OUT/small_m_latency.log"
     for dt in bfloat16 float16; do
       timeout 60 python3 bench/probe/split_fill_cost.py --dtype $dt 2>&1 | tee -a "$OUT/split_fill_cost.log"
     done
     DTYPES=bfloat16 SWEEP_ARGS="--ns 16384,32768,65536,131072,262144 --family multi_wave_cached" \
-      timeout 200 bash bench/gpu_session.sh tune
+      timeout 200 bash bench/gpu_session.sh tune ;;
+  tune)
     DTYPES=float16 SWEEP_ARGS="--ns 8192,16384,32768,65536,131072,262144 --family multi_wave_cached" \
       timeout 200 bash bench/gpu_session.sh tune
     DTYPES=float32 SWEEP_ARGS="--ns 32768,65536,131072,262144 --family multi_wave_cached" \
@@ -33,5 +35,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|final|bench" >&2; exit 2 ;;
 esac
