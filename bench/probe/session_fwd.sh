@@ -2,6 +2,7 @@
 # The third session's GPU runs (split kernel by block index, fp16 packed), in order on one machine:
 #   bash bench/probe/session_fwd.sh probe   # split/packed tests, two probes, the bf16 multi_wave_cached sweep of the changed widths
 #   bash bench/probe/session_fwd.sh tune    # the same sweep for fp16 and fp32
+#   bash bench/probe/session_fwd.sh retune  # (a new machine) split/packed tests and the split widths again, three dtypes
 #   bash bench/probe/session_fwd.sh final   # the mode=None tables (with small-M rows), then the GPU suite
 #   bash bench/probe/session_fwd.sh bench   # forward benches against the anchors, three dtypes
 set -uo pipefail
@@ -24,6 +25,13 @@ case "${1:-}" in
       timeout 200 bash bench/gpu_session.sh tune
     DTYPES=float32 SWEEP_ARGS="--ns 32768,65536,131072,262144 --family multi_wave_cached" \
       timeout 120 bash bench/gpu_session.sh tune ;;
+  retune)  # after the uniform poll: split/packed tests again, then the split widths swept again
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "split or packed" \
+      > "$OUT/split_tests.log" 2>&1; echo "split/packed tests rc=$?"; tail -3 "$OUT/split_tests.log"
+    for dt in bfloat16 float16; do
+      DTYPES=$dt SWEEP_ARGS="--ns 32768,65536,131072,262144 --family multi_wave_cached" timeout 120 bash bench/gpu_session.sh tune
+    done
+    DTYPES=float32 SWEEP_ARGS="--ns 65536,131072,262144 --family multi_wave_cached" timeout 100 bash bench/gpu_session.sh tune ;;
   final)
     timeout 300 bash bench/gpu_session.sh table
     timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
@@ -35,5 +43,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|final|bench" >&2; exit 2 ;;
 esac

@@ -300,6 +300,7 @@ def _row_ssq(mX, xbase, N, CHUNK, LATENCY):
 
 
 SPLIT_FALLBACK_CHUNK = 1024  # columns per fallback piece (8 per thread at 128 threads)
+POLL_TILE = 256  # slots read per poll: at least the block's threads, so no warp holds its own copy
 
 
 @ct.kernel
@@ -337,6 +338,7 @@ def rms_norm_fwd_split_kernel(
     lim = ct.minimum(N - c0, PART) if MASK_N else PART
 
     # this launch's sign bit: the opposite of what the last launch over this row left in our slot
+    # (each warp reads it; the barriers of the reduction below order every read before the exchange)
     sign = ct.where(ct.gather(mSync, bid, check_bounds=False, latency=10) < 0, 0, ct.static_eval(-(1 << 31)))
     tXrX = ()
     ssq = 0.0
@@ -354,18 +356,28 @@ def rms_norm_fwd_split_kernel(
             masked = ct.static_eval(MASK_N or off + size > PART)
             tWrW += (ct.astype(_gather_masked(mW, c0, off, size, lim, masked, LATENCY), ct.float32) + offset,)
 
-    # the wait: relaxed gpu-scope loads of the row's partial sums (served by L2, where the atomics
-    # wrote them). `again` (always 0) ties the load's index to the loop's own variable: a load with
-    # a loop-invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a
-    # load has no observable effect), and the loop then spins forever (seen in the sm_90 PTX)
+    # the wait: relaxed gpu-scope loads of the POLL_TILE slots around the row's (served by L2, where
+    # the atomics wrote them), the other rows' masked out. A (SPLIT,) tile would be held, and loaded,
+    # by every warp apart: warps racing with the siblings' writes then saw different slots, left the
+    # loop after different numbers of polls, and only some took the fallback, whose barriers then
+    # mismatched (garbage out, seen on an H200 with MAX_POLLS = 1). POLL_TILE slots spread over all the
+    # threads, and the reductions over them go through shared memory: one value for the whole block.
+    # `again` (always 0) ties the load's index to the loop's own variable: a load with a loop-
+    # invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a load has
+    # no observable effect), and the loop then spins forever (seen in the sm_90 PTX).
+    first = row * SPLIT
+    slot_tile = first // POLL_TILE
+    lane = ct.arange(POLL_TILE, dtype=ct.int32) + slot_tile * POLL_TILE
+    mine = (lane >= first) & (lane < first + SPLIT)
     total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
     polls = 0
     while (total < 0.0) & (polls < MAX_POLLS):
         again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
-        parts = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
-                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
-        # a slot with this launch's sign now has its sign bit clear and holds the plain sum
-        total = ct.where(ct.min(parts) < 0, -1.0, ct.sum(ct.bitcast(parts, ct.float32)))
+        slots = ct.load(mSync, (slot_tile + again,), (POLL_TILE,), allow_tma=False,
+                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
+        # a slot with this launch's sign has its sign bit clear after the xor and holds the plain sum
+        slots = ct.where(mine, slots ^ sign, 0)
+        total = ct.where(ct.min(slots) < 0, -1.0, ct.sum(ct.bitcast(slots, ct.float32)))
         polls += 1
     if total < 0.0:  # a sibling never showed up: the whole row's sum from x itself
         total = _row_ssq(mX, rbase, N, ct.static_eval(min(SPLIT_FALLBACK_CHUNK, _pow2_ceil(N))), LATENCY)
@@ -407,8 +419,9 @@ class FwdConfig:
     occupancy: int | None = None
 
     def __post_init__(self):
-        if self.split < 1 or self.split & (self.split - 1):
-            raise ValueError(f"split must be a power of two (the partial sums are one tile), got {self.split}")
+        if self.split < 1 or self.split & (self.split - 1) or self.split > POLL_TILE:
+            raise ValueError(f"split must be a power of two up to {POLL_TILE} (a row's slots sit in one poll "
+                             f"tile), got {self.split}")
 
     def hints(self) -> dict:
         # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
@@ -588,14 +601,14 @@ def _sync_workspace(M: int, split: int, device, stream: int) -> torch.Tensor:
     """The split kernel's slots for M rows: one workspace per (device, stream, split), kept between
     launches (the kernel flips a sign bit instead of needing it cleared) and regrown, all 0, when M
     outgrows it. Launches on one stream run in order, so they may share it; other streams get their
-    own. Lengths are multiples of 16, so the array's "divisible by 16" bit (which a launch
-    specialises on) never changes. Under CUDA graph capture a new workspace is not cached: its zero
+    own. Lengths are multiples of POLL_TILE (every poll reads a whole tile of slots), so also of 16:
+    the array's "divisible by 16" bit (which a launch specialises on) never changes. Under CUDA graph capture a new workspace is not cached: its zero
     fill is captured with the kernel and replays with it."""
     key = (device.index, stream, split)
     ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < M * split:
-        ws = torch.zeros(_round16(max(M * split, 2 * ws.numel() if ws is not None else 0)), dtype=torch.int32,
-                         device=device)
+        need = max(M * split, 2 * ws.numel() if ws is not None else 0)
+        ws = torch.zeros(-(-need // POLL_TILE) * POLL_TILE, dtype=torch.int32, device=device)
         if not torch.cuda.is_current_stream_capturing():
             _WORKSPACES[key] = ws
     return ws
