@@ -287,28 +287,12 @@ def rms_norm_fwd_reload_kernel(
                      N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
 
 
-def _row_ssq(mX, xbase, N, CHUNK, LATENCY):
-    """The sum of squares of a whole row read from memory in CHUNK-column pieces (the split
-    kernel's fallback: one loop, few registers)."""
-    cols0 = ct.arange(CHUNK, dtype=ct.int32)
-    total = 0.0
-    for c in range(ct.static_eval(_chunks(N, CHUNK))):
-        cols = cols0 + c * CHUNK
-        x = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32)
-        total = total + ct.sum(x * x)
-    return total
-
-
-SPLIT_FALLBACK_CHUNK = 1024  # columns per fallback piece (8 per thread at 128 threads)
-POLL_TILE = 256  # slots read per poll: at least the block's threads, so no warp holds its own copy
-
-
 @ct.kernel
 def rms_norm_fwd_split_kernel(
         mX, mW, mY, mRstd, mSync,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, MAX_POLLS: ConstInt):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool):
     """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
     on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
     partial sums of squares through global memory (a software cluster).
@@ -321,11 +305,13 @@ def rms_norm_fwd_split_kernel(
     clearing between launches (a fill kernel per launch cost ~1.5 %: bench/NOTES.md item 14), and the
     state lives on the device, so a replayed CUDA graph flips it like an eager launch does.
 
-    A block polls up to MAX_POLLS times. A sibling that has not published by then may not be resident
-    at all (blocks are not guaranteed to run at once, nor in index order): the block then reads the
-    whole row's x again and sums it itself, so no schedule can deadlock the launch. With the
-    hardware's in-order dispatch the siblings are resident within a block's lifetime and the
-    fallback is not taken (a test forces it with MAX_POLLS = 0)."""
+    The wait relies on the blocks of a row running at the same time: the hardware dispatches blocks
+    in index order (as CUB's decoupled look-back scan also assumes), so a row's blocks are
+    dispatched together, and at most one row's blocks wait on blocks not yet dispatched, which start
+    as soon as any other block ends (the GPU holds far more than SPLIT blocks). A bounded wait with
+    a fallback that reads the row again was tried: the fallback decision must be the same in every
+    warp, which took a block-wide poll and cost 2-3 % (bench/NOTES.md item 14).
+    """
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
     bid = ct.bid(0)
     row = bid // SPLIT
@@ -356,31 +342,19 @@ def rms_norm_fwd_split_kernel(
             masked = ct.static_eval(MASK_N or off + size > PART)
             tWrW += (ct.astype(_gather_masked(mW, c0, off, size, lim, masked, LATENCY), ct.float32) + offset,)
 
-    # the wait: relaxed gpu-scope loads of the POLL_TILE slots around the row's (served by L2, where
-    # the atomics wrote them), the other rows' masked out. A (SPLIT,) tile would be held, and loaded,
-    # by every warp apart: warps racing with the siblings' writes then saw different slots, left the
-    # loop after different numbers of polls, and only some took the fallback, whose barriers then
-    # mismatched (garbage out, seen on an H200 with MAX_POLLS = 1). POLL_TILE slots spread over all the
-    # threads, and the reductions over them go through shared memory: one value for the whole block.
+    # the wait: relaxed gpu-scope loads of the row's slots (served by L2, where the atomics wrote
+    # them). Every warp polls its own copy of the (SPLIT,) tile and leaves the loop when it sees every
+    # slot written, which then stays so: all warps end with the same slots, hence the same sum.
     # `again` (always 0) ties the load's index to the loop's own variable: a load with a loop-
     # invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a load has
     # no observable effect), and the loop then spins forever (seen in the sm_90 PTX).
-    first = row * SPLIT
-    slot_tile = first // POLL_TILE
-    lane = ct.arange(POLL_TILE, dtype=ct.int32) + slot_tile * POLL_TILE
-    mine = (lane >= first) & (lane < first + SPLIT)
     total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
-    polls = 0
-    while (total < 0.0) & (polls < MAX_POLLS):
+    while total < 0.0:
         again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
-        slots = ct.load(mSync, (slot_tile + again,), (POLL_TILE,), allow_tma=False,
-                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE)
+        slots = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
+                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
         # a slot with this launch's sign has its sign bit clear after the xor and holds the plain sum
-        slots = ct.where(mine, slots ^ sign, 0)
         total = ct.where(ct.min(slots) < 0, -1.0, ct.sum(ct.bitcast(slots, ct.float32)))
-        polls += 1
-    if total < 0.0:  # a sibling never showed up: the whole row's sum from x itself
-        total = _row_ssq(mX, rbase, N, ct.static_eval(min(SPLIT_FALLBACK_CHUNK, _pow2_ceil(N))), LATENCY)
     rstd = ct.rsqrt(total * ct.static_eval(1.0 / N) + eps)
     if STORE_RSTD:
         if part == 0:
@@ -407,7 +381,6 @@ class FwdConfig:
     piece_min: int = 1 << 30  # cached/split: smallest power-of-two piece before the padded tail
     split: int = 1  # split: blocks per row (each keeps split_part(N, split) columns on chip)
     packed: bool = False  # cached (one row per tile) and split: keep 16-bit x as loaded between its two uses
-    max_polls: int = 4096  # split: rounds of polling for the siblings' sums before reading the row itself
     chunk: int = 2048  # reload: columns per chunk
     reverse: bool = True  # reload: second pass walks the chunks backwards
     persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm)
@@ -419,9 +392,8 @@ class FwdConfig:
     occupancy: int | None = None
 
     def __post_init__(self):
-        if self.split < 1 or self.split & (self.split - 1) or self.split > POLL_TILE:
-            raise ValueError(f"split must be a power of two up to {POLL_TILE} (a row's slots sit in one poll "
-                             f"tile), got {self.split}")
+        if self.split < 1 or self.split & (self.split - 1):
+            raise ValueError(f"split must be a power of two (the partial sums are one tile), got {self.split}")
 
     def hints(self) -> dict:
         # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
@@ -433,8 +405,6 @@ class FwdConfig:
         parts = [self.kernel, f"tile_m={self.tile_m}"]
         if self.kernel == "split":
             parts.append(f"split={self.split}")
-            if self.max_polls != FwdConfig.max_polls:
-                parts.append(f"max_polls={self.max_polls}")
         if self.kernel in ("cached", "split"):
             parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
             if self.packed:
@@ -563,7 +533,7 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
                 cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1)
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
-                cfg.packed, cfg.max_polls)
+                cfg.packed)
     return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
 
 
@@ -601,14 +571,14 @@ def _sync_workspace(M: int, split: int, device, stream: int) -> torch.Tensor:
     """The split kernel's slots for M rows: one workspace per (device, stream, split), kept between
     launches (the kernel flips a sign bit instead of needing it cleared) and regrown, all 0, when M
     outgrows it. Launches on one stream run in order, so they may share it; other streams get their
-    own. Lengths are multiples of POLL_TILE (every poll reads a whole tile of slots), so also of 16:
-    the array's "divisible by 16" bit (which a launch specialises on) never changes. Under CUDA graph capture a new workspace is not cached: its zero
+    own. Lengths are multiples of 16, so the array's "divisible by 16" bit (which a launch
+    specialises on) never changes. Under CUDA graph capture a new workspace is not cached: its zero
     fill is captured with the kernel and replays with it."""
     key = (device.index, stream, split)
     ws = _WORKSPACES.get(key)
     if ws is None or ws.numel() < M * split:
         need = max(M * split, 2 * ws.numel() if ws is not None else 0)
-        ws = torch.zeros(-(-need // POLL_TILE) * POLL_TILE, dtype=torch.int32, device=device)
+        ws = torch.zeros(_round16(need), dtype=torch.int32, device=device)
         if not torch.cuda.is_current_stream_capturing():
             _WORKSPACES[key] = ws
     return ws

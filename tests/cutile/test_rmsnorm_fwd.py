@@ -278,25 +278,6 @@ def test_split_kernel_full_size_and_launch_chunks(seed, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N,split,piece_min", SPLIT_CASES)
-@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES[:3])
-@pytest.mark.parametrize("max_polls", [0, 1])
-def test_split_kernel_fallback_reads_the_row_itself(seed, N, split, piece_min, x_dtype, w_dtype, max_polls):
-    """A block whose siblings have not published within max_polls rounds sums the whole row from x
-    itself (what keeps a launch whose blocks are not all resident from deadlocking). max_polls=0:
-    every block falls back; 1: some find the sums, some fall back, in one launch."""
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
-
-    x = random_rows((77, N), DT[x_dtype], "cuda")
-    w = random_weight(N, DT[w_dtype], "cuda")
-    cfg = FwdConfig("split", split=split, piece_min=piece_min, max_polls=max_polls, packed=DT[x_dtype] != torch.float32)
-    y, rstd = _run_backend("multi_wave_cached", x, w, 0.5, cfg=cfg)
-    y64, rstd64 = reference64(x, w, EPS, 0.5)
-    assert_close(y, y64, DT[x_dtype], f"split={split} max_polls={max_polls} y", seed)
-    assert_close(rstd, rstd64, torch.float32, f"split={split} max_polls={max_polls} rstd", seed)
-
-
-@pytest.mark.gpu
 def test_split_kernel_workspace_across_launches_streams_and_graphs(seed):
     """The slots are kept between launches (a sign bit flips per launch instead of a clear): back to
     back launches with different M and split on one stream, then on a second stream while the first
