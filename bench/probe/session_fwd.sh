@@ -3,6 +3,7 @@
 #   bash bench/probe/session_fwd.sh probe   # split/packed tests, two probes, the bf16 multi_wave_cached sweep of the changed widths
 #   bash bench/probe/session_fwd.sh tune    # the same sweep for fp16 and fp32
 #   bash bench/probe/session_fwd.sh retune  # (a new machine) split/packed tests and the split widths again, three dtypes
+#     (run once, on the block-wide-poll kernel that was then dropped: its configs were not kept)
 #   bash bench/probe/session_fwd.sh final   # the mode=None tables (with small-M rows), then the GPU suite
 #   bash bench/probe/session_fwd.sh bench   # forward benches against the anchors, three dtypes
 set -uo pipefail
@@ -25,7 +26,7 @@ case "${1:-}" in
       timeout 200 bash bench/gpu_session.sh tune
     DTYPES=float32 SWEEP_ARGS="--ns 32768,65536,131072,262144 --family multi_wave_cached" \
       timeout 120 bash bench/gpu_session.sh tune ;;
-  retune)  # after the uniform poll: split/packed tests again, then the split widths swept again
+  retune)  # split/packed tests again, then the split widths swept again
     timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "split or packed" \
       > "$OUT/split_tests.log" 2>&1; echo "split/packed tests rc=$?"; tail -3 "$OUT/split_tests.log"
     for dt in bfloat16 float16; do

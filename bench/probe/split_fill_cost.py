@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -20,23 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench.rmsnorm import DTYPES  # noqa: E402
-from bench.timing import _flush_l2, copy_baseline_ms  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
-
-
-def timed(fn, reps=40) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        _flush_l2()
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in ev)
 
 
 def main() -> int:
@@ -54,9 +39,9 @@ def main() -> int:
                           occupancy=8 if e == 2 else 4)
         copy = copy_baseline_ms(x)["median_ms"]
         y, _ = F.output_buffers(M, N, dtype, x.device, False)
-        shipped = timed(lambda: F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count, out=(y, None)))
-        old = timed(lambda: (torch.full((M * split,), -1.0, device="cuda"),
-                             F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count, out=(y, None))))
+        shipped = device_ms(lambda: F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count, out=(y, None)))["median_ms"]
+        old = device_ms(lambda: (torch.full((M * split,), -1.0, device="cuda"),
+                                 F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count, out=(y, None))))["median_ms"]
         print(f"N={N} {args.dtype} {cfg.short()}: copy {copy * 1e3:.1f} us; shipped {shipped * 1e3:.1f} us "
               f"({copy / shipped:.3f}x copy); with a fill per launch {old * 1e3:.1f} us ({copy / old:.3f}x)",
               flush=True)

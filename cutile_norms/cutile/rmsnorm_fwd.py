@@ -317,8 +317,7 @@ def rms_norm_fwd_split_kernel(
     row = bid // SPLIT
     part = bid - row * SPLIT
     c0 = part * PART
-    rbase = ct.assume_divisible_by(row * stride, X_ALIGN)
-    xbase = ct.assume_divisible_by(rbase + c0, X_ALIGN)
+    xbase = ct.assume_divisible_by(row * stride + c0, X_ALIGN)
     ybase = ct.assume_divisible_by(row * N + c0, X_ALIGN)
     MASK_N = ct.static_eval(SPLIT * PART != N)
     lim = ct.minimum(N - c0, PART) if MASK_N else PART
