@@ -6,6 +6,9 @@
 #     (run once, on the block-wide-poll kernel that was then dropped: its configs were not kept)
 #   bash bench/probe/session_fwd.sh final   # the mode=None tables (with small-M rows), then the GPU suite
 #   bash bench/probe/session_fwd.sh bench   # forward benches against the anchors, three dtypes
+# The fourth session's (stream kernel, confirmed sweeps, small-M configs), then final and bench again:
+#   bash bench/probe/session_fwd.sh stream  # stream-kernel tests, the small-M config probe, the bf16 sweep of
+#                                           # 512-16384 with --confirm, the static_persistent sweep in fp16 and fp32
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
@@ -33,6 +36,14 @@ case "${1:-}" in
       DTYPES=$dt SWEEP_ARGS="--ns 32768,65536,131072,262144 --family multi_wave_cached" timeout 120 bash bench/gpu_session.sh tune
     done
     DTYPES=float32 SWEEP_ARGS="--ns 65536,131072,262144 --family multi_wave_cached" timeout 100 bash bench/gpu_session.sh tune ;;
+  stream)
+    timeout 170 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "stream" \
+      > "$OUT/stream_tests.log" 2>&1; echo "stream tests rc=$?"; tail -3 "$OUT/stream_tests.log"
+    timeout 70 python3 bench/probe/small_m_configs.py > "$OUT/small_m_configs.log" 2>&1; cut -c1-150 "$OUT/small_m_configs.log"
+    DTYPES=bfloat16 SWEEP_ARGS="--ns 512,1024,2048,4096,8192,16384 --confirm 2 --rounds 5" \
+      timeout 220 bash bench/gpu_session.sh tune
+    DTYPES="float16 float32" SWEEP_ARGS="--ns 512,2048,4096,8192,16384 --family static_persistent --confirm 2 --rounds 3" \
+      timeout 120 bash bench/gpu_session.sh tune ;;
   final)
     timeout 300 bash bench/gpu_session.sh table
     timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
@@ -44,5 +55,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|retune|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|stream|final|bench" >&2; exit 2 ;;
 esac

@@ -368,6 +368,95 @@ def rms_norm_fwd_split_kernel(
         i += 1
 
 
+def _stream_load(mX, tile, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY):
+    """The x pieces of row tile `tile` as (TILE_M, size) tiles in x's dtype (rows past M masked)."""
+    if TILE_M == 1:  # a tile index below the tile count is a valid row: no row mask
+        xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
+        row_ok = None
+    else:
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+    tXrX = ()
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+        if ct.static_eval(TILE_M == 1 and off + size <= N):
+            tXrX += (ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY),)
+        else:
+            if ct.static_eval(TILE_M == 1):
+                mask = cols < N
+            else:
+                mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
+            tXrX += (ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),)
+    return tXrX
+
+
+def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
+                   HOIST_W, LATENCY, PACKED):
+    """Reduce, normalise and store one row tile of the stream kernel. y and rstd are stored with
+    ct.store at the loop's own index: cuTile then knows two iterations never write the same
+    elements and needs no block barrier between them (a ct.scatter in a loop gets a bar.sync after
+    each store: sm_90 PTX)."""
+    ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
+    i = 0
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        xf = ct.astype(tXrX[i], ct.float32)
+        ssq = ssq + ct.sum(xf * xf, axis=1, keepdims=True)
+        i += 1
+    rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+    if STORE_RSTD:
+        ct.store(mRstd, (tile,), ct.reshape(rstd, (TILE_M,)), check_bounds=False, allow_tma=False)
+    i = 0
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        if HAS_W:
+            if HOIST_W:
+                y = y * tWrW[i]
+            else:  # read again per tile (an L2 hit): min(tile, M) - tile is 0, but not to the compiler, whose
+                # loop-invariant code motion would otherwise hoist the load and hold the weight in fp32
+                wbase = ct.assume_divisible_by(ct.minimum(tile, M) - tile, 16)
+                y = y * ct.reshape(ct.astype(_gather_cols(mW, wbase, off, size, N, LATENCY), ct.float32) + offset,
+                                   (1, size))
+        ct.store(mY, (tile, ct.static_eval(off // size)), ct.astype(y, mY.dtype),
+                 check_bounds=ct.static_eval(off + size > N), allow_tma=False, latency=LATENCY)
+        i += 1
+
+
+@ct.kernel
+def rms_norm_fwd_stream_kernel(
+        mX, mW, mY, mRstd,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt, PACKED: ConstBool):
+    """A persistent grid that streams: each block loads the next row tile it owns before it reduces
+    and stores the current one, so its loads stay in flight while it computes (the software
+    pipeline the cached kernel's loop leaves to other blocks). HOIST_W: the weight (+ offset) is loaded
+    once per block and held in fp32; else it is read again for every tile (from L2), which holds
+    fewer registers for wide rows.
+
+    mY is 2-D (rows padded to a multiple of max(16, TILE_M), N) and mRstd 1-D (rows padded the same
+    way): a tile's stores never need a bounds check on rows, and padded rows take the zeros of the
+    masked loads. Needs a grid no larger than the tile count (every block owns at least one tile)."""
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    bid = ct.bid(0)
+    step = ct.num_blocks(0)
+    tiles = ct.cdiv(M, TILE_M)
+    tWrW = ()
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        if HAS_W and HOIST_W:
+            tWrW += (ct.reshape(ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset,
+                                (1, size)),)
+    tXrX = _stream_load(mX, bid, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
+    for tile in range(bid, tiles - step, step):  # every tile of this block but its last: the next one exists
+        tXrX_next = _stream_load(mX, tile + step, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
+        _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
+                       HOIST_W, LATENCY, PACKED)
+        tXrX = tXrX_next
+    last = bid + (tiles - 1 - bid) // step * step
+    _stream_finish(mW, mY, mRstd, last, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
+                   HOIST_W, LATENCY, PACKED)
+
+
 # ================================================================================================
 # Launch configs
 # ================================================================================================
@@ -375,16 +464,16 @@ def rms_norm_fwd_split_kernel(
 class FwdConfig:
     """One launch of one kernel. Everything here is a compile-time constant or a compiler hint."""
 
-    kernel: str  # "cached" | "reload" | "split"
+    kernel: str  # "cached" | "reload" | "split" | "stream"
     tile_m: int = 1  # rows per tile block
     piece_min: int = 1 << 30  # cached/split: smallest power-of-two piece before the padded tail
     split: int = 1  # split: blocks per row (each keeps split_part(N, split) columns on chip)
-    packed: bool = False  # cached (one row per tile) and split: keep 16-bit x as loaded between its two uses
+    packed: bool = False  # cached (one row per tile), split, stream: keep 16-bit x as loaded between its two uses
     chunk: int = 2048  # reload: columns per chunk
     reverse: bool = True  # reload: second pass walks the chunks backwards
-    persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm)
+    persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm); stream: always
     blocks_per_sm: int = 1
-    hoist_w: bool = False  # cached: keep the weight in registers across a persistent loop
+    hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
@@ -393,6 +482,8 @@ class FwdConfig:
     def __post_init__(self):
         if self.split < 1 or self.split & (self.split - 1):
             raise ValueError(f"split must be a power of two (the partial sums are one tile), got {self.split}")
+        if self.kernel == "stream" and not self.persistent:
+            raise ValueError("the stream kernel is a persistent grid: persistent=True")
 
     def hints(self) -> dict:
         # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
@@ -404,7 +495,7 @@ class FwdConfig:
         parts = [self.kernel, f"tile_m={self.tile_m}"]
         if self.kernel == "split":
             parts.append(f"split={self.split}")
-        if self.kernel in ("cached", "split"):
+        if self.kernel in ("cached", "split", "stream"):
             parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
             if self.packed:
                 parts.append("packed")
@@ -511,7 +602,7 @@ def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
 # Compiled-kernel objects (hints -> kernel), signatures for ahead-of-time compile checks
 # ================================================================================================
 _KERNELS = {"cached": rms_norm_fwd_cached_kernel, "reload": rms_norm_fwd_reload_kernel,
-            "split": rms_norm_fwd_split_kernel}
+            "split": rms_norm_fwd_split_kernel, "stream": rms_norm_fwd_stream_kernel}
 
 
 @functools.lru_cache(maxsize=None)
@@ -533,6 +624,8 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
                 cfg.packed)
+    if cfg.kernel == "stream":
+        return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.hoist_w, cfg.latency, cfg.packed)
     return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
 
 
@@ -547,7 +640,16 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
                                shape_divisible_by=16 if div16 else 1, base_addr_divisible_by=16)
 
     elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
-    params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), arr(x_dtype, True), arr(ct.float32, True)]
+    if cfg.kernel == "stream":  # y is 2-D (rows padded to 16, N), row stride N (as a launch specialises it)
+        vec = 16 // elem
+        y = ArrayConstraint(x_dtype, 2, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
+                            may_alias_internally=False, stride_constant=(1 if N == 1 else None, 1),
+                            shape_constant=(None, 1 if N == 1 else None),
+                            stride_divisible_by=(vec if N % vec == 0 else 1, 1),
+                            shape_divisible_by=(16, 16 if N % 16 == 0 else 1), base_addr_divisible_by=16)
+    else:
+        y = arr(x_dtype, True)
+    params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), y, arr(ct.float32, True)]
     if cfg.kernel == "split":
         params.append(arr(ct.int32, True))  # the split kernel's slots, a multiple of 16 long
     params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
@@ -593,14 +695,28 @@ def _prepared(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
     return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), constants(cfg, N, x_align, has_w, store_rstd)
 
 
-def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool, shape=None):
-    """y (in `shape`, default [M, N]; flat length padded to 16 when M*N is not a multiple of 16) and
-    rstd (rows padded to 16): the padding keeps the flat arrays' "divisible by 16" bit independent of M."""
-    if (M * N) % 16 == 0:
-        y = torch.empty(shape if shape is not None else (M, N), dtype=dtype, device=device)
+def row_pad(cfg: FwdConfig) -> int:
+    """The stream kernel stores whole row tiles into a 2-D y whose rows are padded to a multiple of
+    this (and of 16, so the row count's "divisible by 16" bit never changes); 1 for the others."""
+    return max(16, cfg.tile_m) if cfg.kernel == "stream" else 1
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool, shape=None, pad_rows: int = 1):
+    """y (in `shape`, default [M, N]) and rstd [M] (or None), in allocations padded so that every
+    launch of `launch` may write its padded arrays: y's flat length to a multiple of 16 (and its rows
+    to a multiple of `pad_rows`, see `row_pad`), rstd's rows to a multiple of 16 and of `pad_rows`.
+    The padding keeps the arrays' "divisible by 16" bits independent of M (no recompilation)."""
+    shape = shape if shape is not None else (M, N)
+    length = _round16(_round_up(M, pad_rows) * N)
+    if length == M * N:
+        y = torch.empty(shape, dtype=dtype, device=device)
     else:
-        y = torch.empty(_round16(M * N), dtype=dtype, device=device)[:M * N].view(shape if shape is not None else (M, N))
-    rstd = torch.empty(_round16(M), dtype=torch.float32, device=device)[:M] if store_rstd else None
+        y = torch.empty(length, dtype=dtype, device=device)[:M * N].view(shape)
+    rstd = torch.empty(_round_up(M, max(16, pad_rows)), dtype=torch.float32, device=device)[:M] if store_rstd else None
     return y, rstd
 
 
@@ -631,27 +747,46 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     """
     M, N = x2d.shape
     stride = x2d.stride(0) if M > 1 else N
-    y, rstd = out if out is not None else output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, out_shape)
+    pad = row_pad(cfg)
+    if out is None:
+        y, rstd = output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, out_shape, pad)
+    else:
+        y, rstd = out
+        if y.untyped_storage().nbytes() < (y.storage_offset() + _round16(_round_up(M, pad) * N)) * y.element_size():
+            raise ValueError(f"out: y must come from output_buffers(..., pad_rows={pad}) for {cfg.short()}")
     kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd)
-    y_flat = y.view(-1) if (M * N) % 16 == 0 else _flat(y, _round16(M * N))
-    r_flat = _flat(rstd, _round16(M)) if store_rstd else y_flat  # never written when STORE_RSTD is False
+    y_flat = _flat(y, _round16(M * N))
     w = weight if weight is not None else y_flat  # never read when HAS_W is False
     stream = _raw_stream(x2d.device.index)
     split = cfg.kernel == "split"
+
+    def y_arg(r0: int, m: int) -> torch.Tensor:  # the kernel's y for rows [r0, r0 + m)
+        if pad > 1:
+            return y.as_strided((_round_up(m, pad), N), (N, 1), y.storage_offset() + r0 * N)
+        return _flat(y, _round16(m * N), r0 * N)
+
+    def rstd_arg(r0: int, m: int) -> torch.Tensor:  # never written when STORE_RSTD is False
+        return _flat(rstd, _round_up(m, max(16, pad)), r0) if store_rstd else y_flat
+
     span = (M - 1) * stride + N
-    if span <= _MAX_FLAT:  # one launch (the usual case)
+    if span <= _MAX_FLAT and _round_up(M, pad) * N <= _MAX_FLAT:  # one launch (the usual case)
         x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
         sync = (_sync_workspace(M, cfg.split, x2d.device, stream),) if split else ()
         ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel,
-                  (x_flat, w, y_flat, r_flat) + sync + (M, stride, eps, offset) + consts)
+                  (x_flat, w, y_arg(0, M), rstd_arg(0, M)) + sync + (M, stride, eps, offset) + consts)
         return y, rstd
-    # beyond int32 indexing: row chunks, a multiple of 16 rows each, that stay below 2^31 elements
-    rows = max(16, (_MAX_FLAT - N) // max(stride, N) // 16 * 16)
+    # beyond int32 indexing: row chunks that stay below 2^31 elements, a multiple of 16 rows each (the
+    # stream kernel: of its padded tile rows, so only the last chunk writes past its own rows)
+    unit = max(16, pad)
+    rows = (_MAX_FLAT - unit * N) // max(stride, N) // unit * unit
+    if rows < unit:
+        raise ValueError(f"rows of {N} elements (stride {stride}) are too long for {cfg.short()}: {unit} rows "
+                         f"would pass int32 indexing; use mode='torch'")
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
         sync = (_sync_workspace(m, cfg.split, x2d.device, stream),) if split else ()
-        args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, _flat(y, _round16(m * N), r0 * N),
-                _flat(rstd, _round16(m), r0) if store_rstd else y_flat) + sync + (m, stride, eps, offset)
+        args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, y_arg(r0, m), rstd_arg(r0, m)) + sync + \
+            (m, stride, eps, offset)
         ct.launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts)
     return y, rstd
 

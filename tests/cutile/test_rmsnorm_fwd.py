@@ -49,6 +49,23 @@ def test_split_parts_cover_the_row(n, split):
         # only arise for tiny parts, would still be correct: fully masked, a partial sum of 0)
 
 
+def test_stream_config_and_output_padding():
+    """The stream kernel is persistent; its y and rstd allocations are padded to whole row tiles."""
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, grid_size, output_buffers, row_pad
+
+    with pytest.raises(ValueError, match="persistent"):
+        FwdConfig("stream")
+    cfg = FwdConfig("stream", tile_m=32, persistent=True, blocks_per_sm=4)
+    assert row_pad(cfg) == 32 and row_pad(FwdConfig("stream", persistent=True)) == 16
+    assert row_pad(FwdConfig("cached", tile_m=32)) == 1
+    assert grid_size(cfg, 1000, 132) == 32 and grid_size(cfg, 10 ** 6, 132) == 4 * 132
+    y, rstd = output_buffers(33, 100, torch.bfloat16, "cpu", True, pad_rows=32)
+    assert y.shape == (33, 100) and y.is_contiguous() and rstd.shape == (33,)
+    assert y.untyped_storage().nbytes() == 64 * 100 * 2 and rstd.untyped_storage().nbytes() == 64 * 4
+    y, rstd = output_buffers(3, 7, torch.float32, "cpu", True)  # the flat kernels: length rounded to 16
+    assert y.untyped_storage().nbytes() == 32 * 4 and rstd.untyped_storage().nbytes() == 16 * 4
+
+
 def test_split_grid_is_split_blocks_per_row():
     from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, grid_size
 
@@ -68,15 +85,16 @@ def _device_info():
 def _run_backend(mode, x2d, w, offset, store_rstd=True, cfg=None, eps=EPS):
     """The mode's backend (with its own config, or `cfg`) on poisoned output buffers; returns (y, rstd)."""
     from cutile_norms import dispatch
-    from cutile_norms.cutile.rmsnorm_fwd import output_buffers
+    from cutile_norms.cutile.rmsnorm_fwd import output_buffers, row_pad
 
     M, N = x2d.shape
-    y_flat, rstd = output_buffers(M, N, x2d.dtype, x2d.device, store_rstd)
-    y_flat.fill_(float("nan"))
-    if rstd is not None:
-        rstd.fill_(float("nan"))
-    y, r = dispatch.backend(mode).forward(x2d, w, eps, offset, store_rstd, _device_info(), cfg=cfg,
-                                          out=(y_flat, rstd))
+    backend = dispatch.backend(mode)
+    pad = row_pad(cfg or backend.config(N, x2d.dtype, _device_info()))
+    y_flat, rstd = output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, pad_rows=pad)
+    for t in (y_flat, rstd):  # the whole allocations, padding included
+        if t is not None:
+            t.untyped_storage().fill_(0xFF)  # NaN in every float type
+    y, r = backend.forward(x2d, w, eps, offset, store_rstd, _device_info(), cfg=cfg, out=(y_flat, rstd))
     torch.cuda.synchronize()
     return y, r
 
@@ -271,7 +289,7 @@ def test_split_kernel_full_size_and_launch_chunks(seed, monkeypatch):
     y64, rstd64 = reference64(x, w, EPS, 0.0)
     y, rstd = _run_split(x, w, 0.0, 4, 1 << 30)
     assert_close(y, y64, torch.bfloat16, "split full size", seed)
-    monkeypatch.setattr(rmsnorm_fwd, "_MAX_FLAT", 81 * N)  # 80 rows per launch -> 26 launches
+    monkeypatch.setattr(rmsnorm_fwd, "_MAX_FLAT", 81 * N)  # 64 rows per launch -> 32 launches
     y, rstd = _run_split(x, w, 0.0, 4, 1 << 30)
     assert_close(y, y64, torch.bfloat16, "split chunked", seed)
     assert_close(rstd, rstd64, torch.float32, "split chunked rstd", seed)
@@ -375,3 +393,75 @@ def test_packed_widening_of_extreme_values(seed, dtype, which):
         y64, rstd64 = reference64(x, None, eps, 0.0)
         assert_close(y, y64, DT[dtype], f"{cfg.short()} eps={eps}", seed)
         assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} rstd eps={eps}", seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: the stream kernel (static_persistent: the next row tile loaded while this one is reduced)
+# ------------------------------------------------------------------------------------------------
+# (N, tile_m, piece_min): narrow rows in multi-row tiles; a padded last piece (1000); pieces (2880);
+# one row per tile, packed 16-bit x
+STREAM_CASES = [(128, 32, 128), (512, 16, 512), (1000, 4, 512), (2880, 1, 1024), (4096, 1, 4096), (8192, 1, 8192)]
+
+
+def _run_stream(x, w, offset, tile_m, piece_min, store_rstd=True, hoist_w=True, blocks_per_sm=2, nww=None):
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
+
+    cfg = FwdConfig("stream", tile_m=tile_m, piece_min=piece_min, packed=tile_m == 1 and x.element_size() == 2,
+                    persistent=True, blocks_per_sm=blocks_per_sm, hoist_w=hoist_w, num_worker_warps=nww)
+    return _run_backend("static_persistent", x, w, offset, store_rstd, cfg=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,tile_m,piece_min", STREAM_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 7, 33, 5000])
+@pytest.mark.parametrize("hoist_w", [True, False])
+def test_stream_kernel_matches_reference(seed, N, tile_m, piece_min, x_dtype, w_dtype, M, hoist_w):
+    """M = 1 and 7: fewer tiles than blocks (grid = tiles); 33: a partial last tile; 5000: every
+    block loops (264 blocks), prefetching its next tile."""
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    y, rstd = _run_stream(x, w, 0.0, tile_m, piece_min, hoist_w=hoist_w)
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
+    assert_close(y, y64, DT[x_dtype], f"stream tile_m={tile_m} y", seed)
+    assert_close(rstd, rstd64, torch.float32, f"stream tile_m={tile_m} rstd", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,tile_m,piece_min", STREAM_CASES)
+@pytest.mark.parametrize("case", ["offset1", "no_weight", "no_rstd", "offset1_reload_w"])
+def test_stream_kernel_offset_no_weight_no_rstd(seed, N, tile_m, piece_min, case):
+    x = random_rows((301, N), torch.bfloat16, "cuda")
+    w = None if case == "no_weight" else random_weight(N, torch.bfloat16, "cuda")
+    offset = 1.0 if case.startswith("offset1") else 0.0
+    y, rstd = _run_stream(x, w, offset, tile_m, piece_min, store_rstd=case != "no_rstd",
+                          hoist_w=case != "offset1_reload_w", nww=8)
+    y64, rstd64 = reference64(x, w, EPS, offset)
+    assert_close(y, y64, torch.bfloat16, f"stream {case}", seed)
+    if case != "no_rstd":
+        assert_close(rstd, rstd64, torch.float32, f"stream {case} rstd", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_m,N", [(16, 512), (1, 4096)])
+def test_stream_kernel_full_size_strided_and_launch_chunks(seed, monkeypatch, tile_m, N):
+    """The bench's size; then rows with a stride != N; then the int32 limit lowered so the launch is
+    cut into row chunks (each chunk's padded tile rows must stay inside the next chunk's rows)."""
+    from cutile_norms.cutile import rmsnorm_fwd
+
+    M = (1 << 27) // N
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
+    y, _ = _run_stream(x, w, 0.0, tile_m, N)
+    assert_close(y, y64, torch.bfloat16, "stream full size", seed)
+    xs = random_rows((999, N + 64), torch.bfloat16, "cuda")[:, 24:24 + N]
+    y, rstd = _run_stream(xs, w, 0.0, tile_m, N)
+    ys64, rstds64 = reference64(xs, w, EPS, 0.0)
+    assert_close(y, ys64, torch.bfloat16, "stream strided", seed)
+    assert_close(rstd, rstds64, torch.float32, "stream strided rstd", seed)
+    xc = x[:1000 + 7]
+    monkeypatch.setattr(rmsnorm_fwd, "_MAX_FLAT", 128 * N)  # 112 rows per launch -> 9 launches
+    y, rstd = _run_stream(xc, w, 0.0, tile_m, N)
+    assert_close(y, y64[:1007], torch.bfloat16, "stream chunked", seed)
+    assert_close(rstd, rstd64[:1007], torch.float32, "stream chunked rstd", seed)

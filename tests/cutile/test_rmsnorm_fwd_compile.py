@@ -8,7 +8,7 @@ import pytest
 
 from cutile_norms._platform import DeviceInfo
 from cutile_norms.cutile import rmsnorm_fwd
-from tests.cutile.compile_util import compile_cubin, ptxas_report
+from tests.cutile.compile_util import compile_cubin, embedded_ptx, ptxas_report
 
 MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
 WIDTHS = [128, 512, 1000, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
@@ -107,3 +107,34 @@ def test_split_kernel_polls_inside_its_wait_loop():
     assert loop_labels, "no loop header before the poll"
     assert f"bra \t{loop_labels[-1]};" in after[load:] or f"bra {loop_labels[-1]};" in after[load:], \
         "the poll is not inside a loop"
+
+
+# the stream kernel (static_persistent), also where the tuning table does not pick it: (N, tile_m)
+STREAM_CONFIGS = [(128, 32), (512, 16), (1000, 4), (2880, 1), (8192, 1)]
+
+
+def _stream(N, tile_m, x_dtype, hoist_w=True):
+    return rmsnorm_fwd.FwdConfig("stream", tile_m=tile_m, piece_min=rmsnorm_fwd.cached_piece_min(N),
+                                 packed=tile_m == 1 and x_dtype != "float32", persistent=True, blocks_per_sm=2,
+                                 hoist_w=hoist_w, num_worker_warps=8 if N >= 4096 else None)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N,tile_m", STREAM_CONFIGS)
+def test_stream_kernel_compiles(N, tile_m, x_dtype, w_dtype, arch):
+    for hoist_w in (True, False):
+        assert compile_cubin(_stream(N, tile_m, x_dtype, hoist_w), N, x_dtype, w_dtype, arch=arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("x_dtype", ["bfloat16", "float32"])
+def test_stream_kernel_stores_are_vectorised_and_not_fenced(x_dtype):
+    """ct.store at the loop's own index: 16-byte stores of y and no block barrier per store (a
+    ct.scatter in the loop had one after each store). Barriers left: the block reductions, a few per
+    copy of the tile body (the loop's, the last tile's), however many stores a thread makes."""
+    N = 16384
+    ptx = embedded_ptx(compile_cubin(_stream(N, 1, x_dtype), N, x_dtype, x_dtype, store_rstd=False))
+    per_tile = N // {"bfloat16": 8, "float32": 4}[x_dtype] // 256  # 16-byte stores per thread (8 warps)
+    stores, bodies = ptx.count("st.global.v4"), ptx.count("st.global.v4") // per_tile
+    assert stores % per_tile == 0 and bodies >= 2 and ptx.count("st.global") == stores, ptx.count("st.global")
+    assert ptx.count("bar.sync") <= 3 * bodies < stores, (ptx.count("bar.sync"), stores)
