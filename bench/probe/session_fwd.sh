@@ -9,6 +9,8 @@
 # The fourth session's (stream kernel, confirmed sweeps, small-M configs), then final and bench again:
 #   bash bench/probe/session_fwd.sh stream  # stream-kernel tests, the small-M config probe, the bf16 sweep of
 #                                           # 512-16384 with --confirm, the static_persistent sweep in fp16 and fp32
+#   bash bench/probe/session_fwd.sh narrow  # (after the multi-row weight fix) the narrow widths swept again in three
+#                                           # dtypes with --confirm, then the mode=None tables
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
@@ -44,6 +46,10 @@ case "${1:-}" in
       timeout 220 bash bench/gpu_session.sh tune
     DTYPES="float16 float32" SWEEP_ARGS="--ns 512,2048,4096,8192,16384 --family static_persistent --confirm 2 --rounds 3" \
       timeout 120 bash bench/gpu_session.sh tune ;;
+  narrow)
+    DTYPES=bfloat16 SWEEP_ARGS="--ns 128,512,1024,2048 --confirm 2 --rounds 5" timeout 150 bash bench/gpu_session.sh tune
+    DTYPES="float16 float32" SWEEP_ARGS="--ns 128,512,1024 --confirm 2 --rounds 3" timeout 170 bash bench/gpu_session.sh tune
+    timeout 200 bash bench/gpu_session.sh table | grep -E "^\| (128|512|1024|2048) \|" ;;
   final)
     timeout 300 bash bench/gpu_session.sh table
     timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
@@ -55,5 +61,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|retune|stream|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|stream|narrow|final|bench" >&2; exit 2 ;;
 esac
