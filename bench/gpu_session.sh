@@ -22,7 +22,7 @@ case "${1:-}" in
     done ;;
   table)
     for dt in bfloat16 float16 float32; do
-      python3 bench/rmsnorm.py --dtype $dt --anchors none --no-backward --small-m 1,64 --small-n 1024,4096,16384 --write-table \
+      python3 bench/rmsnorm.py --dtype $dt --anchors none --no-backward --small-m 1,64,1024 --small-n 1024,4096,16384,65536 --write-table \
         --out "$OUT/table_$dt" > "$OUT/table_$dt.log" 2>&1 || echo "table $dt failed"
       keep
     done

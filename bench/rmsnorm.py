@@ -240,12 +240,13 @@ def plot(result: dict, path: str) -> str | None:
     return None
 
 
-def _ranges(points: list, m_max: int, m_min: int = 1) -> list[dict]:
+def _ranges(points: list, m_max: int, m_min: int = 1, n_last: int = 1 << 40) -> list[dict]:
     """Table rows from (N, mode, evidence) points sorted by N: each point's mode from the geometric
-    midpoint to its neighbours (adjacent points with the same mode merge), for M in [m_min, m_max]."""
+    midpoint to its neighbours (adjacent points with the same mode merge), for M in [m_min, m_max];
+    the last point's range ends at n_last."""
     rows, prev_hi = [], 0
     for i, (n, mode, evidence) in enumerate(points):
-        hi = 1 << 40 if i == len(points) - 1 else int((n * points[i + 1][0]) ** 0.5)
+        hi = n_last if i == len(points) - 1 else int((n * points[i + 1][0]) ** 0.5)
         if rows and rows[-1]["mode"] == mode:
             rows[-1]["n_max"], rows[-1]["evidence"] = hi, rows[-1]["evidence"] + "; " + evidence
         else:
@@ -255,11 +256,11 @@ def _ranges(points: list, m_max: int, m_min: int = 1) -> list[dict]:
     return rows
 
 
-def _small_m_points(result: dict, candidates: list[str]) -> tuple[list, int]:
-    """(N, mode, evidence) per small-M width, and the largest M they cover. Small M = fewer rows than
-    SMs (every mode's grid is below one wave: latency, not bandwidth); per width, the mode whose worst
-    GPU time over those Ms is nearest the fastest's (differences are tenths of a microsecond)."""
-    rows = [r for r in result["small_m"] if r["M"] < result["sm_count"]]
+def _small_m_points(result: dict, candidates: list[str], m_lo: int, m_hi: int) -> tuple[list, int]:
+    """(N, mode, evidence) per width of the small-M sweep's rows with m_lo <= M < m_hi, and the largest
+    M among them; per width, the mode whose worst GPU time over those Ms is nearest the fastest's
+    (differences are tenths of a microsecond)."""
+    rows = [r for r in result["small_m"] if m_lo <= r["M"] < m_hi]
     points = []
     for n in sorted({r["N"] for r in rows}):
         times = [({r["impl"][3:]: r["fwd_us"] for r in row["impls"] if r["impl"][3:] in candidates and "fwd_us" in r}, row)
@@ -276,7 +277,10 @@ def _small_m_points(result: dict, candidates: list[str]) -> tuple[list, int]:
 
 def write_table(result: dict) -> str:
     """The mode=None table for this arch/dtype from the measured forward winners (cuTile stable
-    modes): rows for small M (from the small-M sweep) first, then by N for every M."""
+    modes). Rows first for small M (below the SM count: every grid is below one wave, latency
+    counts), then for a few waves (M up to 16x the SM count: a persistent grid launches fewer
+    blocks), both from the small-M sweep and only up to twice its widest N; then by N for every M
+    (the full-size sweep). resolve() takes the first row that matches."""
     candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
     points = []
     for row in result["sweep"]:
@@ -286,8 +290,13 @@ def write_table(result: dict) -> str:
             best = scored[0]
             runner = f"; runner-up {scored[1][1]} {scored[1][0]:.3f}x" if len(scored) > 1 else ""
             points.append((row["N"], best[1], f"N={row['N']}: {best[0]:.3f}x copy{runner}"))
-    small, small_m_max = _small_m_points(result, candidates)
-    rows = (_ranges(small, small_m_max) if small else []) + _ranges(points, 1 << 40)
+    sms = result["sm_count"]
+    small, small_m_max = _small_m_points(result, candidates, 1, sms)
+    waves, waves_m_max = _small_m_points(result, candidates, sms, 16 * sms)
+    rows = _ranges(small, small_m_max, 1, 2 * small[-1][0]) if small else []
+    if waves:
+        rows += _ranges(waves, waves_m_max, small_m_max + 1, 2 * waves[-1][0])
+    rows += _ranges(points, 1 << 40)
     table = json.load(open(dispatch.TABLE_PATH)) if os.path.exists(dispatch.TABLE_PATH) else {"source": {}, "tables": {}}
     table["tables"].setdefault(result["arch"], {})[result["dtype"]] = rows
     src = table["source"].setdefault(result["arch"], {})

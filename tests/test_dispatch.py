@@ -122,10 +122,10 @@ def test_the_shipped_table_is_consistent():
                 mode = dispatch.MODES[row["mode"]]
                 assert mode.status == dispatch.STABLE, f"{arch}/{dtype}: table row picks {row['mode']}"
                 assert row["n_min"] <= row["n_max"] and row["m_min"] <= row["m_max"]
-            # the N ranges of each M band cover 1 .. 2^18 without gaps
+            # the N ranges of each M band start at 1 without gaps; the band for every M reaches 2^18
             for m_band in {(r["m_min"], r["m_max"]) for r in rows}:
                 band = sorted((r for r in rows if (r["m_min"], r["m_max"]) == m_band), key=lambda r: r["n_min"])
-                assert band[0]["n_min"] == 1 and band[-1]["n_max"] >= 2 ** 18
+                assert band[0]["n_min"] == 1 and (m_band[0] > 1 or band[-1]["n_max"] >= 2 ** 18)
                 for a, b in zip(band, band[1:]):
                     assert b["n_min"] == a["n_max"] + 1, f"{arch}/{dtype}: gap between {a} and {b}"
 
@@ -144,8 +144,9 @@ def _bench_result(sweep_winners: dict, small: dict) -> dict:
 
 def test_written_table_has_small_m_rows_first(tmp_path, monkeypatch):
     """bench/rmsnorm.py --write-table: rows for M below the SM count from the small-M sweep (the mode
-    whose worst time over those Ms is nearest the fastest), then the large-M rows by N; resolve() picks
-    by M. M = 1024 (above the SM count) is not small and does not vote."""
+    whose worst time over those Ms is nearest the fastest), then rows for a few waves (M = 1024 here),
+    then the large-M rows by N; resolve() picks by M. The M bands reach twice the widest N measured:
+    wider rows at small M take the large-M rows."""
     from bench.rmsnorm import write_table
     from cutile_norms import rmsnorm
 
@@ -157,11 +158,15 @@ def test_written_table_has_small_m_rows_first(tmp_path, monkeypatch):
              (4096, 1024): {"multi_wave_cached": 9.0, "multi_wave_reload": 9.9, "static_persistent": 8.0}}
     write_table(_bench_result({1024: "static_persistent", 4096: "multi_wave_reload", 65536: "multi_wave_cached"}, small))
     rows = dispatch.measured_table()["tables"]["sm_90"]["bfloat16"]
-    assert [(r["m_max"], r["mode"]) for r in rows] == [(64, "multi_wave_cached"), (1 << 40, "static_persistent"),
-                                                       (1 << 40, "multi_wave_reload"), (1 << 40, "multi_wave_cached")]
+    assert [(r["m_min"], r["m_max"], r["n_max"], r["mode"]) for r in rows] == [
+        (1, 64, 8192, "multi_wave_cached"), (65, 1024, 8192, "static_persistent"),
+        (1, 1 << 40, 2048, "static_persistent"), (1, 1 << 40, 16384, "multi_wave_reload"),
+        (1, 1 << 40, 1 << 40, "multi_wave_cached")]
     assert "M=1: 4.6 us" in rows[0]["evidence"] and "1.02x the fastest" in rows[0]["evidence"]
-    for M, mode in ((1, "multi_wave_cached"), (64, "multi_wave_cached"), (65, "multi_wave_reload"),
-                    (1 << 20, "multi_wave_reload")):
+    assert "M=1024: 8.0 us" in rows[1]["evidence"]
+    for M, mode in ((1, "multi_wave_cached"), (64, "multi_wave_cached"), (65, "static_persistent"),
+                    (1024, "static_persistent"), (1025, "multi_wave_reload"), (1 << 20, "multi_wave_reload")):
         assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, M, 4096).mode == mode, M
-    assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 1, 1 << 18).mode == "multi_wave_cached"
+    for M in (1, 1024):  # beyond twice the widest N of the small-M sweep: the large-M rows
+        assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, M, 1 << 18).mode == "multi_wave_cached"
     rmsnorm._route.cache_clear()
