@@ -98,20 +98,30 @@ def _scatter_rows(mA, ybase, row_ok, off, size, N, tile, latency):
     ct.scatter(mA, ybase + cols, tile, mask=mask, check_bounds=False, latency=latency)
 
 
-def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, base=0):
+def _gather_w(mW, idx, mask, LATENCY, W_PLANES):
+    """The weight at flat indices `idx` in fp32 (0 where `mask` is False). W_PLANES > 0: a float32
+    weight passed as two int16 planes, the low halves of its bits at [0, N) and the high halves at
+    [W_PLANES, W_PLANES + N) (`weight_planes`): they load in the layout of a 16-bit x tile, where an
+    fp32 gather next to 16-bit x is converted between layouts through shared memory (24 shared
+    stores and ~20 barriers in the split kernel's PTX; 0.64x copy at N = 65536: bench/NOTES.md item 15)."""
+    if W_PLANES == 0:
+        return ct.astype(ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY), ct.float32)
+    lo = ct.bitcast(ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY), ct.uint16)
+    hi = ct.bitcast(ct.gather(mW, idx + W_PLANES, mask=mask, check_bounds=False, latency=LATENCY), ct.uint16)
+    return ct.bitcast((ct.astype(hi, ct.uint32) << 16) | ct.astype(lo, ct.uint32), ct.float32)
+
+
+def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
     """The fp32 weight (+ offset) of the row piece [off, off + size): (size,), or (TILE_M, size) for
     multi-row tiles: gathered once per row of the tile, in the x tile's own layout. A (1, size)
     gather broadcast over the rows went through shared memory (a layout change, a barrier) before
     the x loads were even issued: 0.969 against 0.992 without a weight (N=512, 4-row tiles, H200,
     bench/probe/weight_cost.py). The repeated reads are L1 hits."""
-    if TILE_M == 1:
-        return ct.astype(_gather_cols(mW, base, off, size, N, LATENCY), ct.float32) + offset
-    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size)) + ct.zeros((TILE_M, 1), dtype=ct.int32)
-    if ct.static_eval(off + size > N):
-        w = ct.gather(mW, base + cols, mask=cols < N, check_bounds=False, latency=LATENCY)
-    else:
-        w = ct.gather(mW, base + cols, check_bounds=False, latency=LATENCY)
-    return ct.astype(w, ct.float32) + offset
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if TILE_M > 1:
+        cols = ct.reshape(cols, (1, size)) + ct.zeros((TILE_M, 1), dtype=ct.int32)
+    mask = cols < N if ct.static_eval(off + size > N) else None
+    return _gather_w(mW, base + cols, mask, LATENCY, W_PLANES) + offset
 
 
 def _gather_chunk(mA, idx, cols, N, CHUNK, LATENCY):
@@ -148,7 +158,7 @@ def _runtime_zero(M):
 
 
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED):
+                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES):
     """One row tile of the cached kernel (inlined; called once or from the persistent loop)."""
     if TILE_M == 1:
         xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
@@ -167,7 +177,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
-                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY))
+                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES))
             _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
     else:
@@ -188,7 +198,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = tXrX[i] * rstd
             if HAS_W:
-                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY))
+                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES))
             _scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
 
@@ -199,7 +209,7 @@ def rms_norm_fwd_cached_kernel(
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
         HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt,
-        PACKED: ConstBool):
+        PACKED: ConstBool, W_PLANES: ConstInt):
     """Each tile block owns TILE_M rows, loads them once (the pieces stay on chip), reduces in fp32
     and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles; HOIST_W
     keeps the weight in registers across that loop (narrow rows only). TILE_M == 1 takes 1-D tiles
@@ -212,19 +222,19 @@ def rms_norm_fwd_cached_kernel(
     tWrW = ()  # hoisted weight (+ offset), one fp32 tile per piece
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
-            tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY),)
+            tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
 
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
             _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED)
+                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES)
     else:
         _cached_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset, tWrW,
-                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED)
+                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES)
 
 
 def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
-                 N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN):
+                 N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES):
     """One row tile of the two-pass kernel (inlined; called once or from the persistent loop)."""
     num_chunks = ct.static_eval(_chunks(N, CHUNK))
     if TILE_M == 1:
@@ -244,7 +254,7 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
             cols = cols0 + c * CHUNK
             y = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32) * rstd
             if HAS_W:
-                y = y * (ct.astype(_gather_chunk(mW, cols, cols, N, CHUNK, LATENCY), ct.float32) + offset)
+                y = y * (_gather_w(mW, cols, None if N % CHUNK == 0 else cols < N, LATENCY, W_PLANES) + offset)
             _scatter_chunk(mY, ybase + cols, cols, N, CHUNK, ct.astype(y, mY.dtype), LATENCY)
     else:
         rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
@@ -269,8 +279,7 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
                           ct.float32) * rstd
             if HAS_W:  # gathered in the x tile's layout (see _weight_piece)
                 wcols = cols + ct.zeros((TILE_M, 1), dtype=ct.int32)
-                w = ct.gather(mW, wcols, mask=wcols < N, check_bounds=False, latency=LATENCY)
-                y = y * (ct.astype(w, ct.float32) + offset)
+                y = y * (_gather_w(mW, wcols, wcols < N, LATENCY, W_PLANES) + offset)
             ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
                        latency=LATENCY)
 
@@ -280,7 +289,8 @@ def rms_norm_fwd_reload_kernel(
         mX, mW, mY, mRstd,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, CHUNK: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt,
+        W_PLANES: ConstInt):
     """Two passes over CHUNK-wide column chunks of TILE_M rows: the sum of squares, then a re-read
     that normalises and stores. Only one chunk is held on chip, so any N fits; the re-read of a row
     that was just streamed hits L2 as long as the rows in flight fit in it (ncu at N=65536: 1.02x the
@@ -291,10 +301,10 @@ def rms_norm_fwd_reload_kernel(
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
             _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
-                         N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
+                         N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES)
     else:
         _reload_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset,
-                     N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN)
+                     N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES)
 
 
 @ct.kernel
@@ -302,7 +312,7 @@ def rms_norm_fwd_split_kernel(
         mX, mW, mY, mRstd, mSync,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt):
     """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
     on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
     partial sums of squares through global memory (a software cluster).
@@ -349,7 +359,8 @@ def rms_norm_fwd_split_kernel(
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         if HAS_W:
             masked = ct.static_eval(MASK_N or off + size > PART)
-            tWrW += (ct.astype(_gather_masked(mW, c0, off, size, lim, masked, LATENCY), ct.float32) + offset,)
+            cols = ct.arange(size, dtype=ct.int32) + off
+            tWrW += (_gather_w(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES) + offset,)
 
     # the wait: relaxed gpu-scope loads of the row's slots (served by L2, where the atomics wrote
     # them). Every warp polls its own copy of the (SPLIT,) tile and leaves the loop when it sees every
@@ -402,7 +413,7 @@ def _stream_load(mX, tile, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY):
 
 
 def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
-                   HOIST_W, LATENCY, PACKED):
+                   HOIST_W, LATENCY, PACKED, W_PLANES):
     """Reduce, normalise and store one row tile of the stream kernel. y and rstd are stored with
     ct.store at the loop's own index: cuTile then knows two iterations never write the same
     elements and needs no block barrier between them (a ct.scatter in a loop gets a bar.sync after
@@ -425,7 +436,7 @@ def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, P
             else:  # read again per tile (an L2 hit): min(tile, M) - tile is 0, but not to the compiler, whose
                 # loop-invariant code motion would otherwise hoist the load and hold the weight in fp32
                 wbase = ct.assume_divisible_by(ct.minimum(tile, M) - tile, 16)
-                w = _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, wbase)
+                w = _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, wbase)
                 y = y * (ct.reshape(w, (1, size)) if TILE_M == 1 else w)
         ct.store(mY, (tile, ct.static_eval(off // size)), ct.astype(y, mY.dtype),
                  check_bounds=ct.static_eval(off + size > N), allow_tma=False, latency=LATENCY)
@@ -437,7 +448,8 @@ def rms_norm_fwd_stream_kernel(
         mX, mW, mY, mRstd,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt, PACKED: ConstBool):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt, PACKED: ConstBool,
+        W_PLANES: ConstInt):
     """A persistent grid that streams: each block loads the next row tile it owns before it reduces
     and stores the current one, so its loads stay in flight while it computes (the software
     pipeline the cached kernel's loop leaves to other blocks). HOIST_W: the weight (+ offset) is loaded
@@ -454,17 +466,16 @@ def rms_norm_fwd_stream_kernel(
     tWrW = ()
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
-            tWrW += (ct.reshape(ct.astype(_gather_cols(mW, 0, off, size, N, LATENCY), ct.float32) + offset,
-                                (1, size)),)
+            tWrW += (ct.reshape(_weight_piece(mW, off, size, N, offset, 1, LATENCY, W_PLANES), (1, size)),)
     tXrX = _stream_load(mX, bid, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
     for tile in range(bid, tiles - step, step):  # every tile of this block but its last: the next one exists
         tXrX_next = _stream_load(mX, tile + step, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
         _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
-                       HOIST_W, LATENCY, PACKED)
+                       HOIST_W, LATENCY, PACKED, W_PLANES)
         tXrX = tXrX_next
     last = bid + (tiles - 1 - bid) // step * step
     _stream_finish(mW, mY, mRstd, last, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
-                   HOIST_W, LATENCY, PACKED)
+                   HOIST_W, LATENCY, PACKED, W_PLANES)
 
 
 # ================================================================================================
@@ -627,16 +638,18 @@ def _align_elems(stride: int, elem_bytes: int) -> int:
     return math.gcd(stride, cap) if stride else cap
 
 
-def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool) -> tuple:
+def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool, w_planes: int = 0) -> tuple:
     if cfg.kernel == "cached":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent,
-                cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1)
+                cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1, w_planes)
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
-                cfg.packed)
+                cfg.packed, w_planes)
     if cfg.kernel == "stream":
-        return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.hoist_w, cfg.latency, cfg.packed)
-    return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency)
+        return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.hoist_w, cfg.latency, cfg.packed,
+                w_planes)
+    return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency,
+            w_planes)
 
 
 def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, store_rstd: bool = True):
@@ -659,12 +672,15 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
                             shape_divisible_by=(16, 16 if N % 16 == 0 else 1), base_addr_divisible_by=16)
     else:
         y = arr(x_dtype, True)
-    params = [arr(x_dtype, N % 16 == 0), arr(w_dtype, N % 16 == 0), y, arr(ct.float32, True)]
+    torch_dtype = {ct.float16: torch.float16, ct.bfloat16: torch.bfloat16, ct.float32: torch.float32}
+    w_planes = weight_planes_offset(torch_dtype[x_dtype], torch.empty(0, dtype=torch_dtype[w_dtype]) if has_w else None, N)
+    w = arr(ct.int16, True) if w_planes else arr(w_dtype, N % 16 == 0)
+    params = [arr(x_dtype, N % 16 == 0), w, y, arr(ct.float32, True)]
     if cfg.kernel == "split":
         params.append(arr(ct.int32, True))  # the split kernel's slots, a multiple of 16 long
     params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
                ScalarConstraint(ct.float32)]
-    params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd)]
+    params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd, w_planes)]
     return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), \
         KernelSignature(params, CallingConvention.cutile_python_v2())
 
@@ -699,10 +715,33 @@ def _round16(n: int) -> int:
     return (n + 15) & ~15
 
 
+PLANES_MIN_N = 2048  # from this width an fp32 weight with 16-bit x goes to the kernels as int16 planes
+
+
+def weight_planes_offset(x_dtype: torch.dtype, weight: torch.Tensor | None, N: int) -> int:
+    """The kernels' W_PLANES constant: where the high halves start in `weight_planes(weight)`, or 0
+    when the weight is passed as it is (16-bit, None, with fp32 x, or rows narrower than PLANES_MIN_N,
+    where the fp32 weight's layout change costs nothing measurable: bench/NOTES.md item 15)."""
+    if weight is None or weight.dtype != torch.float32 or x_dtype.itemsize != 2 or N < PLANES_MIN_N:
+        return 0
+    return _round16(N)
+
+
+def weight_planes(weight: torch.Tensor) -> torch.Tensor:
+    """An fp32 weight [N] as int16 [2 * round16(N)]: the low 16 bits of each element, then, from
+    round16(N), the high 16 bits (exact: the kernel joins them again). One small copy per call; it
+    is not cached, so an update of the weight by any path (even through .data) is always seen."""
+    N, npad = weight.numel(), _round16(weight.numel())
+    planes = torch.empty(2 * npad, dtype=torch.int16, device=weight.device)
+    planes.view(2, npad)[:, :N].copy_(weight.contiguous().view(torch.int16).view(N, 2).t())
+    return planes
+
+
 @functools.lru_cache(maxsize=4096)
-def _prepared(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool):
+def _prepared(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool, w_planes: int = 0):
     """(kernel object, compile-time constants) of one launch shape: everything but the tensors."""
-    return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), constants(cfg, N, x_align, has_w, store_rstd)
+    return (kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))),
+            constants(cfg, N, x_align, has_w, store_rstd, w_planes))
 
 
 def row_pad(cfg: FwdConfig) -> int:
@@ -764,9 +803,11 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         y, rstd = out
         if y.untyped_storage().nbytes() < (y.storage_offset() + _round16(_round_up(M, pad) * N)) * y.element_size():
             raise ValueError(f"out: y must come from output_buffers(..., pad_rows={pad}) for {cfg.short()}")
-    kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd)
+    w_planes = weight_planes_offset(x2d.dtype, weight, N)
+    kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd,
+                               w_planes)
     y_flat = _flat(y, _round16(M * N))
-    w = weight if weight is not None else y_flat  # never read when HAS_W is False
+    w = weight_planes(weight) if w_planes else weight if weight is not None else y_flat  # y: never read without HAS_W
     stream = _raw_stream(x2d.device.index)
     split = cfg.kernel == "split"
 

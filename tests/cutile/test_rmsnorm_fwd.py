@@ -66,6 +66,31 @@ def test_stream_config_and_output_padding():
     assert y.untyped_storage().nbytes() == 32 * 4 and rstd.untyped_storage().nbytes() == 16 * 4
 
 
+def test_fp32_weight_planes_round_trip_exactly():
+    """An fp32 weight for 16-bit x (from PLANES_MIN_N columns) goes to the kernels as int16 planes:
+    low halves of the bits, then the high halves from round16(N). Joined again they give back every
+    bit pattern: signed zeros, denormals, the largest finite values, inf and NaN."""
+    from cutile_norms.cutile.rmsnorm_fwd import PLANES_MIN_N, weight_planes, weight_planes_offset
+
+    N = 2049
+    w = torch.randn(N) * torch.exp2(torch.randint(-40, 40, (N,)).float())
+    w[:6] = torch.tensor([-0.0, 1e-40, -3.4e38, float("inf"), float("nan"), 1.0])
+    planes = weight_planes(w[::1])
+    npad = 2064  # round16(2049)
+    assert planes.dtype == torch.int16 and planes.numel() == 2 * npad
+    lo = planes[:N].to(torch.int32) & 0xFFFF
+    hi = planes[npad:npad + N].to(torch.int32) << 16
+    assert torch.equal((hi | lo).view(torch.float32).view(torch.int32), w.view(torch.int32))
+    strided = torch.randn(2 * N)[::2]  # a non-contiguous weight
+    back = ((weight_planes(strided)[npad:npad + N].to(torch.int32) << 16)
+            | (weight_planes(strided)[:N].to(torch.int32) & 0xFFFF)).view(torch.float32)
+    assert torch.equal(back, strided)
+    assert weight_planes_offset(torch.bfloat16, w, N) == npad and weight_planes_offset(torch.float16, w, N) == npad
+    assert weight_planes_offset(torch.bfloat16, w, PLANES_MIN_N - 1) == 0  # narrow rows: fp32 as it is
+    assert weight_planes_offset(torch.float32, w, N) == 0 and weight_planes_offset(torch.bfloat16, None, N) == 0
+    assert weight_planes_offset(torch.bfloat16, w.bfloat16(), N) == 0
+
+
 def test_split_grid_is_split_blocks_per_row():
     from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, grid_size
 
@@ -465,3 +490,18 @@ def test_stream_kernel_full_size_strided_and_launch_chunks(seed, monkeypatch, ti
     y, rstd = _run_stream(xc, w, 0.0, tile_m, N)
     assert_close(y, y64[:1007], torch.bfloat16, "stream chunked", seed)
     assert_close(rstd, rstd64[:1007], torch.float32, "stream chunked rstd", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("N", [2048, 4096, 8192, 65536])
+def test_fp32_weight_with_16_bit_x_is_exact(seed, mode, N):
+    """bf16 x with an fp32 weight whose values need all 24 mantissa bits and a wide exponent range
+    (passed as int16 planes from 2048 columns): a lost or swapped half would be far off."""
+    x = random_rows((33, N), torch.bfloat16, "cuda")
+    w = (1 + torch.rand(N, device="cuda")) * torch.exp2(torch.randint(-30, 30, (N,), device="cuda").float())
+    w[::7] = -w[::7]
+    y, rstd = _run_backend(mode, x, w, 0.0)
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
+    assert_close(y, y64, torch.bfloat16, f"{mode} fp32 weight", seed)
+    assert_close(rstd, rstd64, torch.float32, f"{mode} fp32 weight rstd", seed)
