@@ -60,10 +60,11 @@ def main() -> int:
             print(f"N={N:>6} M={M:>3} {'torch clone':<72} {copy:6.2f} us", flush=True)
             rows = {}
             for cfg in configs(N, x.element_size()):
-                rows[cfg.short()] = (lambda c: lambda: launch(c, x, w, 1e-6, 0.0, False, dev.sm_count))(cfg)
+                rows[cfg.short()] = (lambda c: lambda: launch(c, x, w, 1e-6, 0.0, False, dev.sm_count)[0])(cfg)
             base = FwdConfig("cached", piece_min=cached_piece_min(N))
-            rows["(base) no weight"] = lambda: launch(base, x, None, 1e-6, 0.0, False, dev.sm_count)
-            rows["(base) weight after x, one allocation"] = lambda: launch(base, xb, wb, 1e-6, 0.0, False, dev.sm_count)
+            rows["(base) no weight"] = lambda: launch(base, x, None, 1e-6, 0.0, False, dev.sm_count)[0]
+            rows["(base) weight after x, one allocation"] = lambda: launch(base, xb, wb, 1e-6, 0.0, False,
+                                                                           dev.sm_count)[0]
             rows["rms_norm(mode=None)"] = lambda: cn.rms_norm(x, w)
             for name, fn in rows.items():
                 try:

@@ -673,7 +673,7 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
     else:
         y = arr(x_dtype, True)
     torch_dtype = {ct.float16: torch.float16, ct.bfloat16: torch.bfloat16, ct.float32: torch.float32}
-    w_planes = weight_planes_offset(torch_dtype[x_dtype], torch.empty(0, dtype=torch_dtype[w_dtype]) if has_w else None, N)
+    w_planes = weight_planes_offset(torch_dtype[x_dtype], torch_dtype[w_dtype] if has_w else None, N)
     w = arr(ct.int16, True) if w_planes else arr(w_dtype, N % 16 == 0)
     params = [arr(x_dtype, N % 16 == 0), w, y, arr(ct.float32, True)]
     if cfg.kernel == "split":
@@ -718,11 +718,11 @@ def _round16(n: int) -> int:
 PLANES_MIN_N = 2048  # from this width an fp32 weight with 16-bit x goes to the kernels as int16 planes
 
 
-def weight_planes_offset(x_dtype: torch.dtype, weight: torch.Tensor | None, N: int) -> int:
+def weight_planes_offset(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int) -> int:
     """The kernels' W_PLANES constant: where the high halves start in `weight_planes(weight)`, or 0
     when the weight is passed as it is (16-bit, None, with fp32 x, or rows narrower than PLANES_MIN_N,
     where the fp32 weight's layout change costs nothing measurable: bench/NOTES.md item 15)."""
-    if weight is None or weight.dtype != torch.float32 or x_dtype.itemsize != 2 or N < PLANES_MIN_N:
+    if w_dtype != torch.float32 or x_dtype.itemsize != 2 or N < PLANES_MIN_N:
         return 0
     return _round16(N)
 
@@ -803,7 +803,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         y, rstd = out
         if y.untyped_storage().nbytes() < (y.storage_offset() + _round16(_round_up(M, pad) * N)) * y.element_size():
             raise ValueError(f"out: y must come from output_buffers(..., pad_rows={pad}) for {cfg.short()}")
-    w_planes = weight_planes_offset(x2d.dtype, weight, N)
+    w_planes = weight_planes_offset(x2d.dtype, weight.dtype if weight is not None else None, N)
     kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd,
                                w_planes)
     y_flat = _flat(y, _round16(M * N))

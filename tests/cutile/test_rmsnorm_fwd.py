@@ -82,13 +82,14 @@ def test_fp32_weight_planes_round_trip_exactly():
     hi = planes[npad:npad + N].to(torch.int32) << 16
     assert torch.equal((hi | lo).view(torch.float32).view(torch.int32), w.view(torch.int32))
     strided = torch.randn(2 * N)[::2]  # a non-contiguous weight
-    back = ((weight_planes(strided)[npad:npad + N].to(torch.int32) << 16)
-            | (weight_planes(strided)[:N].to(torch.int32) & 0xFFFF)).view(torch.float32)
+    planes = weight_planes(strided)
+    back = ((planes[npad:npad + N].to(torch.int32) << 16) | (planes[:N].to(torch.int32) & 0xFFFF)).view(torch.float32)
     assert torch.equal(back, strided)
-    assert weight_planes_offset(torch.bfloat16, w, N) == npad and weight_planes_offset(torch.float16, w, N) == npad
-    assert weight_planes_offset(torch.bfloat16, w, PLANES_MIN_N - 1) == 0  # narrow rows: fp32 as it is
-    assert weight_planes_offset(torch.float32, w, N) == 0 and weight_planes_offset(torch.bfloat16, None, N) == 0
-    assert weight_planes_offset(torch.bfloat16, w.bfloat16(), N) == 0
+    f32 = torch.float32
+    assert weight_planes_offset(torch.bfloat16, f32, N) == npad and weight_planes_offset(torch.float16, f32, N) == npad
+    assert weight_planes_offset(torch.bfloat16, f32, PLANES_MIN_N - 1) == 0  # narrow rows: fp32 as it is
+    assert weight_planes_offset(torch.float32, f32, N) == 0 and weight_planes_offset(torch.bfloat16, None, N) == 0
+    assert weight_planes_offset(torch.bfloat16, torch.bfloat16, N) == 0
 
 
 def test_split_grid_is_split_blocks_per_row():
