@@ -59,7 +59,13 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
         if rb >= 8192 and e == 2:  # 16-bit x kept as loaded between its two uses: fewer registers, more CTAs per SM
             for nww in (None, 8):
                 for occ in (None, 2, 3, 4):
-                    cfgs.append(C("cached", piece_min=pm, num_worker_warps=nww, packed=True, occupancy=occ))
+                    for early in (False, True):  # the weight's loads with x's (item 16)
+                        cfgs.append(C("cached", piece_min=pm, num_worker_warps=nww, packed=True, occupancy=occ,
+                                      w_early=early))
+        if rb >= 8192 and e == 4:
+            for nww in (None, 8):
+                for occ in (None, 2, 3):
+                    cfgs.append(C("cached", piece_min=pm, num_worker_warps=nww, occupancy=occ, w_early=True))
         for b in (1, 2, 3, 4):
             for lat in (1, 10):
                 for nww in ((None, 8) if rb > 4096 else (None,)):
@@ -92,11 +98,12 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
             part = split_part(N, split)
             if 8192 <= part * e <= 65536:
                 for packed in ((False, True) if e == 2 else (False,)):
-                    cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), num_worker_warps=8,
-                                  packed=packed))
-                    for occ in (None, 4, 6, 8):
-                        cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), occupancy=occ,
-                                      packed=packed))
+                    for early in (False, True):  # the weight's loads before the wait (item 16)
+                        cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), num_worker_warps=8,
+                                      packed=packed, w_early=early))
+                        for occ in (None, 4, 5, 6, 8) if early else (None, 4, 6, 8):
+                            cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), occupancy=occ,
+                                          packed=packed, w_early=early))
     if rb <= 32768:  # the streaming persistent kernel (next tile loaded while this one is reduced)
         for tm in (1, 2, 4, 8, 16, 32, 64):
             if not (tm == 1 or 4096 <= rb * tm <= 32768) or (tm > 1 and rb > 4096):

@@ -11,6 +11,9 @@
 #                                           # 512-16384 with --confirm, the static_persistent sweep in fp16 and fp32
 #   bash bench/probe/session_fwd.sh narrow  # (after the multi-row weight fix) the narrow widths swept again in three
 #                                           # dtypes with --confirm, then the mode=None tables
+# The fifth session's (w_early: the weight's loads tied to the sum of squares), then final and bench again:
+#   bash bench/probe/session_fwd.sh early   # w_early tests, the bf16 multi_wave_cached sweep of 8192-262144 with --confirm
+#   bash bench/probe/session_fwd.sh early2  # the same sweep in fp16 and fp32
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
@@ -50,6 +53,17 @@ case "${1:-}" in
     DTYPES=bfloat16 SWEEP_ARGS="--ns 128,512,1024,2048 --confirm 2 --rounds 5" timeout 150 bash bench/gpu_session.sh tune
     DTYPES="float16 float32" SWEEP_ARGS="--ns 128,512,1024 --confirm 2 --rounds 3" timeout 170 bash bench/gpu_session.sh tune
     timeout 200 bash bench/gpu_session.sh table | grep -E "^\| (128|512|1024|2048) \|" ;;
+  early)
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "w_early" \
+      > "$OUT/w_early_tests.log" 2>&1; echo "w_early tests rc=$?"; tail -3 "$OUT/w_early_tests.log"
+    timeout 60 python3 bench/probe/weight_cost.py --ns 16384,65536 2>&1 | tee "$OUT/weight_cost.log" | cut -c1-160
+    DTYPES=bfloat16 SWEEP_ARGS="--ns 8192,16384,32768,65536,131072,262144 --family multi_wave_cached --confirm 2 --rounds 5" \
+      timeout 330 bash bench/gpu_session.sh tune ;;
+  early2)
+    DTYPES=float16 SWEEP_ARGS="--ns 8192,16384,32768,65536,131072,262144 --family multi_wave_cached --confirm 2 --rounds 3" \
+      timeout 280 bash bench/gpu_session.sh tune
+    DTYPES=float32 SWEEP_ARGS="--ns 8192,16384,32768,65536,131072,262144 --family multi_wave_cached --confirm 2 --rounds 3" \
+      timeout 250 bash bench/gpu_session.sh tune ;;
   final)
     timeout 300 bash bench/gpu_session.sh table
     timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
@@ -61,5 +75,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|retune|stream|narrow|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|final|bench" >&2; exit 2 ;;
 esac

@@ -4,13 +4,15 @@ For each N in --ns: a same-run copy, then configs of the cached, reload and spli
 weight, without it (HAS_W False: x * rstd only), and with the weight in fp32, as ratios to the copy
 (read x + write y; the weight's own bytes are negligible at this M). A large with/without gap says
 the weight's handling (its layout conversion for multi-row tiles, its loads after the reduction),
-not the bytes, costs the time.
+not the bytes, costs the time. One-row configs are also timed with w_early (the weight's loads tied
+to x's: bench/NOTES.md item 16).
 
     python bench/probe/weight_cost.py [--dtype bfloat16] [--ns 512,8192,65536]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -33,6 +35,11 @@ def configs(N: int, e: int, dtype_name: str, dev) -> dict[str, FwdConfig]:
     if N * e <= 2048:
         for tm in (4, 8, 16, 32):
             out[f"cached tile_m={tm}"] = FwdConfig("cached", tile_m=tm, piece_min=N)
+    cached = out["multi_wave_cached (table)"]
+    if cached.tile_m == 1 and not cached.w_early:  # the same config with the weight's loads tied to x's
+        out["multi_wave_cached (table) + w_early"] = dataclasses.replace(cached, w_early=True)
+        if cached.kernel == "split":  # x and the weight both held: ~80 registers at 16 KiB per block (ptxas)
+            out["+ w_early, occupancy 6"] = dataclasses.replace(cached, w_early=True, occupancy=6)
     return out
 
 
@@ -58,7 +65,7 @@ def main() -> int:
             for label, weight in (("w", w), ("no w", None), ("fp32 w", w32)):
                 t = device_ms(lambda: launch(cfg, x, weight, 1e-6, 0.0, False, dev.sm_count))["median_ms"]
                 row.append(f"{label} {copy / t:.3f}")
-            print(f"N={N:>6} {name:<24} {cfg.short():<72} " + "  ".join(row), flush=True)
+            print(f"N={N:>6} {name:<36} {cfg.short():<72} " + "  ".join(row), flush=True)
     return 0
 
 

@@ -98,17 +98,55 @@ def _scatter_rows(mA, ybase, row_ok, off, size, N, tile, latency):
     ct.scatter(mA, ybase + cols, tile, mask=mask, check_bounds=False, latency=latency)
 
 
+def _gather_w_bits(mW, idx, mask, LATENCY, W_PLANES):
+    """The weight at flat indices `idx` as loaded (0 where `mask` is False): a 1-tuple, or with
+    W_PLANES > 0 the (low, high) int16 planes of a float32 weight (`weight_planes`)."""
+    if W_PLANES == 0:
+        return (ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY),)
+    return (ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY),
+            ct.gather(mW, idx + W_PLANES, mask=mask, check_bounds=False, latency=LATENCY))
+
+
+def _w_from_bits(wbits, W_PLANES):
+    """The fp32 weight from what `_gather_w_bits` loaded: the planes are joined exactly by a shift and an or."""
+    if W_PLANES == 0:
+        return ct.astype(wbits[0], ct.float32)
+    lo = ct.astype(ct.bitcast(wbits[0], ct.uint16), ct.uint32)
+    hi = ct.astype(ct.bitcast(wbits[1], ct.uint16), ct.uint32)
+    return ct.bitcast((hi << 16) | lo, ct.float32)
+
+
 def _gather_w(mW, idx, mask, LATENCY, W_PLANES):
     """The weight at flat indices `idx` in fp32 (0 where `mask` is False). W_PLANES > 0: a float32
     weight passed as two int16 planes, the low halves of its bits at [0, N) and the high halves at
     [W_PLANES, W_PLANES + N) (`weight_planes`): they load in the layout of a 16-bit x tile, where an
     fp32 gather next to 16-bit x is converted between layouts through shared memory (24 shared
     stores and ~20 barriers in the split kernel's PTX; 0.64x copy at N = 65536: bench/NOTES.md item 15)."""
-    if W_PLANES == 0:
-        return ct.astype(ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY), ct.float32)
-    lo = ct.bitcast(ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY), ct.uint16)
-    hi = ct.bitcast(ct.gather(mW, idx + W_PLANES, mask=mask, check_bounds=False, latency=LATENCY), ct.uint16)
-    return ct.bitcast((ct.astype(hi, ct.uint32) << 16) | ct.astype(lo, ct.uint32), ct.float32)
+    return _w_from_bits(_gather_w_bits(mW, idx, mask, LATENCY, W_PLANES), W_PLANES)
+
+
+def _uint_of(dtype):
+    return ct.uint32 if ct.static_eval(dtype == ct.float32 or dtype == ct.int32) else ct.uint16
+
+
+def _tied_to_weight(x, wbits, M, W_PLANES):
+    """x unchanged, computed as x | (w & 0) on the bits, with a 0 the compiler cannot fold: a value
+    that depends on the weight's loads. tileiras sinks a load to its first use whatever the source
+    order; tying the weight to the sum of squares makes its loads go out with x's, before the split
+    kernel's wait for the row's partial sums (where they cost 2.5 % at N = 65536: bench/NOTES.md
+    items 15-16). The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit
+    element the compiler split the loaded registers into halves that then stayed live across the
+    wait (167 registers instead of ~100)."""
+    if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth):  # element by element
+        ux = _uint_of(x.dtype)
+        t = ct.astype(ct.bitcast(wbits[0], _uint_of(wbits[0].dtype)), ux)
+        return ct.bitcast(ct.bitcast(x, ux) | (t & ct.astype(ct.minimum(M, 0), ux)), x.dtype)
+    zero = ct.astype(ct.minimum(M, 0), ct.uint32)
+    t = ct.unpack_from_bytes(ct.pack_to_bytes(wbits[0]), ct.uint32)
+    if W_PLANES > 0:
+        t = t | ct.unpack_from_bytes(ct.pack_to_bytes(wbits[1]), ct.uint32)
+    xb = ct.unpack_from_bytes(ct.pack_to_bytes(x), ct.uint32)
+    return ct.unpack_from_bytes(ct.pack_to_bytes(xb | (t & zero)), x.dtype)
 
 
 def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
@@ -158,16 +196,24 @@ def _runtime_zero(M):
 
 
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES):
+                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY):
     """One row tile of the cached kernel (inlined; called once or from the persistent loop)."""
     if TILE_M == 1:
         xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
         ybase = tile * N
         tXrX = ()
+        tWbits = ()
         ssq = 0.0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             x = _gather_cols(mX, xbase, off, size, N, LATENCY)
-            xf = ct.astype(x, ct.float32)
+            xs = x
+            if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
+                cols = ct.arange(size, dtype=ct.int32) + off
+                wbits = _gather_w_bits(mW, cols, cols < N if ct.static_eval(off + size > N) else None,
+                                       LATENCY, W_PLANES)
+                tWbits += (wbits,)
+                xs = _tied_to_weight(x, wbits, M, W_PLANES)
+            xf = ct.astype(xs, ct.float32)
             ssq = ssq + ct.sum(xf * xf)
             tXrX += (x if PACKED else xf,)
         rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
@@ -177,7 +223,11 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
-                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES))
+                if W_EARLY:
+                    y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
+                else:
+                    y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
+                                                                   W_PLANES))
             _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
     else:
@@ -209,7 +259,7 @@ def rms_norm_fwd_cached_kernel(
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
         HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt,
-        PACKED: ConstBool, W_PLANES: ConstInt):
+        PACKED: ConstBool, W_PLANES: ConstInt, W_EARLY: ConstBool):
     """Each tile block owns TILE_M rows, loads them once (the pieces stay on chip), reduces in fp32
     and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles; HOIST_W
     keeps the weight in registers across that loop (narrow rows only). TILE_M == 1 takes 1-D tiles
@@ -227,10 +277,10 @@ def rms_norm_fwd_cached_kernel(
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
             _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES)
+                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY)
     else:
         _cached_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset, tWrW,
-                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES)
+                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY)
 
 
 def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
@@ -312,7 +362,8 @@ def rms_norm_fwd_split_kernel(
         mX, mW, mY, mRstd, mSync,
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt):
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt,
+        W_EARLY: ConstBool):
     """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
     on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
     partial sums of squares through global memory (a software cluster).
@@ -346,21 +397,27 @@ def rms_norm_fwd_split_kernel(
     # (each warp reads it; the barriers of the reduction below order every read before the exchange)
     sign = ct.where(ct.gather(mSync, bid, check_bounds=False, latency=10) < 0, 0, ct.static_eval(-(1 << 31)))
     tXrX = ()
+    tWrW = ()
     ssq = 0.0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         masked = ct.static_eval(MASK_N or off + size > PART)
         x = _gather_masked(mX, xbase, off, size, lim, masked, LATENCY)
-        xf = ct.astype(x, ct.float32)
+        xs = x
+        if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
+            cols = ct.arange(size, dtype=ct.int32) + off
+            wbits = _gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES)
+            tWrW += (wbits,)
+            xs = _tied_to_weight(x, wbits, M, W_PLANES)
+        xf = ct.astype(xs, ct.float32)
         ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
     ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
 
-    tWrW = ()  # the weight's loads are issued before the wait
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
-        if HAS_W:
+        if HAS_W and not W_EARLY:  # issued here, the compiler sinks them to their use after the wait
             masked = ct.static_eval(MASK_N or off + size > PART)
             cols = ct.arange(size, dtype=ct.int32) + off
-            tWrW += (_gather_w(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES) + offset,)
+            tWrW += (_gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES),)
 
     # the wait: relaxed gpu-scope loads of the row's slots (served by L2, where the atomics wrote
     # them). Every warp polls its own copy of the (SPLIT,) tile and leaves the loop when it sees every
@@ -383,7 +440,7 @@ def rms_norm_fwd_split_kernel(
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
         if HAS_W:
-            y = y * tWrW[i]
+            y = y * (_w_from_bits(tWrW[i], W_PLANES) + offset)
         masked = ct.static_eval(MASK_N or off + size > PART)
         _scatter_masked(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
         i += 1
@@ -496,6 +553,7 @@ class FwdConfig:
     blocks_per_sm: int = 1
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
+    w_early: bool = False  # split, cached (one row per tile): the weight's loads tied to the sum of squares
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None
@@ -520,6 +578,8 @@ class FwdConfig:
             parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
             if self.packed:
                 parts.append("packed")
+            if self.w_early:
+                parts.append("w_early")
         else:
             parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
         if self.persistent:
@@ -641,10 +701,11 @@ def _align_elems(stride: int, elem_bytes: int) -> int:
 def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool, w_planes: int = 0) -> tuple:
     if cfg.kernel == "cached":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent,
-                cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1, w_planes)
+                cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1, w_planes,
+                cfg.w_early and cfg.tile_m == 1 and not (cfg.persistent and cfg.hoist_w))
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
-                cfg.packed, w_planes)
+                cfg.packed, w_planes, cfg.w_early)
     if cfg.kernel == "stream":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.hoist_w, cfg.latency, cfg.packed,
                 w_planes)

@@ -422,6 +422,76 @@ def test_packed_widening_of_extreme_values(seed, dtype, which):
 
 
 # ------------------------------------------------------------------------------------------------
+# GPU: w_early (the weight's bits tied to the sum of squares, so its loads go out with x's)
+# ------------------------------------------------------------------------------------------------
+# (kernel, N, split): one-row cached tiles (a masked padded piece at 1000 and 5000; at 1000 an fp32
+# weight with bf16 x is no planes yet and is tied element by element), split rows (a short last
+# part at 40000, 2 parts at 8192)
+W_EARLY_CASES = [("cached", 1000, 1), ("cached", 5000, 1), ("cached", 16384, 1), ("split", 8192, 2), ("split", 40000, 8),
+                 ("split", 65536, 8)]
+# same-width weights (one 32-bit view of both), fp32 weight as planes, a 16-bit weight with fp32 x
+# (tied element by element)
+W_EARLY_DTYPES = DTYPES + [("float16", "float32"), ("float32", "bfloat16")]
+
+
+def _w_early_config(kernel, N, split, x_dtype):
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min, split_part
+
+    packed = x_dtype != "float32"
+    if kernel == "split":
+        return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)), packed=packed,
+                         occupancy=6, w_early=True)
+    return FwdConfig("cached", piece_min=cached_piece_min(N), packed=packed, num_worker_warps=8, occupancy=3,
+                     w_early=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,N,split", W_EARLY_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", W_EARLY_DTYPES)
+@pytest.mark.parametrize("M", [1, 300])
+def test_w_early_matches_reference(seed, kernel, N, split, x_dtype, w_dtype, M):
+    cfg = _w_early_config(kernel, N, split, x_dtype)
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    y, rstd = _run_backend("multi_wave_cached", x, w, 0.0, cfg=cfg)
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
+    assert_close(y, y64, DT[x_dtype], f"{cfg.short()} w_early y", seed)
+    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} w_early rstd", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,N,split", W_EARLY_CASES)
+@pytest.mark.parametrize("case", ["offset1", "no_weight", "strided"])
+def test_w_early_offset_no_weight_strided(seed, kernel, N, split, case):
+    """Gemma's 1 + w, no weight (nothing to tie), and rows with a stride past N (a view of a wider x)."""
+    cfg = _w_early_config(kernel, N, split, "bfloat16")
+    x = random_rows((33, N + 64 if case == "strided" else N), torch.bfloat16, "cuda")[:, :N]
+    w = None if case == "no_weight" else random_weight(N, torch.bfloat16, "cuda")
+    offset = 1.0 if case == "offset1" else 0.0
+    y, rstd = _run_backend("multi_wave_cached", x, w, offset, cfg=cfg)
+    y64, rstd64 = reference64(x, w, EPS, offset)
+    assert_close(y, y64, torch.bfloat16, f"{cfg.short()} w_early {case}", seed)
+    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} w_early {case} rstd", seed)
+
+
+@pytest.mark.gpu
+def test_w_early_weight_special_values(seed):
+    """The tie is x | (w & 0) on the bits: weights that are inf, NaN, -0 or denormal change nothing
+    in the sum of squares and reach y as they are (compared where finite; NaN/inf columns checked
+    to be non-finite exactly where the reference is)."""
+    N = 65536
+    x = random_rows((17, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    w[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40], dtype=torch.bfloat16)
+    for kernel, split in (("split", 8), ("cached", 1)):
+        y, rstd = _run_backend("multi_wave_cached", x, w, 0.0, cfg=_w_early_config(kernel, N, split, "bfloat16"))
+        y64, rstd64 = reference64(x, w, EPS, 0.0)
+        assert_close(rstd, rstd64, torch.float32, f"{kernel} special w rstd", seed)
+        assert torch.equal(torch.isfinite(y), torch.isfinite(y64.to(y.dtype))), f"{kernel}: non-finite columns differ"
+        assert_close(y[:, 4:], y64[:, 4:], torch.bfloat16, f"{kernel} special w y", seed)
+
+
+# ------------------------------------------------------------------------------------------------
 # GPU: the stream kernel (static_persistent: the next row tile loaded while this one is reduced)
 # ------------------------------------------------------------------------------------------------
 # (N, tile_m, piece_min): narrow rows in multi-row tiles; a padded last piece (1000); pieces (2880);

@@ -113,6 +113,53 @@ def test_split_kernel_polls_inside_its_wait_loop():
 STREAM_CONFIGS = [(128, 32), (512, 16), (1000, 4), (2880, 1), (8192, 1)]
 
 
+# w_early: the weight's loads tied to the sum of squares (cached one-row tiles, split): (kernel, N, split)
+W_EARLY_CONFIGS = [("cached", 16384, 1), ("cached", 5000, 1), ("split", 65536, 8), ("split", 40000, 8)]
+
+
+def _w_early(kernel, N, split, x_dtype, w_early=True):
+    part = rmsnorm_fwd.split_part(N, split)
+    if kernel == "split":
+        return rmsnorm_fwd.FwdConfig("split", split=split, piece_min=rmsnorm_fwd.cached_piece_min(part),
+                                     packed=x_dtype != "float32", occupancy=6, w_early=w_early)
+    return rmsnorm_fwd.FwdConfig("cached", piece_min=rmsnorm_fwd.cached_piece_min(N), packed=x_dtype != "float32",
+                                 num_worker_warps=8, occupancy=3, w_early=w_early)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES + [("float32", "bfloat16"), ("float16", "float32")])
+@pytest.mark.parametrize("kernel,N,split", W_EARLY_CONFIGS)
+def test_w_early_compiles(kernel, N, split, x_dtype, w_dtype, arch):
+    for has_w in (True, False):
+        cfg = _w_early(kernel, N, split, x_dtype)
+        assert compile_cubin(cfg, N, x_dtype, w_dtype, has_w=has_w, arch=arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")])
+@pytest.mark.parametrize("kernel,N,split", W_EARLY_CONFIGS[::2])
+def test_w_early_issues_the_weight_loads_with_x(kernel, N, split, x_dtype, w_dtype):
+    """Without w_early tileiras sinks the weight's loads to their use: after the block's reduction
+    (cached) or after the wait for the row's partial sums (split), where ptxas then interleaves them
+    with the stores (SASS at N=16384, 3 CTAs/SM: about four L2 round trips at the end of every block).
+    With it, every 16-byte load is issued before the first barrier of the reduction, and the block
+    loads twice as many 16-byte vectors there (x's and the weight's, same element width: planes for
+    an fp32 weight with 16-bit x). In bf16 the weight fits these occupancy hints without spilling
+    (fp32 rows and the planes hold twice the registers and do spill at these hints: the sweep
+    weighs that against the latency)."""
+    def loads_before_reduction(cfg):
+        ptx = embedded_ptx(compile_cubin(cfg, N, x_dtype, w_dtype, store_rstd=False))
+        head, tail = ptx.split("bar.sync", 1)
+        return head.count("ld.global.v4"), tail.count("ld.global.v4")
+
+    early, late = loads_before_reduction(_w_early(kernel, N, split, x_dtype))
+    plain, plain_late = loads_before_reduction(_w_early(kernel, N, split, x_dtype, w_early=False))
+    assert late == 0 and plain_late > 0, (early, late, plain, plain_late)
+    planes = 2 if (x_dtype, w_dtype) == ("float16", "float32") else 1
+    assert early == plain * (1 + planes), (early, plain)
+    if x_dtype == w_dtype == "bfloat16":
+        assert ptxas_report(compile_cubin(_w_early(kernel, N, split, x_dtype), N, x_dtype, w_dtype))["spill_stores"] == 0
+
+
 def _stream(N, tile_m, x_dtype, hoist_w=True):
     return rmsnorm_fwd.FwdConfig("stream", tile_m=tile_m, piece_min=rmsnorm_fwd.cached_piece_min(N),
                                  packed=tile_m == 1 and x_dtype != "float32", persistent=True, blocks_per_sm=2,
