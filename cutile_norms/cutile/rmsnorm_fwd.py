@@ -132,11 +132,13 @@ def _uint_of(dtype):
 def _tied_to_weight(x, wbits, M, W_PLANES):
     """x unchanged, computed as x | (w & 0) on the bits, with a 0 the compiler cannot fold: a value
     that depends on the weight's loads. tileiras sinks a load to its first use whatever the source
-    order; tying the weight to the sum of squares makes its loads go out with x's, before the split
-    kernel's wait for the row's partial sums (where they cost 2.5 % at N = 65536: bench/NOTES.md
-    items 15-16). The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit
-    element the compiler split the loaded registers into halves that then stayed live across the
-    wait (167 registers instead of ~100)."""
+    order, and under a tight register budget ptxas leaves the weight's loads after the reduction
+    (cached) or the wait for the row's partial sums (split), interleaved with the stores (SASS).
+    Tied to the sum of squares, they go out with x's. Measured on the H200 (bench/NOTES.md item 16):
+    a tie with the late loads, which the other resident blocks hide; the sweep picks it at some
+    widths. The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element
+    the compiler split the loaded registers into halves that then stayed live across the wait
+    (167 registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
     if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth):  # element by element
         ux = _uint_of(x.dtype)
         t = ct.astype(ct.bitcast(wbits[0], _uint_of(wbits[0].dtype)), ux)
@@ -553,7 +555,7 @@ class FwdConfig:
     blocks_per_sm: int = 1
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
-    w_early: bool = False  # split, cached (one row per tile): the weight's loads tied to the sum of squares
+    w_early: bool = False  # split, cached (1 row per tile): weight loads tied to x's (a tie: NOTES item 16)
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None
