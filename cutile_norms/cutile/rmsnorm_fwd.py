@@ -142,13 +142,20 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth):  # element by element
         ux = _uint_of(x.dtype)
         t = ct.astype(ct.bitcast(wbits[0], _uint_of(wbits[0].dtype)), ux)
-        return ct.bitcast(ct.bitcast(x, ux) | (t & ct.astype(ct.minimum(M, 0), ux)), x.dtype)
-    zero = ct.astype(ct.minimum(M, 0), ct.uint32)
+        return ct.bitcast(ct.bitcast(x, ux) | (t & _runtime_zero(M, ux)), x.dtype)
+    zero = _runtime_zero(M, ct.uint32)
     t = ct.unpack_from_bytes(ct.pack_to_bytes(wbits[0]), ct.uint32)
     if W_PLANES > 0:
         t = t | ct.unpack_from_bytes(ct.pack_to_bytes(wbits[1]), ct.uint32)
     xb = ct.unpack_from_bytes(ct.pack_to_bytes(x), ct.uint32)
     return ct.unpack_from_bytes(ct.pack_to_bytes(xb | (t & zero)), x.dtype)
+
+
+def _gather_w_tied(mW, x, idx, mask, M, LATENCY, W_PLANES):
+    """w_early: the weight at `idx` as loaded (`_gather_w_bits`) and x tied to it (`_tied_to_weight`),
+    for the sum of squares: (wbits, x_tied)."""
+    wbits = _gather_w_bits(mW, idx, mask, LATENCY, W_PLANES)
+    return wbits, _tied_to_weight(x, wbits, M, W_PLANES)
 
 
 def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
@@ -192,9 +199,9 @@ def _widen_again(x, zero):
     return x
 
 
-def _runtime_zero(M):
-    """0 as uint16, computed from the row count M (>= 1 at every launch) so it is not a constant."""
-    return ct.astype(ct.minimum(M, 0), ct.uint16)
+def _runtime_zero(M, dtype):
+    """0 as `dtype`, computed from the row count M (>= 1 at every launch) so it is not a constant."""
+    return ct.astype(ct.minimum(M, 0), dtype)
 
 
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
@@ -211,10 +218,9 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
             xs = x
             if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
                 cols = ct.arange(size, dtype=ct.int32) + off
-                wbits = _gather_w_bits(mW, cols, cols < N if ct.static_eval(off + size > N) else None,
-                                       LATENCY, W_PLANES)
+                wbits, xs = _gather_w_tied(mW, x, cols, cols < N if ct.static_eval(off + size > N) else None, M,
+                                           LATENCY, W_PLANES)
                 tWbits += (wbits,)
-                xs = _tied_to_weight(x, wbits, M, W_PLANES)
             xf = ct.astype(xs, ct.float32)
             ssq = ssq + ct.sum(xf * xf)
             tXrX += (x if PACKED else xf,)
@@ -223,7 +229,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
             ct.scatter(mRstd, tile, rstd, check_bounds=False)
         i = 0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else tXrX[i]) * rstd
+            y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
                 if W_EARLY:
                     y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
@@ -407,9 +413,8 @@ def rms_norm_fwd_split_kernel(
         xs = x
         if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
             cols = ct.arange(size, dtype=ct.int32) + off
-            wbits = _gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES)
+            wbits, xs = _gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
             tWrW += (wbits,)
-            xs = _tied_to_weight(x, wbits, M, W_PLANES)
         xf = ct.astype(xs, ct.float32)
         ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
@@ -440,7 +445,7 @@ def rms_norm_fwd_split_kernel(
             ct.scatter(mRstd, row, rstd, check_bounds=False)
     i = 0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
-        y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
         if HAS_W:
             y = y * (_w_from_bits(tWrW[i], W_PLANES) + offset)
         masked = ct.static_eval(MASK_N or off + size > PART)
@@ -488,7 +493,7 @@ def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, P
         ct.store(mRstd, (tile,), ct.reshape(rstd, (TILE_M,)), check_bounds=False, allow_tma=False)
     i = 0
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-        y = (_widen_again(tXrX[i], _runtime_zero(M)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
         if HAS_W:
             if HOIST_W:
                 y = y * tWrW[i]

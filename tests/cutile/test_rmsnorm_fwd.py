@@ -125,6 +125,15 @@ def _run_backend(mode, x2d, w, offset, store_rstd=True, cfg=None, eps=EPS):
     return y, r
 
 
+def _assert_config_matches_reference(cfg, x, w, offset, what, seed):
+    """multi_wave_cached's backend with `cfg` on poisoned buffers: y (x's dtype tolerance) and rstd
+    against the fp64 reference."""
+    y, rstd = _run_backend("multi_wave_cached", x, w, offset, cfg=cfg)
+    y64, rstd64 = reference64(x, w, EPS, offset)
+    assert_close(y, y64, x.dtype, f"{cfg.short()} {what} y", seed)
+    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} {what} rstd", seed)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("N", WIDTHS)
@@ -389,13 +398,9 @@ def _packed_configs(N):
 @pytest.mark.parametrize("which", [0, 1])
 def test_packed_x_matches_reference(seed, N, x_dtype, w_dtype, which):
     """16-bit x kept as loaded and widened a second time by bit operations (cached `packed`, split)."""
-    cfg = _packed_configs(N)[which]
     x = random_rows((65, N), DT[x_dtype], "cuda")
     w = random_weight(N, DT[w_dtype], "cuda")
-    y, rstd = _run_backend("multi_wave_cached", x, w, 1.0, cfg=cfg)
-    y64, rstd64 = reference64(x, w, EPS, 1.0)
-    assert_close(y, y64, DT[x_dtype], f"{cfg.short()} y", seed)
-    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} rstd", seed)
+    _assert_config_matches_reference(_packed_configs(N)[which], x, w, 1.0, "packed", seed)
 
 
 @pytest.mark.gpu
@@ -450,13 +455,9 @@ def _w_early_config(kernel, N, split, x_dtype):
 @pytest.mark.parametrize("x_dtype,w_dtype", W_EARLY_DTYPES)
 @pytest.mark.parametrize("M", [1, 300])
 def test_w_early_matches_reference(seed, kernel, N, split, x_dtype, w_dtype, M):
-    cfg = _w_early_config(kernel, N, split, x_dtype)
     x = random_rows((M, N), DT[x_dtype], "cuda")
     w = random_weight(N, DT[w_dtype], "cuda")
-    y, rstd = _run_backend("multi_wave_cached", x, w, 0.0, cfg=cfg)
-    y64, rstd64 = reference64(x, w, EPS, 0.0)
-    assert_close(y, y64, DT[x_dtype], f"{cfg.short()} w_early y", seed)
-    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} w_early rstd", seed)
+    _assert_config_matches_reference(_w_early_config(kernel, N, split, x_dtype), x, w, 0.0, "w_early", seed)
 
 
 @pytest.mark.gpu
@@ -464,14 +465,10 @@ def test_w_early_matches_reference(seed, kernel, N, split, x_dtype, w_dtype, M):
 @pytest.mark.parametrize("case", ["offset1", "no_weight", "strided"])
 def test_w_early_offset_no_weight_strided(seed, kernel, N, split, case):
     """Gemma's 1 + w, no weight (nothing to tie), and rows with a stride past N (a view of a wider x)."""
-    cfg = _w_early_config(kernel, N, split, "bfloat16")
     x = random_rows((33, N + 64 if case == "strided" else N), torch.bfloat16, "cuda")[:, :N]
     w = None if case == "no_weight" else random_weight(N, torch.bfloat16, "cuda")
-    offset = 1.0 if case == "offset1" else 0.0
-    y, rstd = _run_backend("multi_wave_cached", x, w, offset, cfg=cfg)
-    y64, rstd64 = reference64(x, w, EPS, offset)
-    assert_close(y, y64, torch.bfloat16, f"{cfg.short()} w_early {case}", seed)
-    assert_close(rstd, rstd64, torch.float32, f"{cfg.short()} w_early {case} rstd", seed)
+    _assert_config_matches_reference(_w_early_config(kernel, N, split, "bfloat16"), x, w,
+                                     1.0 if case == "offset1" else 0.0, f"w_early {case}", seed)
 
 
 @pytest.mark.gpu
@@ -483,9 +480,9 @@ def test_w_early_weight_special_values(seed):
     x = random_rows((17, N), torch.bfloat16, "cuda")
     w = random_weight(N, torch.bfloat16, "cuda")
     w[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40], dtype=torch.bfloat16)
+    y64, rstd64 = reference64(x, w, EPS, 0.0)
     for kernel, split in (("split", 8), ("cached", 1)):
         y, rstd = _run_backend("multi_wave_cached", x, w, 0.0, cfg=_w_early_config(kernel, N, split, "bfloat16"))
-        y64, rstd64 = reference64(x, w, EPS, 0.0)
         assert_close(rstd, rstd64, torch.float32, f"{kernel} special w rstd", seed)
         assert torch.equal(torch.isfinite(y), torch.isfinite(y64.to(y.dtype))), f"{kernel}: non-finite columns differ"
         assert_close(y[:, 4:], y64[:, 4:], torch.bfloat16, f"{kernel} special w y", seed)
