@@ -14,6 +14,10 @@
 # The fifth session's (w_early: the weight's loads tied to the sum of squares), then final and bench again:
 #   bash bench/probe/session_fwd.sh early   # w_early tests, the bf16 multi_wave_cached sweep of 8192-262144 with --confirm
 #   bash bench/probe/session_fwd.sh early2  # the same sweep in fp16 and fp32
+# The sixth session's (w_early wherever a small launch waits: multi-row tiles, a weight held across a
+# persistent loop; NOTES item 17):
+#   bash bench/probe/session_fwd.sh ends    # w_early tests, then the table's configs with w_early off/on at
+#                                           # small M and at full size (three dtypes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
@@ -64,6 +68,11 @@ case "${1:-}" in
       timeout 280 bash bench/gpu_session.sh tune
     DTYPES=float32 SWEEP_ARGS="--ns 8192,16384,32768,65536,131072,262144 --family multi_wave_cached --confirm 2 --rounds 3" \
       timeout 250 bash bench/gpu_session.sh tune ;;
+  ends)
+    timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "w_early" \
+      > "$OUT/w_early_tests.log" 2>&1; echo "w_early tests rc=$?"; tail -3 "$OUT/w_early_tests.log"
+    timeout 320 python3 bench/probe/w_early_both_ends.py --ns 512,1024,2048,4096,8192 --out "$OUT/w_early_both_ends.json" \
+      2>&1 | tee "$OUT/w_early_both_ends.log" | cut -c1-220 ;;
   final)
     timeout 300 bash bench/gpu_session.sh table
     timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
@@ -75,5 +84,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|ends|final|bench" >&2; exit 2 ;;
 esac

@@ -129,6 +129,36 @@ def _uint_of(dtype):
     return ct.uint32 if ct.static_eval(dtype == ct.float32 or dtype == ct.int32) else ct.uint16
 
 
+def _tied_elementwise(a, bits, M):
+    """a unchanged, computed as a | (b & 0) element by element for every tile b of `bits` (same
+    shape as a, any width), with a 0 the compiler cannot fold: a value that depends on each b."""
+    ua = _uint_of(a.dtype)
+    t = ct.astype(ct.bitcast(bits[0], _uint_of(bits[0].dtype)), ua)
+    if ct.static_eval(len(bits) > 1):  # the high plane of a float32 weight (`weight_planes`)
+        t = t | ct.astype(ct.bitcast(bits[1], _uint_of(bits[1].dtype)), ua)
+    return ct.bitcast(ct.bitcast(a, ua) | (t & _runtime_zero(M, ua)), a.dtype)
+
+
+def _w_tied_to_x(wbits, x, M):
+    """The weight's bits as loaded (`_gather_w_bits`), each plane tied to this tile's x
+    (`_tied_elementwise`): a hoisted weight's conversion then waits for x, so it is done per tile
+    after x's loads went out. Converted before a persistent loop, it stalled on the weight's DRAM
+    round trip ahead of the first tile's x loads: two serial round trips per block (sm_90 SASS,
+    N = 1024, 4-row tiles), all of a small launch's time (bench/NOTES.md item 17)."""
+    if ct.static_eval(len(wbits) == 1):
+        return (_tied_elementwise(wbits[0], (x,), M),)
+    return (_tied_elementwise(wbits[0], (x,), M), _tied_elementwise(wbits[1], (x,), M))
+
+
+def _ties_per_element(mX, mW, W_PLANES):
+    """Whether element-by-element ties (multi-row tiles, a weight held across a persistent loop)
+    are worth it: not for a weight of another width than x's passed as is (no planes). A tie then
+    joins tiles of two load layouts, which the compiler converts through shared memory in every
+    tile (an fp32 weight with 16-bit x, N = 1024: 100 shared-memory accesses where 36 without the
+    tie, 256 threads and 114 registers; SASS); such a weight keeps its late loads."""
+    return ct.static_eval(W_PLANES > 0 or mW.dtype.bitwidth == mX.dtype.bitwidth)
+
+
 def _tied_to_weight(x, wbits, M, W_PLANES):
     """x unchanged, computed as x | (w & 0) on the bits, with a 0 the compiler cannot fold: a value
     that depends on the weight's loads. tileiras sinks a load to its first use whatever the source
@@ -140,9 +170,7 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     the compiler split the loaded registers into halves that then stayed live across the wait
     (167 registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
     if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth):  # element by element
-        ux = _uint_of(x.dtype)
-        t = ct.astype(ct.bitcast(wbits[0], _uint_of(wbits[0].dtype)), ux)
-        return ct.bitcast(ct.bitcast(x, ux) | (t & _runtime_zero(M, ux)), x.dtype)
+        return _tied_elementwise(x, wbits, M)
     zero = _runtime_zero(M, ct.uint32)
     t = ct.unpack_from_bytes(ct.pack_to_bytes(wbits[0]), ct.uint32)
     if W_PLANES > 0:
@@ -158,17 +186,22 @@ def _gather_w_tied(mW, x, idx, mask, M, LATENCY, W_PLANES):
     return wbits, _tied_to_weight(x, wbits, M, W_PLANES)
 
 
-def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
-    """The fp32 weight (+ offset) of the row piece [off, off + size): (size,), or (TILE_M, size) for
-    multi-row tiles: gathered once per row of the tile, in the x tile's own layout. A (1, size)
-    gather broadcast over the rows went through shared memory (a layout change, a barrier) before
-    the x loads were even issued: 0.969 against 0.992 without a weight (N=512, 4-row tiles, H200,
-    bench/probe/weight_cost.py). The repeated reads are L1 hits."""
+def _weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base=0):
+    """The weight of the row piece [off, off + size) as loaded (`_gather_w_bits`): (size,), or
+    (TILE_M, size) for multi-row tiles: gathered once per row of the tile, in the x tile's own
+    layout. A (1, size) gather broadcast over the rows went through shared memory (a layout change,
+    a barrier) before the x loads were even issued: 0.969 against 0.992 without a weight (N=512,
+    4-row tiles, H200, bench/probe/weight_cost.py). The repeated reads are L1 hits."""
     cols = ct.arange(size, dtype=ct.int32) + off
     if TILE_M > 1:
         cols = ct.reshape(cols, (1, size)) + ct.zeros((TILE_M, 1), dtype=ct.int32)
     mask = cols < N if ct.static_eval(off + size > N) else None
-    return _gather_w(mW, base + cols, mask, LATENCY, W_PLANES) + offset
+    return _gather_w_bits(mW, base + cols, mask, LATENCY, W_PLANES)
+
+
+def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
+    """The fp32 weight (+ offset) of the row piece [off, off + size) (`_weight_piece_bits`)."""
+    return _w_from_bits(_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base), W_PLANES) + offset
 
 
 def _gather_chunk(mA, idx, cols, N, CHUNK, LATENCY):
@@ -216,12 +249,14 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             x = _gather_cols(mX, xbase, off, size, N, LATENCY)
             xs = x
-            if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
+            if HAS_W and W_EARLY and not HOIST_W:  # the weight's loads go out with x's (its bits feed the sum)
                 cols = ct.arange(size, dtype=ct.int32) + off
                 wbits, xs = _gather_w_tied(mW, x, cols, cols < N if ct.static_eval(off + size > N) else None, M,
                                            LATENCY, W_PLANES)
                 tWbits += (wbits,)
             xf = ct.astype(xs, ct.float32)
+            if HAS_W and W_EARLY and HOIST_W and _ties_per_element(mX, mW, W_PLANES):  # held bits, tied to x
+                tWbits += (_w_tied_to_x(tWrW[len(tWbits)], xf, M),)
             ssq = ssq + ct.sum(xf * xf)
             tXrX += (x if PACKED else xf,)
         rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
@@ -231,7 +266,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
-                if W_EARLY:
+                if W_EARLY and not (HOIST_W and not _ties_per_element(mX, mW, W_PLANES)):
                     y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
                 else:
                     y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
@@ -244,9 +279,19 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         xbase = ct.reshape(rows * stride, (TILE_M, 1))
         ybase = ct.reshape(rows * N, (TILE_M, 1))
         tXrX = ()
+        tWbits = ()
         ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            # ties on x in fp32: with an fp32 weight and 16-bit x, a tie on the loaded 16-bit x
+            # converted between the two load layouts through shared memory in every tile (SASS)
             x = ct.astype(_gather_rows(mX, xbase, row_ok, off, size, N, LATENCY), ct.float32)
+            if HAS_W and W_EARLY and _ties_per_element(mX, mW, W_PLANES):
+                if HOIST_W:  # the held bits, tied to this tile's x
+                    tWbits += (_w_tied_to_x(tWrW[len(tWbits)], x, M),)
+                else:  # the weight's loads go out with x's (its bits feed the sum)
+                    wbits = _weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES)
+                    x = _tied_elementwise(x, wbits, M)
+                    tWbits += (wbits,)
             ssq = ssq + ct.sum(x * x, axis=1, keepdims=True)
             tXrX += (x,)
         rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
@@ -256,7 +301,11 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = tXrX[i] * rstd
             if HAS_W:
-                y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES))
+                if W_EARLY and _ties_per_element(mX, mW, W_PLANES):
+                    y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
+                else:
+                    y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
+                                                                   W_PLANES))
             _scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
 
@@ -277,10 +326,13 @@ def rms_norm_fwd_cached_kernel(
     raised it from 88 to 168 registers (ptxas, N=16384, 8 warps)."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
 
-    tWrW = ()  # hoisted weight (+ offset), one fp32 tile per piece
+    tWrW = ()  # hoisted weight: one fp32 tile (+ offset) per piece, or with W_EARLY its bits as loaded
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
-            tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
+            if W_EARLY and _ties_per_element(mX, mW, W_PLANES):
+                tWrW += (_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
+            else:
+                tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
 
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
@@ -560,7 +612,7 @@ class FwdConfig:
     blocks_per_sm: int = 1
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
-    w_early: bool = False  # split, cached (1 row per tile): weight loads tied to x's (a tie: NOTES item 16)
+    w_early: bool = False  # split, cached: the weight never delays x's loads (NOTES items 16, 17)
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None
@@ -709,7 +761,7 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
     if cfg.kernel == "cached":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.persistent,
                 cfg.persistent and cfg.hoist_w, cfg.latency, cfg.packed and cfg.tile_m == 1, w_planes,
-                cfg.w_early and cfg.tile_m == 1 and not (cfg.persistent and cfg.hoist_w))
+                cfg.w_early)
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
                 cfg.packed, w_planes, cfg.w_early)

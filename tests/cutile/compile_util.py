@@ -76,3 +76,31 @@ def ptxas_report(cubin: bytes, arch: str = "sm_90a") -> dict:
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
     return {"registers": int(regs.group(1)), "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2)),
             "threads": [int(t) for t in re.findall(r"\.reqntid (\d+)", embedded_ptx(cubin))]}
+
+
+def cuobjdump_path() -> str | None:
+    """cuobjdump from the nvidia-cuda-cuobjdump wheel (its -sass needs nvdisasm, from
+    nvidia-cuda-nvdisasm, next to it), else the one on PATH; None if neither is installed."""
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for sub in ("cu13", "cuda_cuobjdump"):
+                candidate = os.path.join(root, sub, "bin", "cuobjdump")
+                if os.path.exists(candidate) and os.path.exists(os.path.join(root, sub, "bin", "nvdisasm")):
+                    return candidate
+    except ImportError:
+        pass
+    return shutil.which("cuobjdump")
+
+
+def sass_opcodes(cubin: bytes) -> list[str]:
+    """The SASS instructions of the cubin's kernel in program order, as opcodes with their modifiers
+    (`LDG.E.128`, `FMUL.RZ`, ...): what ptxas scheduled, where the PTX order is only tileiras's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        r = subprocess.run([cuobjdump_path(), "-sass", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed: {r.stderr[-500:]}")
+    return [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", r.stdout)]

@@ -431,9 +431,11 @@ def test_packed_widening_of_extreme_values(seed, dtype, which):
 # ------------------------------------------------------------------------------------------------
 # (kernel, N, split): one-row cached tiles (a masked padded piece at 1000 and 5000; at 1000 an fp32
 # weight with bf16 x is no planes yet and is tied element by element), split rows (a short last
-# part at 40000, 2 parts at 8192)
+# part at 40000, 2 parts at 8192), multi-row tiles ("rows": x tied to the weight element by element),
+# and a persistent grid holding the weight's bits, tied to each tile's x ("rows_hoisted": 2-row
+# tiles, "row_hoisted": one row in pieces with a masked tail; one block per SM, so blocks loop)
 W_EARLY_CASES = [("cached", 1000, 1), ("cached", 5000, 1), ("cached", 16384, 1), ("split", 8192, 2), ("split", 40000, 8),
-                 ("split", 65536, 8)]
+                 ("split", 65536, 8), ("rows", 1000, 1), ("rows_hoisted", 512, 1), ("row_hoisted", 2880, 1)]
 # same-width weights (one 32-bit view of both), fp32 weight as planes, a 16-bit weight with fp32 x
 # (tied element by element)
 W_EARLY_DTYPES = DTYPES + [("float16", "float32"), ("float32", "bfloat16")]
@@ -446,6 +448,12 @@ def _w_early_config(kernel, N, split, x_dtype):
     if kernel == "split":
         return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)), packed=packed,
                          occupancy=6, w_early=True)
+    if kernel == "rows":
+        return FwdConfig("cached", tile_m=4, piece_min=cached_piece_min(N), w_early=True)
+    if kernel in ("rows_hoisted", "row_hoisted"):
+        return FwdConfig("cached", tile_m=2 if kernel == "rows_hoisted" else 1, piece_min=min(1024, cached_piece_min(N)),
+                         packed=packed and kernel == "row_hoisted", persistent=True, blocks_per_sm=1, hoist_w=True,
+                         w_early=True)
     return FwdConfig("cached", piece_min=cached_piece_min(N), packed=packed, num_worker_warps=8, occupancy=3,
                      w_early=True)
 

@@ -5,10 +5,13 @@ tileiras), and the sm_90 builds are re-assembled with `ptxas -v` to check regist
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cutile_norms._platform import DeviceInfo
 from cutile_norms.cutile import rmsnorm_fwd
-from tests.cutile.compile_util import compile_cubin, embedded_ptx, ptxas_report
+import dataclasses
+
+from tests.cutile.compile_util import compile_cubin, cuobjdump_path, embedded_ptx, ptxas_report, sass_opcodes
 
 MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
 WIDTHS = [128, 512, 1000, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
@@ -113,17 +116,24 @@ def test_split_kernel_polls_inside_its_wait_loop():
 STREAM_CONFIGS = [(128, 32), (512, 16), (1000, 4), (2880, 1), (8192, 1)]
 
 
-# w_early: the weight's loads tied to the sum of squares (cached one-row tiles, split): (kernel, N, split)
-W_EARLY_CONFIGS = [("cached", 16384, 1), ("cached", 5000, 1), ("split", 65536, 8), ("split", 40000, 8)]
+# w_early: the weight never delays x's loads: (kernel, N, split). One-row cached tiles and split rows
+# (the weight's loads tied to the sum of squares), multi-row tiles (x tied to the weight element by
+# element), a persistent grid holding the weight's bits (their conversion tied to each tile's x)
+W_EARLY_CONFIGS = [("cached", 16384, 1), ("cached", 5000, 1), ("split", 65536, 8), ("split", 40000, 8),
+                   ("rows", 1000, 1), ("rows_hoisted", 1024, 1), ("row_hoisted", 2880, 1)]
 
 
 def _w_early(kernel, N, split, x_dtype, w_early=True):
     part = rmsnorm_fwd.split_part(N, split)
+    C, pm = rmsnorm_fwd.FwdConfig, rmsnorm_fwd.cached_piece_min
     if kernel == "split":
-        return rmsnorm_fwd.FwdConfig("split", split=split, piece_min=rmsnorm_fwd.cached_piece_min(part),
-                                     packed=x_dtype != "float32", occupancy=6, w_early=w_early)
-    return rmsnorm_fwd.FwdConfig("cached", piece_min=rmsnorm_fwd.cached_piece_min(N), packed=x_dtype != "float32",
-                                 num_worker_warps=8, occupancy=3, w_early=w_early)
+        return C("split", split=split, piece_min=pm(part), packed=x_dtype != "float32", occupancy=6, w_early=w_early)
+    if kernel == "rows":
+        return C("cached", tile_m=4, piece_min=pm(N), w_early=w_early)
+    if kernel in ("rows_hoisted", "row_hoisted"):  # as the table's static_persistent picks at small M
+        return C("cached", tile_m=4 if kernel == "rows_hoisted" else 1, piece_min=pm(N), persistent=True,
+                 blocks_per_sm=8, hoist_w=True, w_early=w_early)
+    return C("cached", piece_min=pm(N), packed=x_dtype != "float32", num_worker_warps=8, occupancy=3, w_early=w_early)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -136,7 +146,7 @@ def test_w_early_compiles(kernel, N, split, x_dtype, w_dtype, arch):
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")])
-@pytest.mark.parametrize("kernel,N,split", W_EARLY_CONFIGS[::2])
+@pytest.mark.parametrize("kernel,N,split", W_EARLY_CONFIGS[:4:2])
 def test_w_early_issues_the_weight_loads_with_x(kernel, N, split, x_dtype, w_dtype):
     """Without w_early tileiras sinks the weight's loads to their use: after the block's reduction
     (cached) or after the wait for the row's partial sums (split), where ptxas then interleaves them
@@ -158,6 +168,43 @@ def test_w_early_issues_the_weight_loads_with_x(kernel, N, split, x_dtype, w_dty
     assert early == plain * (1 + planes), (early, plain)
     if x_dtype == w_dtype == "bfloat16":
         assert ptxas_report(compile_cubin(_w_early(kernel, N, split, x_dtype), N, x_dtype, w_dtype))["spill_stores"] == 0
+
+
+def _loads_before_float_math(cfg, N, x_dtype, w_dtype, has_w=True):
+    """(global loads before the first float instruction, global loads in all) in the sm_90 SASS.
+    FMUL.RZ and the like are the integer divisions of the grid's index math, not data."""
+    ops = sass_opcodes(compile_cubin(cfg, N, x_dtype, w_dtype, has_w=has_w, store_rstd=False))
+    first = next(i for i, op in enumerate(ops) if op.split(".")[0] in ("FADD", "FMUL", "FFMA") and ".RZ" not in op)
+    loads = [i for i, op in enumerate(ops) if op.startswith("LDG")]
+    return sum(i < first for i in loads), len(loads)
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump, "
+                                                     "nvidia-cuda-nvdisasm; the test extra installs them)")
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")])
+@pytest.mark.parametrize("kernel,N", [("cached", 4096), ("rows", 1024), ("rows_hoisted", 1024), ("row_hoisted", 2048)])
+def test_w_early_first_tile_loads_before_any_float_math(kernel, N, x_dtype, w_dtype):
+    """What a launch with fewer blocks than SMs (small M) waits for: ptxas's schedule (SASS; the PTX
+    order is tileiras's and says little here). Without w_early the first float instruction on loaded
+    data comes before some of the first tile's loads: the weight's, after x's sum of squares (one-row
+    and multi-row tiles; the table's config at N = 4096 bf16 among them), or x's, after the
+    conversion of a weight held across a persistent loop. Either is a second DRAM round trip in
+    series with the first, which nothing hides in a small launch (bench/NOTES.md item 17). With it,
+    every load of the first tile (x's and the weight's) is issued before any float math."""
+    cfg = _w_early("cached", N, 1, x_dtype) if kernel == "cached" else _w_early(kernel, N, 1, x_dtype)
+    if kernel == "cached":  # the N = 4096 16-bit shape of the sm_90 table: 4 warps, 2 CTAs per SM
+        cfg = dataclasses.replace(cfg, num_worker_warps=None, occupancy=2)
+    early, loads = _loads_before_float_math(cfg, N, x_dtype, w_dtype)
+    plain, _ = _loads_before_float_math(dataclasses.replace(cfg, w_early=False), N, x_dtype, w_dtype)
+    if cfg.persistent:  # the loop's x loads come twice (rotated): the first tile's are those issued
+        # before any float math without a weight, and the weight's (loaded once) are the difference
+        x_first, x_all = _loads_before_float_math(cfg, N, x_dtype, w_dtype, has_w=False)
+        loads = x_first + loads - x_all
+    if x_dtype != w_dtype and not rmsnorm_fwd.weight_planes_offset(getattr(torch, x_dtype), getattr(torch, w_dtype), N) \
+            and (cfg.tile_m > 1 or cfg.persistent):  # declined: the tie would convert layouts per tile
+        assert early == plain, (early, plain)
+    else:
+        assert early >= loads > plain, (early, loads, plain)
 
 
 def _stream(N, tile_m, x_dtype, hoist_w=True):

@@ -1,0 +1,111 @@
+"""Probe: the table's config with and without w_early, at both ends of M (bench/NOTES.md item 17).
+
+w_early makes sure the weight never delays x's loads. Small M (fewer blocks than SMs, each alone on
+its SM) is where a late weight load is a second DRAM round trip in series with x's, which nothing
+hides; full size (M = 2^27 / N) is where the other resident blocks hide it and the tie's registers
+and instructions could cost instead. For each dtype, N and mode, the table's config (tuning/
+rmsnorm_fwd_configs.json) is timed as it is with w_early off and on:
+
+  * small M: GPU µs per call at M = 1 and 64 (L2 flushed, CUDA-event median), and a same-run copy;
+  * full size: the ratio to a same-run copy, in --rounds interleaved rounds (copy, off, on), median.
+
+Both outputs are checked against the reference first.
+
+    python bench/probe/w_early_both_ends.py [--dtypes bfloat16,float16,float32] [--ns 1024,4096]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms, gpu_us  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd import default_config, launch  # noqa: E402
+
+ELEMENTS = 1 << 27
+MODES = ("multi_wave_cached", "static_persistent")
+
+
+def _run(cfg, x, w, dev):
+    return launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)[0]
+
+
+def probe(dtype, N: int, mode: str, dev, rounds: int) -> dict | None:
+    name = str(dtype).removeprefix("torch.")
+    table = default_config(mode, N, dtype.itemsize, dev, name)
+    if table.kernel not in ("cached", "split"):
+        return None
+    cfgs = {"off": dataclasses.replace(table, w_early=False), "on": dataclasses.replace(table, w_early=True)}
+    rec = {"dtype": name, "N": N, "mode": mode, "config": cfgs["off"].short(), "table_w_early": table.w_early}
+    for M in (1, 64):
+        x = torch.randn(M, N, device="cuda", dtype=dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        for k, cfg in cfgs.items():
+            wrong = check_output(_run(cfg, x, w, dev), x, w, 1e-6)
+            if wrong:
+                raise AssertionError(f"{name} N={N} M={M} {cfg.short()}: {wrong}")
+        rec[f"copy_us_M{M}"] = gpu_us(lambda: x.clone(), reps=200)
+        for k, cfg in cfgs.items():
+            rec[f"{k}_us_M{M}"] = gpu_us(lambda: _run(cfg, x, w, dev), reps=200)
+    M = ELEMENTS // N
+    x = torch.randn(M, N, device="cuda", dtype=dtype)
+    w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+    for cfg in cfgs.values():
+        wrong = check_output(_run(cfg, x, w, dev)[:4096], x[:4096], w, 1e-6)
+        if wrong:
+            raise AssertionError(f"{name} N={N} M={M} {cfg.short()}: {wrong}")
+    ratios = {k: [] for k in cfgs}
+    for _ in range(rounds):
+        copy = copy_baseline_ms(x, reps=20)["median_ms"]
+        for k, cfg in cfgs.items():
+            ratios[k].append(copy / device_ms(lambda: _run(cfg, x, w, dev), reps=20)["median_ms"])
+    for k in cfgs:
+        rec[f"{k}_vs_copy"] = statistics.median(ratios[k])
+        rec[f"{k}_vs_copy_rounds"] = [round(r, 4) for r in ratios[k]]
+    return rec
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtypes", default="bfloat16,float16,float32")
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")],
+                   default=[128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default=None, help="write the records as JSON here")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+        return 0
+    dev = device_info("cuda")
+    recs = []
+    print(f"{'dtype':9} {'N':>6} {'mode':17} | M=1 copy / off / on us | M=64 copy / off / on us | full size off / on"
+          " | config")
+    for dname in args.dtypes.split(","):
+        for N in args.ns:
+            for mode in MODES:
+                r = probe(DTYPES[dname], N, mode, dev, args.rounds)
+                if r is None:
+                    continue
+                recs.append(r)
+                print(f"{dname:9} {N:>6} {mode:17} | {r['copy_us_M1']:4.1f} / {r['off_us_M1']:4.1f} / "
+                      f"{r['on_us_M1']:4.1f} | {r['copy_us_M64']:4.1f} / {r['off_us_M64']:4.1f} / "
+                      f"{r['on_us_M64']:4.1f} | {r['off_vs_copy']:.3f} / {r['on_vs_copy']:.3f} | {r['config']}"
+                      + (" (table: on)" if r["table_w_early"] else ""), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": dev.name, "records": recs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
