@@ -53,9 +53,10 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
     elif rb <= 65536:  # 1K..32K elements of 16-bit
         for tm in ((1, 2) if rb <= 8192 else (1,)):
             for nww in (None, 8):
-                cfgs.append(C("cached", tile_m=tm, piece_min=pm, num_worker_warps=nww))
-                if pm != p2:
-                    cfgs.append(C("cached", tile_m=tm, piece_min=p2, num_worker_warps=nww))
+                for early in ((False, True) if tm == 1 else (False,)):  # one-row tiles: the weight with x (item 17)
+                    cfgs.append(C("cached", tile_m=tm, piece_min=pm, num_worker_warps=nww, w_early=early))
+                    if pm != p2:
+                        cfgs.append(C("cached", tile_m=tm, piece_min=p2, num_worker_warps=nww, w_early=early))
         if rb >= 8192 and e == 2:  # 16-bit x kept as loaded between its two uses: fewer registers, more CTAs per SM
             for nww in (None, 8):
                 for occ in (None, 2, 3, 4):

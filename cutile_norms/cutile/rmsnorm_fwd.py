@@ -679,6 +679,25 @@ FAMILIES = {  # which configs implement each mode's idea
 }
 
 
+def _one_row_multi_wave(kernel: str, tile_m: int, persistent: bool) -> bool:
+    return kernel == "cached" and tile_m == 1 and not persistent
+
+
+def _table_config(fields: dict) -> FwdConfig:
+    """A table entry's config. Entries swept before w_early existed have no such field: a one-row
+    multi-wave cached tile takes it, the others keep their measured loads. Measured on the H200
+    with the table's configs, off / on (bench/probe/w_early_both_ends.py, bench/NOTES.md item 17):
+    without it the weight's loads wait for x's sum of squares (SASS), a second DRAM round trip in
+    series that nothing hides when a launch has fewer blocks than SMs: bf16 N = 4096, M = 1
+    5.4 -> 5.1 us (copy 4.6), fp32 4096 5.9 -> 5.3; at full size a tie or better (bf16 4096
+    0.975 -> 0.984, fp16 2048 0.982 -> 0.991, fp32 1024-4096 within +0.3 %). Multi-row tiles and a
+    weight held across a persistent loop lost 1-7 % at full size with it (their ties cost per element)."""
+    if "w_early" not in fields:
+        fields = dict(fields, w_early=_one_row_multi_wave(fields["kernel"], fields.get("tile_m", 1),
+                                                          fields.get("persistent", False)))
+    return FwdConfig(**fields)
+
+
 @functools.lru_cache(maxsize=None)
 def measured_configs() -> dict:
     """{arch: {mode: [(row_bytes, FwdConfig, ratio_to_copy, dtype), ...]}} from the sweep's table."""
@@ -691,7 +710,7 @@ def measured_configs() -> dict:
     for arch, modes in table.get("configs", {}).items():
         for mode, entries in modes.items():
             out.setdefault(arch, {})[mode] = sorted(
-                ((e["row_bytes"], FwdConfig(**e["config"]), e["vs_copy"], e.get("dtype", "")) for e in entries),
+                ((e["row_bytes"], _table_config(e["config"]), e["vs_copy"], e.get("dtype", "")) for e in entries),
                 key=lambda t: (t[0], t[3]))
     return out
 
@@ -727,7 +746,8 @@ def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
             split = min(64, _pow2_ceil(-(-row_bytes // part_bytes)))
             return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)),
                              packed=elem_bytes == 2, occupancy=occupancy)
-        return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww)
+        return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww,
+                         w_early=tile_m == 1)  # the weight's loads with x's (_table_config)
     if mode == "static_persistent":
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), persistent=True,
                          blocks_per_sm=8 if row_bytes * tile_m <= 16384 else 2, hoist_w=row_bytes <= 4096,
