@@ -1,7 +1,11 @@
 """Timing on the GPU: CUDA-event medians, L2 flushed before every repetition.
 
-  * `device_ms`: one call per repetition, L2 flushed first; the CPU runs ahead of the GPU (the flush
-    takes longer than the host work of a call), so the interval is the call's GPU time: throughput.
+  * `device_ms`: one call per repetition, L2 flushed first, then a GPU spin (`torch.cuda._sleep`,
+    ~0.2 ms) before the start event, so the host has always queued the call before the GPU reaches
+    that event and the interval is the call's GPU time only. Without the spin a slow host phase
+    (seen on an H200 machine: 55-67 µs of host work per call where 25 was usual) let the GPU finish
+    the flush first, and the events then timed host work too: 25-38 µs for a 4.5 µs call at M = 1,
+    on some calls of some implementations only (bench/NOTES.md item 17).
   * `per_call_us`: K calls back to back with no flush and events around the whole run, divided by K:
     the steady-state cost of one eager call as a caller sees it, host work (Python, launch) included
     whenever the host is slower than the GPU. The small-M sweep reports both.
@@ -26,6 +30,9 @@ def _flush_l2() -> None:
     _flush_buffer.zero_()
 
 
+SPIN_CYCLES = 400_000  # ~0.2 ms at the H100/H200 clocks (1.7-2.0 GHz): more than any host phase seen
+
+
 def device_ms(fn, reps: int = 40, warmup: int = 3) -> dict:
     for _ in range(warmup):
         fn()
@@ -33,6 +40,7 @@ def device_ms(fn, reps: int = 40, warmup: int = 3) -> dict:
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         _flush_l2()
+        torch.cuda._sleep(SPIN_CYCLES)  # the GPU stays behind the host: the call is queued before `start` fires
         start.record()
         fn()
         end.record()
