@@ -150,15 +150,6 @@ def _w_tied_to_x(wbits, x, M):
     return (_tied_elementwise(wbits[0], (x,), M), _tied_elementwise(wbits[1], (x,), M))
 
 
-def _ties_per_element(mX, mW, W_PLANES):
-    """Whether element-by-element ties (multi-row tiles, a weight held across a persistent loop)
-    are worth it: not for a weight of another width than x's passed as is (no planes). A tie then
-    joins tiles of two load layouts, which the compiler converts through shared memory in every
-    tile (an fp32 weight with 16-bit x, N = 1024: 100 shared-memory accesses where 36 without the
-    tie, 256 threads and 114 registers; SASS); such a weight keeps its late loads."""
-    return ct.static_eval(W_PLANES > 0 or mW.dtype.bitwidth == mX.dtype.bitwidth)
-
-
 def _tied_to_weight(x, wbits, M, W_PLANES):
     """x unchanged, computed as x | (w & 0) on the bits, with a 0 the compiler cannot fold: a value
     that depends on the weight's loads. tileiras sinks a load to its first use whatever the source
@@ -239,7 +230,8 @@ def _runtime_zero(M, dtype):
 
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
                  N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY):
-    """One row tile of the cached kernel (inlined; called once or from the persistent loop)."""
+    """One row tile of the cached kernel (inlined; called once or from the persistent loop).
+    W_EARLY here is the tie as applied (W_TIED of the kernel)."""
     if TILE_M == 1:
         xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
         ybase = tile * N
@@ -255,7 +247,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
                                            LATENCY, W_PLANES)
                 tWbits += (wbits,)
             xf = ct.astype(xs, ct.float32)
-            if HAS_W and W_EARLY and HOIST_W and _ties_per_element(mX, mW, W_PLANES):  # held bits, tied to x
+            if HAS_W and W_EARLY and HOIST_W:  # the held bits, tied to this tile's x
                 tWbits += (_w_tied_to_x(tWrW[len(tWbits)], xf, M),)
             ssq = ssq + ct.sum(xf * xf)
             tXrX += (x if PACKED else xf,)
@@ -266,7 +258,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
-                if W_EARLY and not (HOIST_W and not _ties_per_element(mX, mW, W_PLANES)):
+                if W_EARLY:
                     y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
                 else:
                     y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
@@ -285,7 +277,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
             # ties on x in fp32: with an fp32 weight and 16-bit x, a tie on the loaded 16-bit x
             # converted between the two load layouts through shared memory in every tile (SASS)
             x = ct.astype(_gather_rows(mX, xbase, row_ok, off, size, N, LATENCY), ct.float32)
-            if HAS_W and W_EARLY and _ties_per_element(mX, mW, W_PLANES):
+            if HAS_W and W_EARLY:
                 if HOIST_W:  # the held bits, tied to this tile's x
                     tWbits += (_w_tied_to_x(tWrW[len(tWbits)], x, M),)
                 else:  # the weight's loads go out with x's (its bits feed the sum)
@@ -301,7 +293,7 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = tXrX[i] * rstd
             if HAS_W:
-                if W_EARLY and _ties_per_element(mX, mW, W_PLANES):
+                if W_EARLY:
                     y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
                 else:
                     y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
@@ -325,11 +317,19 @@ def rms_norm_fwd_cached_kernel(
     The multi-wave path runs its tile once, outside any loop: a dynamic loop around the same body
     raised it from 88 to 168 registers (ptxas, N=16384, 8 warps)."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    # W_EARLY as applied. Multi-row tiles and a weight held across the loop tie element by element,
+    # not worth it for a weight of another width than x's passed as is (no planes): the tie joins
+    # tiles of two load layouts, converted through shared memory in every tile (an fp32 weight with
+    # 16-bit x, N = 1024: 100 shared-memory accesses where 36 without it, 256 threads, 114 registers;
+    # SASS), so such a weight keeps its late loads. Inline: a helper's returned static_eval is a
+    # runtime value to cuTile, and its `if`s then compiled both ways (one bar.sync more in the PTX).
+    W_TIED = ct.static_eval(W_EARLY and (TILE_M == 1 and not HOIST_W or W_PLANES > 0
+                                         or mW.dtype.bitwidth == mX.dtype.bitwidth))
 
-    tWrW = ()  # hoisted weight: one fp32 tile (+ offset) per piece, or with W_EARLY its bits as loaded
+    tWrW = ()  # hoisted weight: one fp32 tile (+ offset) per piece, or tied (W_TIED) its bits as loaded
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
-            if W_EARLY and _ties_per_element(mX, mW, W_PLANES):
+            if W_TIED:
                 tWrW += (_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
             else:
                 tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
@@ -337,10 +337,10 @@ def rms_norm_fwd_cached_kernel(
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
             _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
-                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY)
+                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_TIED)
     else:
         _cached_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset, tWrW,
-                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY)
+                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_TIED)
 
 
 def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
@@ -679,10 +679,6 @@ FAMILIES = {  # which configs implement each mode's idea
 }
 
 
-def _one_row_multi_wave(kernel: str, tile_m: int, persistent: bool) -> bool:
-    return kernel == "cached" and tile_m == 1 and not persistent
-
-
 def _table_config(fields: dict) -> FwdConfig:
     """A table entry's config. Entries swept before w_early existed have no such field: a one-row
     multi-wave cached tile takes it, the others keep their measured loads. Measured on the H200
@@ -693,8 +689,8 @@ def _table_config(fields: dict) -> FwdConfig:
     0.975 -> 0.984, fp16 2048 0.982 -> 0.991, fp32 1024-4096 within +0.3 %). Multi-row tiles and a
     weight held across a persistent loop lost 1-7 % at full size with it (their ties cost per element)."""
     if "w_early" not in fields:
-        fields = dict(fields, w_early=_one_row_multi_wave(fields["kernel"], fields.get("tile_m", 1),
-                                                          fields.get("persistent", False)))
+        fields = dict(fields, w_early=fields["kernel"] == "cached" and fields.get("tile_m", 1) == 1
+                      and not fields.get("persistent", False))
     return FwdConfig(**fields)
 
 

@@ -191,7 +191,7 @@ def test_w_early_first_tile_loads_before_any_float_math(kernel, N, x_dtype, w_dt
     conversion of a weight held across a persistent loop. Either is a second DRAM round trip in
     series with the first, which nothing hides in a small launch (bench/NOTES.md item 17). With it,
     every load of the first tile (x's and the weight's) is issued before any float math."""
-    cfg = _w_early("cached", N, 1, x_dtype) if kernel == "cached" else _w_early(kernel, N, 1, x_dtype)
+    cfg = _w_early(kernel, N, 1, x_dtype)
     if kernel == "cached":  # the N = 4096 16-bit shape of the sm_90 table: 4 warps, 2 CTAs per SM
         cfg = dataclasses.replace(cfg, num_worker_warps=None, occupancy=2)
     early, loads = _loads_before_float_math(cfg, N, x_dtype, w_dtype)
