@@ -18,6 +18,12 @@
 # persistent loop; NOTES item 17):
 #   bash bench/probe/session_fwd.sh ends    # w_early tests, then the table's configs with w_early off/on at
 #                                           # small M and at full size (three dtypes)
+# The seventh session's (bf16 widened by its 32-bit words, no add for offset 0; NOTES item 18), run on
+# 7c89589 with bench/probe/experiments/bf16_words_and_zero_offset.patch applied:
+#   bash bench/probe/session_fwd.sh words   # the tree's kernels against 7c89589's, same configs, same run
+#     (git show 7c89589:cutile_norms/cutile/rmsnorm_fwd.py > bench/probe/baseline_fwd.py first), then the
+#     forward tests; the rerun with each part off: CN_SSQ_BY_WORDS=0 / CN_W_BY_WORDS=0 and
+#     baseline_ab.py --ns 4096,7168,32768,65536
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
@@ -73,6 +79,14 @@ case "${1:-}" in
       > "$OUT/w_early_tests.log" 2>&1; echo "w_early tests rc=$?"; tail -3 "$OUT/w_early_tests.log"
     timeout 320 python3 bench/probe/w_early_both_ends.py --ns 512,1024,2048,4096,8192 --out "$OUT/w_early_both_ends.json" \
       2>&1 | tee "$OUT/w_early_both_ends.log" | cut -c1-220 ;;
+  words)
+    timeout 300 python3 bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py --dtypes bfloat16 \
+      --out "$OUT/ab_bf16.json" > "$OUT/ab_bf16.log" 2>&1; echo "ab bf16 rc=$?"
+    timeout 100 python3 bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py --dtypes float16,float32 \
+      --ns 4096,16384,65536 --rounds 3 --out "$OUT/ab_f16_f32.json" > "$OUT/ab_f16_f32.log" 2>&1; echo "ab f16/f32 rc=$?"
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "offset or split or w_early" \
+      > "$OUT/words_tests.log" 2>&1; echo "tests rc=$?"; tail -2 "$OUT/words_tests.log"
+    cat "$OUT/ab_bf16.log" "$OUT/ab_f16_f32.log" | cut -c1-200 ;;
   final)
     timeout 300 bash bench/gpu_session.sh table
     timeout 280 python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1
@@ -84,5 +98,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|ends|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|ends|words|final|bench" >&2; exit 2 ;;
 esac

@@ -1,0 +1,115 @@
+"""Probe: this tree's forward kernels against an earlier rmsnorm_fwd.py, same configs, same run.
+
+A kernel change that keeps the configs (fewer instructions, a different op chain) is measured by
+timing both versions of the kernel on the same inputs, in interleaved rounds with a copy: for each
+dtype and N, the config `mode=None` runs at full size (M = 2^27 / N) is timed
+
+  * as the baseline file compiles it (offset 0.0),
+  * as this tree compiles it, offset 0.0 and offset 1.0 (Gemma's 1 + w: the add kept),
+
+and each round's ratio to that round's copy is recorded; the median of --rounds rounds is reported.
+Every output is checked against the reference first.
+
+The baseline is any earlier version of cutile_norms/cutile/rmsnorm_fwd.py, loaded as a module of
+the package (its relative imports resolve); its FwdConfig must take the fields of this tree's:
+
+    git show 7c89589:cutile_norms/cutile/rmsnorm_fwd.py > bench/probe/baseline_fwd.py
+    python bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py [--dtypes bfloat16] [--ns 4096,32768]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from cutile_norms._platform import device_info, toolchain  # noqa: E402
+from cutile_norms.cutile import rmsnorm_fwd  # noqa: E402
+from cutile_norms.dispatch import choose_forward  # noqa: E402
+
+ELEMENTS = 1 << 27
+DEFAULT_NS = [1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+
+
+def load_baseline(path: str):
+    spec = importlib.util.spec_from_file_location("cutile_norms.cutile._baseline_fwd", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def probe(dtype, N: int, dev, base, rounds: int) -> dict | None:
+    name = str(dtype).removeprefix("torch.")
+    M = ELEMENTS // N
+    mode = choose_forward(dev, toolchain(), dtype, M, N).mode
+    if mode not in rmsnorm_fwd.FAMILIES:
+        return None
+    cfg = rmsnorm_fwd.default_config(mode, N, dtype.itemsize, dev, name)
+    base_cfg = base.FwdConfig(**dataclasses.asdict(cfg))
+    x = torch.randn(M, N, device="cuda", dtype=dtype)
+    w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+    w_minus_1 = w - 1  # exact in 16-bit near 1: (w - 1) + 1.0 is w again
+    runs = {
+        "baseline": lambda: base.launch(base_cfg, x, w, 1e-6, 0.0, False, dev.sm_count)[0],
+        "this": lambda: rmsnorm_fwd.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)[0],
+        "this_offset1": lambda: rmsnorm_fwd.launch(cfg, x, w_minus_1, 1e-6, 1.0, False, dev.sm_count)[0],
+    }
+    for k, fn in runs.items():
+        wrong = check_output(fn()[:4096], x[:4096], w, 1e-6)
+        if wrong:
+            raise AssertionError(f"{name} N={N} {k} {cfg.short()}: {wrong}")
+    ratios = {k: [] for k in runs}
+    for _ in range(rounds):
+        copy = copy_baseline_ms(x, reps=20)["median_ms"]
+        for k, fn in runs.items():
+            ratios[k].append(copy / device_ms(fn, reps=20)["median_ms"])
+    rec = {"dtype": name, "N": N, "M": M, "mode": mode, "config": cfg.short()}
+    for k in runs:
+        rec[f"{k}_vs_copy"] = statistics.median(ratios[k])
+        rec[f"{k}_vs_copy_rounds"] = [round(r, 4) for r in ratios[k]]
+    return rec
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--baseline", required=True, help="an earlier cutile_norms/cutile/rmsnorm_fwd.py")
+    p.add_argument("--dtypes", default="bfloat16")
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", default=None, help="write the records as JSON here")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+        return 0
+    dev = device_info("cuda")
+    base = load_baseline(args.baseline)
+    recs = []
+    print(f"{'dtype':9} {'N':>6} {'mode':17} | baseline / this / this, offset 1 (x copy, median of {args.rounds})"
+          " | config")
+    for dname in args.dtypes.split(","):
+        for N in args.ns:
+            r = probe(DTYPES[dname], N, dev, base, args.rounds)
+            if r is None:
+                continue
+            recs.append(r)
+            print(f"{dname:9} {N:>6} {r['mode']:17} | {r['baseline_vs_copy']:.3f} / {r['this_vs_copy']:.3f} / "
+                  f"{r['this_offset1_vs_copy']:.3f} | {r['config']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": dev.name, "records": recs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
