@@ -70,6 +70,18 @@ def gpu_us(fn, reps: int = 100) -> float:
     return device_ms(fn, reps=reps, warmup=10)["median_ms"] * 1e3
 
 
+def ratios_to_copy(x: torch.Tensor, fns: dict, rounds: int, reps: int = 20) -> dict:
+    """Interleaved rounds, each timing a copy of x (`copy_baseline_ms`) and then every fn: {key: [copy
+    time / fn time, one per round]}. A fn's ratios spread over 0.5-1 % between rounds; ranking by
+    their median is what the sweep's --confirm and the probes do (bench/NOTES.md item 15)."""
+    ratios = {k: [] for k in fns}
+    for _ in range(rounds):
+        copy = copy_baseline_ms(x, reps=reps)["median_ms"]
+        for k, fn in fns.items():
+            ratios[k].append(copy / device_ms(fn, reps=reps)["median_ms"])
+    return ratios
+
+
 def copy_baseline_ms(x: torch.Tensor, reps: int = 40) -> dict:
     dsts = [torch.empty_like(x) for _ in range(2)]
     variants = {"clone": device_ms(lambda: x.clone(), reps)["median_ms"]}

@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms, per_call_us  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms, per_call_us, ratios_to_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
                                              launch, split_part)
@@ -243,13 +243,10 @@ def confirm(entry: dict, x, w, dev, args) -> None:
     for in_family in FAMILIES.values():
         fam = sorted((c for c in timed if in_family(FwdConfig(**c["fields"]))), key=lambda c: -c["vs_copy"])
         chosen += fam[:args.confirm]
-    ratios = {id(c): [] for c in chosen}
-    for _ in range(args.rounds):
-        copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
-        for c in chosen:
-            cfg = FwdConfig(**c["fields"])
-            t = device_ms(lambda: launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count), reps=args.reps)["median_ms"]
-            ratios[id(c)].append(copy / t * (2 * M * N + N) / (2 * M * N))
+    weight_bytes = (2 * M * N + N) / (2 * M * N)  # the weight's bytes, beyond the copy's
+    fns = {id(c): (lambda cfg=FwdConfig(**c["fields"]): launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count))
+           for c in chosen}
+    ratios = {k: [r * weight_bytes for r in rs] for k, rs in ratios_to_copy(x, fns, args.rounds, args.reps).items()}
     for c in timed:
         c["vs_copy_first"] = c.pop("vs_copy")
     for c in chosen:

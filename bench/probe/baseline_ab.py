@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import ratios_to_copy  # noqa: E402
 from cutile_norms._platform import device_info, toolchain  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd  # noqa: E402
 from cutile_norms.dispatch import choose_forward  # noqa: E402
@@ -69,11 +69,7 @@ def probe(dtype, N: int, dev, base, rounds: int) -> dict | None:
         wrong = check_output(fn()[:4096], x[:4096], w, 1e-6)
         if wrong:
             raise AssertionError(f"{name} N={N} {k} {cfg.short()}: {wrong}")
-    ratios = {k: [] for k in runs}
-    for _ in range(rounds):
-        copy = copy_baseline_ms(x, reps=20)["median_ms"]
-        for k, fn in runs.items():
-            ratios[k].append(copy / device_ms(fn, reps=20)["median_ms"])
+    ratios = ratios_to_copy(x, runs, rounds)
     rec = {"dtype": name, "N": N, "M": M, "mode": mode, "config": cfg.short()}
     for k in runs:
         rec[f"{k}_vs_copy"] = statistics.median(ratios[k])

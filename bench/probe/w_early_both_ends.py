@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms, gpu_us  # noqa: E402
+from bench.timing import gpu_us, ratios_to_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import default_config, launch  # noqa: E402
 
@@ -64,11 +64,7 @@ def probe(dtype, N: int, mode: str, dev, rounds: int) -> dict | None:
         wrong = check_output(_run(cfg, x, w, dev)[:4096], x[:4096], w, 1e-6)
         if wrong:
             raise AssertionError(f"{name} N={N} M={M} {cfg.short()}: {wrong}")
-    ratios = {k: [] for k in cfgs}
-    for _ in range(rounds):
-        copy = copy_baseline_ms(x, reps=20)["median_ms"]
-        for k, cfg in cfgs.items():
-            ratios[k].append(copy / device_ms(lambda: _run(cfg, x, w, dev), reps=20)["median_ms"])
+    ratios = ratios_to_copy(x, {k: (lambda c=cfg: _run(c, x, w, dev)) for k, cfg in cfgs.items()}, rounds)
     for k in cfgs:
         rec[f"{k}_vs_copy"] = statistics.median(ratios[k])
         rec[f"{k}_vs_copy_rounds"] = [round(r, 4) for r in ratios[k]]
