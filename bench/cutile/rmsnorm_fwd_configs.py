@@ -100,11 +100,12 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
             if 8192 <= part * e <= 65536:
                 for packed in ((False, True) if e == 2 else (False,)):
                     for early in (False, True):  # the weight's loads before the wait (item 16)
-                        cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), num_worker_warps=8,
-                                      packed=packed, w_early=early))
-                        for occ in (None, 4, 5, 6, 8) if early else (None, 4, 6, 8):
-                            cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), occupancy=occ,
-                                          packed=packed, w_early=early))
+                        for tie in (False, True):  # the workspace slot's load with x's (item 19)
+                            cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), num_worker_warps=8,
+                                          packed=packed, w_early=early, tie_slot=tie))
+                            for occ in (None, 4, 5, 6, 8) if early else (None, 4, 6, 8):
+                                cfgs.append(C("split", split=split, piece_min=cached_piece_min(part), occupancy=occ,
+                                              packed=packed, w_early=early, tie_slot=tie))
     if rb <= 32768:  # the streaming persistent kernel (next tile loaded while this one is reduced)
         for tm in (1, 2, 4, 8, 16, 32, 64):
             if not (tm == 1 or 4096 <= rb * tm <= 32768) or (tm > 1 and rb > 4096):

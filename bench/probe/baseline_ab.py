@@ -11,7 +11,8 @@ and each round's ratio to that round's copy is recorded; the median of --rounds 
 Every output is checked against the reference first.
 
 The baseline is any earlier version of cutile_norms/cutile/rmsnorm_fwd.py, loaded as a module of
-the package (its relative imports resolve); its FwdConfig must take the fields of this tree's:
+the package (its relative imports resolve); fields of this tree's FwdConfig that the baseline's
+lacks are dropped (the baseline runs the config without them):
 
     git show 7c89589:cutile_norms/cutile/rmsnorm_fwd.py > bench/probe/baseline_fwd.py
     python bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py [--dtypes bfloat16] [--ns 4096,32768]
@@ -56,7 +57,8 @@ def probe(dtype, N: int, dev, base, rounds: int) -> dict | None:
     if mode not in rmsnorm_fwd.FAMILIES:
         return None
     cfg = rmsnorm_fwd.default_config(mode, N, dtype.itemsize, dev, name)
-    base_cfg = base.FwdConfig(**dataclasses.asdict(cfg))
+    known = {f.name for f in dataclasses.fields(base.FwdConfig)}  # fields newer than the baseline are dropped
+    base_cfg = base.FwdConfig(**{k: v for k, v in dataclasses.asdict(cfg).items() if k in known})
     x = torch.randn(M, N, device="cuda", dtype=dtype)
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
     w_minus_1 = w - 1  # exact in 16-bit near 1: (w - 1) + 1.0 is w again

@@ -24,12 +24,25 @@
 #     (git show 7c89589:cutile_norms/cutile/rmsnorm_fwd.py > bench/probe/baseline_fwd.py first), then the
 #     forward tests; the rerun with each part off: CN_SSQ_BY_WORDS=0 / CN_W_BY_WORDS=0 and
 #     baseline_ab.py --ns 4096,7168,32768,65536
+# The eighth session's (NOTES item 19: the split kernel by parts, cuTile copies, time against M, tie_slot):
+#   bash bench/probe/session_fwd.sh parts   # the probes, then the table's configs with tie_slot against
+#     91e4f46's (git show 91e4f46:cutile_norms/cutile/rmsnorm_fwd.py > bench/probe/baseline_fwd.py first),
+#     then the tie_slot tests
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 cp /tmp/cutile_norms_tuning/*.json cutile_norms/tuning/ 2>/dev/null  # what an earlier stage measured on this machine
 case "${1:-}" in
+  parts)
+    timeout 200 python3 bench/probe/split_ablation.py --cases bfloat16:32768,bfloat16:65536,float32:65536 \
+      --out "$OUT/ablation.json" 2>&1 | grep -v -i warn
+    timeout 200 python3 bench/probe/copy_residency.py --out "$OUT/residency.json" 2>&1 | grep -v -i warn
+    timeout 200 python3 bench/probe/size_scaling.py --out "$OUT/size_scaling.json" 2>&1 | grep -v -i warn
+    timeout 150 python3 bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py --dtypes float32,bfloat16,float16 \
+      --ns 8192,32768,65536,131072,262144 --out "$OUT/tie_ab.json" 2>&1 | grep -v -i warn
+    timeout 210 python3 -m pytest -m gpu -q -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k tie_slot \
+      > "$OUT/tie_tests.log" 2>&1; echo "tie_slot tests rc=$?"; tail -2 "$OUT/tie_tests.log" ;;
   probe)
     timeout 180 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/cutile/test_rmsnorm_fwd.py -k "split or packed" \
       > "$OUT/split_tests.log" 2>&1; echo "split/packed tests rc=$?"; tail -3 "$OUT/split_tests.log"

@@ -170,6 +170,20 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     return ct.unpack_from_bytes(ct.pack_to_bytes(xb | (t & zero)), x.dtype)
 
 
+def _tied_to_scalar(x, s, M):
+    """x unchanged, computed as x | (s & 0) on its 32-bit words, with a 0 the compiler cannot fold:
+    the split kernel's `tie_slot`. Untied, ptxas issues the load of the block's workspace slot (whose
+    sign the exchange needs) after x's sum of squares in every table config but one (sm_90 SASS):
+    a DRAM round trip in series (the workspace is cold after an L2 flush) between the reduction and
+    the exchange, in every block's lifetime. Tied to the first piece's x, it goes out with x's loads.
+    Measured on the H200 (bench/NOTES.md item 19): fp32 +0.4 to +1.6 %; in 16-bit it costs 3-5
+    registers, which lost a CTA per SM at some widths (-1.5 % at bf16 65536) and made ptxas defer
+    4 of 16 loads at bf16 32768 (-3.5 %): a config field, on where it measured better."""
+    t = ct.bitcast(s, ct.uint32) & _runtime_zero(M, ct.uint32)
+    xb = ct.unpack_from_bytes(ct.pack_to_bytes(x), ct.uint32)
+    return ct.unpack_from_bytes(ct.pack_to_bytes(xb | t), x.dtype)
+
+
 def _gather_w_tied(mW, x, idx, mask, M, LATENCY, W_PLANES):
     """w_early: the weight at `idx` as loaded (`_gather_w_bits`) and x tied to it (`_tied_to_weight`),
     for the sum of squares: (wbits, x_tied)."""
@@ -423,7 +437,7 @@ def rms_norm_fwd_split_kernel(
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
         HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt,
-        W_EARLY: ConstBool):
+        W_EARLY: ConstBool, TIE_SLOT: ConstBool):
     """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
     on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
     partial sums of squares through global memory (a software cluster).
@@ -455,7 +469,8 @@ def rms_norm_fwd_split_kernel(
 
     # this launch's sign bit: the opposite of what the last launch over this row left in our slot
     # (each warp reads it; the barriers of the reduction below order every read before the exchange)
-    sign = ct.where(ct.gather(mSync, bid, check_bounds=False, latency=10) < 0, 0, ct.static_eval(-(1 << 31)))
+    slot = ct.gather(mSync, bid, check_bounds=False, latency=10)
+    sign = ct.where(slot < 0, 0, ct.static_eval(-(1 << 31)))
     tXrX = ()
     tWrW = ()
     ssq = 0.0
@@ -467,6 +482,8 @@ def rms_norm_fwd_split_kernel(
             cols = ct.arange(size, dtype=ct.int32) + off
             wbits, xs = _gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
             tWrW += (wbits,)
+        if ct.static_eval(TIE_SLOT and off == 0):  # the slot's load goes out with x's (its bits feed the sum)
+            xs = _tied_to_scalar(xs, slot, M)
         xf = ct.astype(xs, ct.float32)
         ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
@@ -613,6 +630,7 @@ class FwdConfig:
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
     w_early: bool = False  # split, cached: the weight never delays x's loads (NOTES items 16, 17)
+    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_tied_to_scalar, NOTES item 19)
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None
@@ -622,6 +640,8 @@ class FwdConfig:
             raise ValueError(f"split must be a power of two (the partial sums are one tile), got {self.split}")
         if self.kernel == "stream" and not self.persistent:
             raise ValueError("the stream kernel is a persistent grid: persistent=True")
+        if self.tie_slot and self.kernel != "split":
+            raise ValueError("tie_slot is a split-kernel field (the other kernels have no workspace)")
 
     def hints(self) -> dict:
         # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
@@ -639,6 +659,8 @@ class FwdConfig:
                 parts.append("packed")
             if self.w_early:
                 parts.append("w_early")
+            if self.tie_slot:
+                parts.append("tie_slot")
         else:
             parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
         if self.persistent:
@@ -780,7 +802,7 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
                 cfg.w_early)
     if cfg.kernel == "split":
         return (N, cfg.split, split_part(N, cfg.split), cfg.piece_min, x_align, has_w, store_rstd, cfg.latency,
-                cfg.packed, w_planes, cfg.w_early)
+                cfg.packed, w_planes, cfg.w_early, cfg.tie_slot)
     if cfg.kernel == "stream":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.hoist_w, cfg.latency, cfg.packed,
                 w_planes)

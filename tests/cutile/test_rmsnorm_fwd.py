@@ -385,6 +385,23 @@ def test_split_kernel_nan_row_does_not_hang(seed):
     assert_close(y[keep], reference64(x[keep], w, EPS, 0.0)[0], torch.bfloat16, "split other rows", seed)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,split,piece_min", SPLIT_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("w_early", [False, True])
+def test_split_kernel_tie_slot_matches_reference(seed, N, split, piece_min, x_dtype, w_dtype, w_early):
+    """tie_slot: the block's workspace slot tied to x's first piece (its load goes out with x's).
+    Three launches on the same workspace (the sign flips each time), every one on poisoned buffers."""
+    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
+
+    cfg = FwdConfig("split", split=split, piece_min=piece_min, packed=x_dtype != "float32", w_early=w_early,
+                    tie_slot=True)
+    x = random_rows((300, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    for launch in range(3):
+        _assert_config_matches_reference(cfg, x, w, 0.0, f"tie_slot launch {launch}", seed)
+
+
 def _packed_configs(N):
     from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min
 

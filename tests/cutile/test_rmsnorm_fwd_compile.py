@@ -112,6 +112,45 @@ def test_split_kernel_polls_inside_its_wait_loop():
         "the poll is not inside a loop"
 
 
+# tie_slot: the split kernel's workspace slot loaded with x's first piece (bench/NOTES.md item 19):
+# (x dtype, N, split, other fields), the shapes of the sm_90 table's entries that take it
+TIE_SLOT_CONFIGS = [("float32", 32768, 8, dict(w_early=True, occupancy=5)),
+                    ("bfloat16", 131072, 8, dict(packed=True, num_worker_warps=8)),
+                    ("float16", 131072, 16, dict(packed=True, occupancy=4))]
+
+
+def _tie_slot(x_dtype, N, split, fields, tie_slot=True):
+    return rmsnorm_fwd.FwdConfig("split", split=split, piece_min=rmsnorm_fwd.cached_piece_min(
+        rmsnorm_fwd.split_part(N, split)), tie_slot=tie_slot, **fields)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("x_dtype,N,split,fields", TIE_SLOT_CONFIGS)
+def test_tie_slot_compiles(x_dtype, N, split, fields, arch):
+    for has_w in (True, False):
+        cfg = _tie_slot(x_dtype, N, split, fields)
+        assert compile_cubin(cfg, N, x_dtype, x_dtype, has_w=has_w, arch=arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump, "
+                                                     "nvidia-cuda-nvdisasm; the test extra installs them)")
+@pytest.mark.parametrize("x_dtype,N,split,fields", TIE_SLOT_CONFIGS)
+def test_tie_slot_loads_the_slot_before_any_float_math(x_dtype, N, split, fields):
+    """The block's slot in the workspace (whose sign the exchange needs; cold in DRAM after an L2
+    flush) is the kernel's first load in the PTX, but ptxas issues it after x's sum of squares
+    (SASS): a DRAM round trip between the reduction and the exchange. With tie_slot its bits feed
+    the first piece's sum of squares and ptxas issues it before any float math."""
+    def slot_before_math(cfg):
+        ops = sass_opcodes(compile_cubin(cfg, N, x_dtype, x_dtype, store_rstd=False))
+        first = next(i for i, op in enumerate(ops) if op.split(".")[0] in ("FADD", "FMUL", "FFMA", "HADD2")
+                     and ".RZ" not in op and i > 0)
+        slot = next(i for i, op in enumerate(ops) if op.startswith("LDG") and ".128" not in op)
+        return slot < first
+
+    assert slot_before_math(_tie_slot(x_dtype, N, split, fields))
+    assert not slot_before_math(_tie_slot(x_dtype, N, split, fields, tie_slot=False))
+
+
 # the stream kernel (static_persistent), also where the tuning table does not pick it: (N, tile_m)
 STREAM_CONFIGS = [(128, 32), (512, 16), (1000, 4), (2880, 1), (8192, 1)]
 

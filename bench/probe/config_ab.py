@@ -1,0 +1,96 @@
+"""Probe: a few forward configs of one width timed side by side, at the bench size and multiples of it.
+
+Each config is given as space-separated FwdConfig fields (`kernel=cached piece_min=32768
+num_worker_warps=8`), or `table` for the config mode=None's multi_wave_cached entry picks. For every
+size, interleaved rounds time a copy of the same bytes and then each config (results checked
+first); the table gives each config's ratio to the copy per size and, from a line through the
+sizes, its fixed cost per launch and its steady state (bench/probe/size_scaling.py).
+
+    python bench/probe/config_ab.py --case bfloat16:32768 --sizes 1,2 \\
+        table "kernel=cached piece_min=32768 num_worker_warps=8"
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.probe.split_ablation import _fit  # noqa: E402
+from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
+
+ELEMENTS = 1 << 27
+
+
+def parse_config(spec: str, N: int, dtype, dev) -> F.FwdConfig:
+    if spec == "table":
+        return F.default_config("multi_wave_cached", N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))
+    fields = {}
+    for item in spec.split():
+        k, v = item.split("=")
+        fields[k] = v if k == "kernel" else (v == "True" if v in ("True", "False") else int(v))
+    return F.FwdConfig(**fields)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", required=True, help="DTYPE:N")
+    p.add_argument("--sizes", default="1,2")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default=None)
+    p.add_argument("configs", nargs="+")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+        return 0
+    dev = device_info("cuda")
+    dname, n = args.case.split(":")
+    dtype, N = DTYPES[dname], int(n)
+    cfgs = {spec: parse_config(spec, N, dtype, dev) for spec in args.configs}
+    sizes = [float(s) for s in args.sizes.split(",")]
+    xs = {s: torch.randn(int(s * ELEMENTS) // N, N, device="cuda", dtype=dtype) for s in sizes}
+    w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+    for spec, cfg in cfgs.items():
+        wrong = check_output(F.launch(cfg, xs[sizes[0]], w, 1e-6, 0.0, False, dev.sm_count)[0], xs[sizes[0]], w, 1e-6)
+        if wrong:
+            raise AssertionError(f"{cfg.short()}: {wrong}")
+    times = {(k, s): [] for k in ["copy"] + list(cfgs) for s in sizes}
+    for _ in range(args.rounds):
+        for s, x in xs.items():
+            times[("copy", s)].append(copy_baseline_ms(x, reps=args.reps)["median_ms"])
+            for spec, cfg in cfgs.items():
+                times[(spec, s)].append(device_ms(
+                    lambda cfg=cfg, x=x: F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count), reps=args.reps)["median_ms"])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    copy_slope, _ = _fit(sizes, [med[("copy", s)] for s in sizes]) if len(sizes) > 1 else (None, None)
+    print(f"{dname} N={N}; median of {args.rounds} rounds; ratio to the copy at each size")
+    rows = {}
+    for k in ["copy"] + list(cfgs):
+        ms = [med[(k, s)] for s in sizes]
+        r = {"config": cfgs[k].short() if k in cfgs else "copy", "ms": ms,
+             "vs_copy": [med[("copy", s)] / t for s, t in zip(sizes, ms)]}
+        line = " ".join(f"{s:g}x {q:.3f}" for s, q in zip(sizes, r["vs_copy"]))
+        if copy_slope is not None:
+            slope, icpt = _fit(sizes, ms)
+            r.update(intercept_us=icpt, slope_vs_copy=copy_slope / slope)
+            line += f"  fixed {icpt:4.1f} us  slope {r['slope_vs_copy']:.3f}"
+        rows[k] = r
+        print(f"  {line}  {r['config']}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": dev.name, "case": args.case, "sizes": sizes, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
