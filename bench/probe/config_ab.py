@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -22,9 +21,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.split_ablation import _fit  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import scaling_vs_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -64,27 +62,14 @@ def main() -> int:
         wrong = check_output(F.launch(cfg, xs[sizes[0]], w, 1e-6, 0.0, False, dev.sm_count)[0], xs[sizes[0]], w, 1e-6)
         if wrong:
             raise AssertionError(f"{cfg.short()}: {wrong}")
-    times = {(k, s): [] for k in ["copy"] + list(cfgs) for s in sizes}
-    for _ in range(args.rounds):
-        for s, x in xs.items():
-            times[("copy", s)].append(copy_baseline_ms(x, reps=args.reps)["median_ms"])
-            for spec, cfg in cfgs.items():
-                times[(spec, s)].append(device_ms(
-                    lambda cfg=cfg, x=x: F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count), reps=args.reps)["median_ms"])
-    med = {k: statistics.median(v) for k, v in times.items()}
-    copy_slope, _ = _fit(sizes, [med[("copy", s)] for s in sizes]) if len(sizes) > 1 else (None, None)
+    rows = scaling_vs_copy(xs, {spec: (lambda s, cfg=cfg: F.launch(cfg, xs[s], w, 1e-6, 0.0, False, dev.sm_count))
+                                for spec, cfg in cfgs.items()}, args.rounds, args.reps)
     print(f"{dname} N={N}; median of {args.rounds} rounds; ratio to the copy at each size")
-    rows = {}
-    for k in ["copy"] + list(cfgs):
-        ms = [med[(k, s)] for s in sizes]
-        r = {"config": cfgs[k].short() if k in cfgs else "copy", "ms": ms,
-             "vs_copy": [med[("copy", s)] / t for s, t in zip(sizes, ms)]}
+    for k, r in rows.items():
+        r["config"] = cfgs[k].short() if k in cfgs else "copy"
         line = " ".join(f"{s:g}x {q:.3f}" for s, q in zip(sizes, r["vs_copy"]))
-        if copy_slope is not None:
-            slope, icpt = _fit(sizes, ms)
-            r.update(intercept_us=icpt, slope_vs_copy=copy_slope / slope)
-            line += f"  fixed {icpt:4.1f} us  slope {r['slope_vs_copy']:.3f}"
-        rows[k] = r
+        if "intercept_us" in r:
+            line += f"  fixed {r['intercept_us']:4.1f} us  slope {r['slope_vs_copy']:.3f}"
         print(f"  {line}  {r['config']}", flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import ratios_to_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -56,11 +56,7 @@ def case(dtype, N: int, dev, rounds: int, reps: int) -> dict:
         wrong = check_output(fns[k]()[:4096], x[:4096], w, 1e-6)
         if wrong:
             raise AssertionError(f"{name} N={N} {k}: {wrong}")
-    ratios = {k: [] for k in fns}
-    for _ in range(rounds):
-        copy = copy_baseline_ms(x, reps=reps)["median_ms"]
-        for k, fn in fns.items():
-            ratios[k].append(copy / device_ms(fn, reps=reps)["median_ms"])
+    ratios = ratios_to_copy(x, fns, rounds, reps)
     return {"dtype": name, "N": N, "config": cfg.short(),
             "vs_copy": {k: statistics.median(v) for k, v in ratios.items()},
             "rounds": {k: [round(r, 4) for r in v] for k, v in ratios.items()},

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -23,9 +22,8 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench import anchors as anchor_registry  # noqa: E402
-from bench.probe.split_ablation import _fit  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import scaling_vs_copy  # noqa: E402
 
 ELEMENTS = 1 << 27
 
@@ -59,25 +57,14 @@ def main() -> int:
             wrong = check_output(f(xs[sizes[0]], w, 1e-6), xs[sizes[0]], w, 1e-6)
             if wrong:
                 raise AssertionError(f"{name} {dname} N={N}: {wrong}")
-        times = {(k, s): [] for k in ["copy"] + list(impls) for s in sizes}
-        for _ in range(args.rounds):
-            for s, x in xs.items():
-                times[("copy", s)].append(copy_baseline_ms(x, reps=args.reps)["median_ms"])
-                for name, f in impls.items():
-                    times[(name, s)].append(device_ms(lambda: f(x, w, 1e-6), reps=args.reps)["median_ms"])
-        med = {k: statistics.median(v) for k, v in times.items()}
-        copy_slope, _ = _fit(sizes, [med[("copy", s)] for s in sizes])
-        rec = {"dtype": dname, "N": N, "sizes": sizes, "rows": {}}
+        rows = scaling_vs_copy(xs, {name: (lambda s, f=f, xs=xs: f(xs[s], w, 1e-6)) for name, f in impls.items()},
+                               args.rounds, args.reps)
+        rec = {"dtype": dname, "N": N, "sizes": sizes, "rows": rows}
         print(f"\n{dname} N={N} (1x: M={ELEMENTS // N}); median of {args.rounds} rounds")
         print(f"  {'impl':10} " + " ".join(f"{f'{s:g}x vs copy':>11}" for s in sizes) + f" {'fixed us':>9} "
               f"{'slope vs copy':>13}")
-        for k in ["copy"] + list(impls):
-            ms = [med[(k, s)] for s in sizes]
-            slope, icpt = _fit(sizes, ms)
-            r = {"ms": ms, "vs_copy": [med[("copy", s)] / t for s, t in zip(sizes, ms)], "intercept_us": icpt,
-                 "slope_vs_copy": copy_slope / slope}
-            rec["rows"][k] = r
-            print(f"  {k:10} " + " ".join(f"{q:11.3f}" for q in r["vs_copy"]) + f" {icpt:9.1f} "
+        for k, r in rows.items():
+            print(f"  {k:10} " + " ".join(f"{q:11.3f}" for q in r["vs_copy"]) + f" {r['intercept_us']:9.1f} "
                   f"{r['slope_vs_copy']:13.3f}", flush=True)
         recs.append(rec)
         del xs

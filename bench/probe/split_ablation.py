@@ -22,7 +22,7 @@ and one full kernel with another wait (checked against the reference like the li
 
 Stages 1-5 compute wrong rows on purpose (only the full kernels are checked). Each is timed at the
 bench size (M = 2^27 / N) and at twice it, in interleaved rounds with a copy of the same bytes
-(`ratios_to_copy`); from the two sizes, the fixed cost per launch (intercept, us) and the steady
+(`bench.timing.scaling_vs_copy`); from the two sizes, the fixed cost per launch (intercept, us) and the steady
 state (the ratio of the slopes) are separated: a kernel that loses at its start or its tail
 (a long block lifetime) has a larger intercept than the copy, one that loses throughout a
 lower slope ratio.
@@ -35,7 +35,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -46,7 +45,7 @@ sys.path.insert(0, ROOT)
 import cuda.tile as ct  # noqa: E402
 
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import scaling_vs_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -158,14 +157,6 @@ def ablation_launch(cfg: F.FwdConfig, stage: int, x, w, y, count):
     return y
 
 
-def _fit(sizes: list, ms: list) -> tuple:
-    """Least-squares line through (size, ms): (slope in ms per bench size, intercept in us)."""
-    n, sx, sy = len(sizes), sum(sizes), sum(ms)
-    sxx, sxy = sum(s * s for s in sizes), sum(s * t for s, t in zip(sizes, ms))
-    slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
-    return slope, (sy - slope * sx) / n * 1e3
-
-
 def case(dtype, N: int, dev, rounds: int, reps: int, sizes: list, variants: list) -> dict:
     name = str(dtype).removeprefix("torch.")
     cfg = F.default_config("multi_wave_cached", N, dtype.itemsize, dev, name)
@@ -174,40 +165,25 @@ def case(dtype, N: int, dev, rounds: int, reps: int, sizes: list, variants: list
     xs = {s: torch.randn(int(s * ELEMENTS) // N, N, device="cuda", dtype=dtype) for s in sizes}
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
     stage_of = {v: s for s, v in {**STAGES, **WAITS}.items()}
+    ys = {s: F.output_buffers(x.shape[0], N, dtype, x.device, False)[0] for s, x in xs.items()}
+    counts = {s: torch.zeros(F._round16(x.shape[0]), dtype=torch.int32, device=x.device) for s, x in xs.items()}
     fns = {}
-    for k, x in xs.items():
-        y, _ = F.output_buffers(x.shape[0], N, dtype, x.device, False)
-        count = torch.zeros(F._round16(x.shape[0]), dtype=torch.int32, device=x.device)
-        for v in variants:
-            if v == "full":
-                fns[(v, k)] = (lambda x=x, y=y: F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count, (y, None))[0])
-            else:
-                fns[(v, k)] = (lambda x=x, y=y, s=stage_of[v], count=count: ablation_launch(cfg, s, x, w, y, count))
+    for v in variants:  # per size: its own y and count
+        if v == "full":
+            fns[v] = lambda s: F.launch(cfg, xs[s], w, 1e-6, 0.0, False, dev.sm_count, (ys[s], None))[0]
+        else:
+            fns[v] = lambda s, stage=stage_of[v]: ablation_launch(cfg, stage, xs[s], w, ys[s], counts[s])
     for v in variants:
         if v != "full" and stage_of[v] not in WAITS:
             continue
-        for k, x in xs.items():
+        for s, x in xs.items():
             for _ in range(2):  # twice: the second launch runs on the workspace state the first one left
-                y = fns[(v, k)]()
-                y.view(-1)[:1].fill_(float("nan"))  # poisoned: the next launch must write it again
-            wrong = check_output(fns[(v, k)](), x, w, 1e-6)
+                fns[v](s).view(-1)[:1].fill_(float("nan"))  # poisoned: the next launch must write it again
+            wrong = check_output(fns[v](s), x, w, 1e-6)
             if wrong:
-                raise AssertionError(f"{name} N={N} {v} {k}: {wrong}")
-    times = {key: [] for key in list(fns) + [("copy", k) for k in sizes]}
-    for _ in range(rounds):
-        for k, x in xs.items():
-            times[("copy", k)].append(copy_baseline_ms(x, reps=reps)["median_ms"])
-        for key, fn in fns.items():
-            times[key].append(device_ms(fn, reps=reps)["median_ms"])
-    med = {key: statistics.median(v) for key, v in times.items()}
-    rec = {"dtype": name, "N": N, "config": cfg.short(), "M_1x": ELEMENTS // N, "sizes": sizes, "rows": {}}
-    copy_slope, _ = _fit(sizes, [med[("copy", s)] for s in sizes])
-    for v in ["copy"] + variants:
-        ms = [med[(v, s)] for s in sizes]
-        slope, icpt = _fit(sizes, ms)
-        rec["rows"][v] = {"ms": ms, "vs_copy": [med[("copy", s)] / t for s, t in zip(sizes, ms)],
-                          "intercept_us": icpt, "slope_vs_copy": copy_slope / slope,
-                          "ms_rounds": {str(s): times[(v, s)] for s in sizes}}
+                raise AssertionError(f"{name} N={N} {v} {s}x: {wrong}")
+    rec = {"dtype": name, "N": N, "config": cfg.short(), "M_1x": ELEMENTS // N, "sizes": sizes,
+           "rows": scaling_vs_copy(xs, fns, rounds, reps)}
     return rec
 
 
