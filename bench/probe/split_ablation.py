@@ -62,7 +62,7 @@ def split_ablation_kernel(
         M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
         HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt,
-        W_EARLY: ConstBool, STAGE: ConstInt):
+        W_EARLY: ConstBool, TIE_SLOT: ConstBool, STAGE: ConstInt):
     """rms_norm_fwd_split_kernel's body (cutile_norms/cutile/rmsnorm_fwd.py) with parts dropped by STAGE."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
     bid = ct.bid(0)
@@ -75,7 +75,8 @@ def split_ablation_kernel(
     lim = ct.minimum(N - c0, PART) if MASK_N else PART
     USE_W = ct.static_eval(HAS_W and (STAGE < 4 or STAGE >= 6))
     if STAGE < 3:
-        sign = ct.where(ct.gather(mSync, bid, check_bounds=False, latency=10) < 0, 0, ct.static_eval(-(1 << 31)))
+        slot = ct.gather(mSync, bid, check_bounds=False, latency=10)
+        sign = ct.where(slot < 0, 0, ct.static_eval(-(1 << 31)))
     tXrX = ()
     tWrW = ()
     ssq = 0.0
@@ -87,6 +88,8 @@ def split_ablation_kernel(
             cols = ct.arange(size, dtype=ct.int32) + off
             wbits, xs = F._gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
             tWrW += (wbits,)
+        if ct.static_eval(TIE_SLOT and STAGE < 3 and off == 0):  # as the library kernel's tie_slot
+            xs = F._tied_to_scalar(xs, slot, M)
         if STAGE != 5:
             xf = ct.astype(xs, ct.float32)
             ssq = ssq + ct.sum(xf * xf)
