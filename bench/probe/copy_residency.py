@@ -65,14 +65,16 @@ def _kernel(which, hints: tuple):
     return k.replace_hints(**dict(hints)) if hints else k
 
 
-def copy_fns(dev, x, y, kibs=(2, 4, 8, 16, 32), persistent=True) -> dict:
+def copy_fns(dev, x, y, kibs=(2, 4, 8, 16, 32), persistent=True, warps_list=(4, 8)) -> dict:
     stream = F._raw_stream(x.device.index)
     fns = {}
     for kib in kibs:
         part = kib * 1024 // 2
         blocks = ELEMENTS // part
-        for warps in (4, 8):
-            hints = (("num_worker_warps", 8),) if warps == 8 else ()
+        for warps in warps_list:
+            if warps > 8 and part // (warps * 32) < 8:  # less than one 16-byte vector per thread
+                continue
+            hints = (("num_worker_warps", warps),) if warps != 4 else ()
             k = _kernel("block", hints)
             fns[f"{kib:>2} KiB, {warps} warps, one block each"] = (
                 lambda k=k, part=part, blocks=blocks: ct.launch(stream, (blocks,), k, (x, y, part)))
@@ -86,10 +88,10 @@ def copy_fns(dev, x, y, kibs=(2, 4, 8, 16, 32), persistent=True) -> dict:
     return fns
 
 
-def copies(dev, rounds: int, reps: int) -> dict:
+def copies(dev, rounds: int, reps: int, kibs, warps_list, persistent) -> dict:
     x = torch.randn(ELEMENTS, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
-    fns = copy_fns(dev, x, y)
+    fns = copy_fns(dev, x, y, kibs, persistent, warps_list)
     for name, fn in fns.items():
         y.fill_(float("nan"))
         fn()
@@ -131,6 +133,9 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--split-ns", default="32768,65536")
     p.add_argument("--no-copies", action="store_true")
+    p.add_argument("--kibs", default="2,4,8,16,32", help="bytes per block of the copies, KiB")
+    p.add_argument("--warps", default="4,8", help="warps per block of the copies (16 and 32 need tileiras 13.5)")
+    p.add_argument("--no-persistent", action="store_true")
     p.add_argument("--ncu", action="store_true",
                    help="launch each non-persistent copy and the table's split configs once, L2 flushed "
                         "before each (for ncu: `ncu --clock-control none --metrics ... python3 %(prog)s --ncu`)")
@@ -162,7 +167,8 @@ def main() -> int:
         return 0
     out = {"gpu": dev.name}
     if not args.no_copies:
-        out["copies"] = copies(dev, args.rounds, args.reps)
+        out["copies"] = copies(dev, args.rounds, args.reps, [int(k) for k in args.kibs.split(",")],
+                               [int(w) for w in args.warps.split(",")], not args.no_persistent)
         print(f"cuTile copies, bf16, 2^27 elements, x torch's copy (median of {args.rounds} rounds):")
         for k, r in out["copies"].items():
             print(f"  {k:52} {r:.3f}", flush=True)

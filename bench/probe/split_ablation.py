@@ -88,11 +88,12 @@ def split_ablation_kernel(
             cols = ct.arange(size, dtype=ct.int32) + off
             wbits, xs = F._gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
             tWrW += (wbits,)
-        if ct.static_eval(TIE_SLOT and STAGE < 3 and off == 0):  # as the library kernel's tie_slot
-            xs = F._tied_to_scalar(xs, slot, M)
         if STAGE != 5:
             xf = ct.astype(xs, ct.float32)
-            ssq = ssq + ct.sum(xf * xf)
+            if ct.static_eval(TIE_SLOT and STAGE < 3 and off == 0):  # as the library kernel's tie_slot
+                ssq = ssq + ct.sum(xf * xf + F._zero_of(slot, M))
+            else:
+                ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
     if STAGE == 6:  # the partial in its slot, then the row's count (release: the slot is seen first)
         ct.scatter(mSync, bid, ct.bitcast(ssq, ct.int32), check_bounds=False)
@@ -210,11 +211,12 @@ def main() -> int:
         rec = case(DTYPES[dname], int(n), dev, args.rounds, args.reps, sizes, args.variants.split(","))
         recs.append(rec)
         print(f"\n{dname} N={n} M={rec['M_1x']} at 1x ({rec['config']}); median of {args.rounds} rounds")
+        fit = len(sizes) > 1  # a line through the sizes needs two of them
         print(f"  {'variant':13} " + " ".join(f"{f'{s:g}x vs copy':>11}" for s in sizes)
-              + f" {'fixed us':>9} {'slope vs copy':>13}")
+              + (f" {'fixed us':>9} {'slope vs copy':>13}" if fit else ""))
         for v, r in rec["rows"].items():
             print(f"  {v:13} " + " ".join(f"{q:11.3f}" for q in r["vs_copy"])
-                  + f" {r['intercept_us']:9.1f} {r['slope_vs_copy']:13.3f}", flush=True)
+                  + (f" {r['intercept_us']:9.1f} {r['slope_vs_copy']:13.3f}" if fit else ""), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"gpu": dev.name, "records": recs}, f, indent=1)

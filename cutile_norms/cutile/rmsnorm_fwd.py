@@ -170,18 +170,18 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     return ct.unpack_from_bytes(ct.pack_to_bytes(xb | (t & zero)), x.dtype)
 
 
-def _tied_to_scalar(x, s, M):
-    """x unchanged, computed as x | (s & 0) on its 32-bit words, with a 0 the compiler cannot fold:
-    the split kernel's `tie_slot`. Untied, ptxas issues the load of the block's workspace slot (whose
-    sign the exchange needs) after x's sum of squares in every table config but one (sm_90 SASS):
-    a DRAM round trip in series (the workspace is cold after an L2 flush) between the reduction and
-    the exchange, in every block's lifetime. Tied to the first piece's x, it goes out with x's loads.
-    Measured on the H200 (bench/NOTES.md item 19): fp32 +0.4 to +1.6 %; in 16-bit it costs 3-5
-    registers, which lost a CTA per SM at some widths (-1.5 % at bf16 65536) and made ptxas defer
-    4 of 16 loads at bf16 32768 (-3.5 %): a config field, on where it measured better."""
-    t = ct.bitcast(s, ct.uint32) & _runtime_zero(M, ct.uint32)
-    xb = ct.unpack_from_bytes(ct.pack_to_bytes(x), ct.uint32)
-    return ct.unpack_from_bytes(ct.pack_to_bytes(xb | t), x.dtype)
+def _zero_of(s, M):
+    """+0.0 in fp32 made of the scalar s's bits (s & 0, a 0 the compiler cannot fold): the split
+    kernel's `tie_slot`, added to the first piece's squares, which then need the slot's load.
+    Untied, ptxas issues the load of the block's workspace slot (whose sign the exchange needs)
+    after x's sum of squares in every table config but one (sm_90 SASS): a DRAM round trip in series
+    (the workspace is cold after an L2 flush) between the reduction and the exchange, in every
+    block's life. Tied, it goes out with x's loads. Measured on the H200 (bench/NOTES.md items 19,
+    20): fp32 +0.4 to +1.6 %, bf16 32768 +0.4 / +0.5 %. The first tie ORed the slot's bits into x's
+    32-bit words: x and its tied copy were then both live (3-5 registers more in 16-bit, a CTA per
+    SM lost at bf16 65536, 4 of 16 loads deferred at bf16 32768, -3.5 %). The squares are a
+    temporary: at bf16 32768 this tie keeps 80 registers and all 16 loads first (SASS)."""
+    return ct.bitcast(ct.bitcast(s, ct.uint32) & _runtime_zero(M, ct.uint32), ct.float32)
 
 
 def _gather_w_tied(mW, x, idx, mask, M, LATENCY, W_PLANES):
@@ -482,10 +482,11 @@ def rms_norm_fwd_split_kernel(
             cols = ct.arange(size, dtype=ct.int32) + off
             wbits, xs = _gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
             tWrW += (wbits,)
-        if ct.static_eval(TIE_SLOT and off == 0):  # the slot's load goes out with x's (its bits feed the sum)
-            xs = _tied_to_scalar(xs, slot, M)
         xf = ct.astype(xs, ct.float32)
-        ssq = ssq + ct.sum(xf * xf)
+        if ct.static_eval(TIE_SLOT and off == 0):  # the slot's load goes out with x's (its bits feed the sum)
+            ssq = ssq + ct.sum(xf * xf + _zero_of(slot, M))
+        else:
+            ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
     ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
 
@@ -630,7 +631,7 @@ class FwdConfig:
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
     w_early: bool = False  # split, cached: the weight never delays x's loads (NOTES items 16, 17)
-    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_tied_to_scalar, NOTES item 19)
+    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_zero_of, NOTES items 19, 20)
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None

@@ -115,6 +115,7 @@ def test_split_kernel_polls_inside_its_wait_loop():
 # tie_slot: the split kernel's workspace slot loaded with x's first piece (bench/NOTES.md item 19):
 # (x dtype, N, split, other fields), the shapes of the sm_90 table's entries that take it
 TIE_SLOT_CONFIGS = [("float32", 32768, 8, dict(w_early=True, occupancy=5)),
+                    ("bfloat16", 32768, 4, dict(w_early=True, occupancy=6)),
                     ("bfloat16", 131072, 8, dict(packed=True, num_worker_warps=8)),
                     ("float16", 131072, 16, dict(packed=True, occupancy=4))]
 
@@ -149,6 +150,24 @@ def test_tie_slot_loads_the_slot_before_any_float_math(x_dtype, N, split, fields
 
     assert slot_before_math(_tie_slot(x_dtype, N, split, fields))
     assert not slot_before_math(_tie_slot(x_dtype, N, split, fields, tie_slot=False))
+
+
+@pytest.mark.skipif(cuobjdump_path() is None, reason="needs cuobjdump + nvdisasm (pip: nvidia-cuda-cuobjdump, "
+                                                     "nvidia-cuda-nvdisasm; the test extra installs them)")
+def test_tie_slot_defers_none_of_the_row_loads():
+    """The tie goes through the first piece's squares (+0.0 made of the slot's bits), a temporary:
+    at bf16 N = 32768 (the sm_90 table's split config) every load of the block's x and weight, and
+    the slot's, is issued before any float math, with the registers of the untied kernel. The first
+    tie (the slot's bits ORed into x's words) kept x and its tied copy both live: 4 of the 16 loads
+    went out after the first math there, -3.5 % (bench/NOTES.md items 19, 20)."""
+    cfg = _tie_slot("bfloat16", 32768, 4, dict(w_early=True, occupancy=6))
+    before, loads = _loads_before_float_math(cfg, 32768, "bfloat16", "bfloat16")
+    # 16 of x and the weight, the slot's; the wait loop's poll (after the reduction) is the 18th
+    assert (before, loads) == (17, 18), f"{before} of {loads} loads before the first float math"
+    tied = ptxas_report(compile_cubin(cfg, 32768, "bfloat16", "bfloat16", store_rstd=False))["registers"]
+    plain = ptxas_report(compile_cubin(_tie_slot("bfloat16", 32768, 4, dict(w_early=True, occupancy=6), tie_slot=False),
+                                       32768, "bfloat16", "bfloat16", store_rstd=False))["registers"]
+    assert tied <= plain, f"the tie costs registers: {plain} -> {tied}"
 
 
 # the stream kernel (static_persistent), also where the tuning table does not pick it: (N, tile_m)
