@@ -35,13 +35,17 @@ def _flush_l2() -> None:
 SPIN_CYCLES = 400_000  # ~0.2 ms at the H100/H200 clocks (1.7-2.0 GHz): more than any host phase seen
 
 
-def device_ms(fn, reps: int = 40, warmup: int = 3) -> dict:
+def device_ms(fn, reps: int = 40, warmup: int = 3, before=None) -> dict:
+    """`before`: run after each flush, outside the timed interval (bench/probe/cold_start.py warms
+    the code, the weight or the workspace with it)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         _flush_l2()
+        if before is not None:
+            before()
         torch.cuda._sleep(SPIN_CYCLES)  # the GPU stays behind the host: the call is queued before `start` fires
         start.record()
         fn()

@@ -29,28 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import SPIN_CYCLES, _flush_l2, fit_line  # noqa: E402
+from bench.timing import device_ms, fit_line  # noqa: E402
 from bench.probe.config_ab import parse_config  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
 ELEMENTS = 1 << 27
-
-
-def timed_ms(fn, before, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        _flush_l2()
-        before()
-        torch.cuda._sleep(SPIN_CYCLES)
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 def main() -> int:
@@ -104,7 +88,7 @@ def main() -> int:
             for s in sizes:
                 for k, (fn, warm) in impls.items():
                     for way, before in ways.items():
-                        times[(k, way, s)].append(timed_ms(lambda: fn(s), lambda: before(warm), args.reps))
+                        times[(k, way, s)].append(device_ms(lambda: fn(s), args.reps, before=lambda: before(warm))["median_ms"])
         med = {key: statistics.median(v) for key, v in times.items()}
         print(f"\n{dname} N={N}: median of {args.rounds} rounds; ratio to the cold copy per size; line: fixed us")
         rec = {"dtype": dname, "N": N, "sizes": sizes, "rows": []}

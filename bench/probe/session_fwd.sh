@@ -36,26 +36,32 @@
 #     suite, the ablation probe's tie, the bf16 and fp16 benches against QuACK
 #   bash bench/probe/session_fwd.sh spread9 # the first wave's cold costs for the new table configs, then the bf16
 #     bench three times at 8192-65536 against QuACK (the spread)
-#   (run before it, each on its own machine: `source .devkit/t135/setup.sh && bash bench/probe/wide_ctas.sh`, an
-#    experiment kit with tileiras 13.5; `python bench/probe/cold_start.py`; `python bench/probe/config_ab.py ...`)
+#   (run before it, each on its own machine: `source .devkit/t135/setup.sh && bash bench/probe/wide_ctas.sh`, on the
+#    experiment kit with tileiras 13.5 that bench/probe/build_t135_kit.sh builds; `python bench/probe/cold_start.py`; `python bench/probe/config_ab.py ...`)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 cp /tmp/cutile_norms_tuning/*.json cutile_norms/tuning/ 2>/dev/null  # what an earlier stage measured on this machine
+gpu_suite() {
+  timeout 260 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
+  echo "GPU suite rc=$?"; tail -2 "$OUT/gpu_tests.log"
+}
+quack_benches() {  # the forward bench against QuACK for each dtype given, then mode=None's and QuACK's lines
+  for dt in "$@"; do
+    timeout 120 python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT/bench_$dt" \
+      > "$OUT/bench_$dt.log" 2>&1; echo "bench $dt rc=$?"
+  done
+  for dt in "$@"; do grep -E "cn.None|quack" "$OUT/bench_$dt.log" | cut -c1-110; done
+}
 case "${1:-}" in
   tie2)
     timeout 150 python3 bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py --dtypes bfloat16,float16,float32 \
       --ns 8192,32768,65536,131072,262144 --out "$OUT/tie2_ab.json" 2>&1 | grep -v -i warn | tail -22
-    timeout 260 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
-    echo "GPU suite rc=$?"; tail -2 "$OUT/gpu_tests.log"
+    gpu_suite
     timeout 60 python3 bench/probe/split_ablation.py --cases float32:32768 --sizes 1 --rounds 3 --variants full \
       2>&1 | grep -v -i warn | tail -4
-    for dt in bfloat16 float32; do
-      timeout 120 python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT/bench_$dt" \
-        > "$OUT/bench_$dt.log" 2>&1; echo "bench $dt rc=$?"
-    done
-    for dt in bfloat16 float32; do grep -E "cn.None|quack" "$OUT/bench_$dt.log" | cut -c1-110; done ;;
+    quack_benches bfloat16 float32 ;;
   spread9)
     timeout 120 python3 bench/probe/cold_start.py --cases bfloat16:16384,bfloat16:32768,bfloat16:65536 --sizes 1,2 \
       --out "$OUT/cold_start.json" 2>&1 | grep -v -i warn | grep -v "^$"
@@ -65,15 +71,10 @@ case "${1:-}" in
       grep -E "cn.None|quack" "$OUT/spread_$i.log" | cut -c1-110
     done ;;
   final9)
-    timeout 260 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
-    echo "GPU suite rc=$?"; tail -2 "$OUT/gpu_tests.log"
+    gpu_suite
     timeout 60 python3 bench/probe/split_ablation.py --cases float32:32768 --sizes 1 --rounds 3 --variants full,one_poll \
       2>&1 | grep -v -i warn | tail -4
-    for dt in bfloat16 float16; do
-      timeout 120 python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT/bench_$dt" \
-        > "$OUT/bench_$dt.log" 2>&1; echo "bench $dt rc=$?"
-    done
-    for dt in bfloat16 float16; do grep -E "cn.None|quack" "$OUT/bench_$dt.log" | cut -c1-110; done ;;
+    quack_benches bfloat16 float16 ;;
   parts)
     timeout 200 python3 bench/probe/split_ablation.py --cases bfloat16:32768,bfloat16:65536,float32:65536 \
       --out "$OUT/ablation.json" 2>&1 | grep -v -i warn
