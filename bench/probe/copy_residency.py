@@ -10,11 +10,14 @@ probe separates the two quantities a launch sets:
   * a persistent grid of c blocks per SM, each looping over B-byte blocks (stride: the grid), so
     exactly c x B bytes are resident per SM.
 
-B in 2-32 KiB, 4 or 8 warps, c in 1-16; all bf16, 2^27 elements, ratios to torch's copy of the same
-bytes (median of --rounds interleaved rounds). A third part times the split kernel's configs with
-4 KiB parts at bf16 32768 and 65536 against the table's config (library launches, checked results).
+B in 2-32 KiB (--kibs), 4 or 8 warps (--warps; 16 and 32, with less than one 16-byte vector per
+thread skipped, need tileiras 13.5: bench/probe/wide_ctas.sh), c in 1-16; all bf16, 2^27 elements,
+ratios to torch's copy of the same bytes (median of --rounds interleaved rounds). A third part times
+the split kernel's configs with 4 KiB parts at bf16 32768 and 65536 against the table's config
+(library launches, checked results).
 
-    python bench/probe/copy_residency.py [--rounds 5] [--split-ns 32768,65536]
+    python bench/probe/copy_residency.py [--rounds 5] [--split-ns 32768,65536] [--kibs 4,8,16,32]
+        [--warps 4,8,16,32] [--no-persistent]
 """
 from __future__ import annotations
 
