@@ -22,9 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import os
-import statistics
 import sys
 
 import torch
@@ -32,8 +30,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import ratios_to_copy  # noqa: E402
+from bench.probe.common import check_outputs, no_gpu, put_ratios, write_json  # noqa: E402
 from cutile_norms._platform import device_info, toolchain  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd  # noqa: E402
 from cutile_norms.dispatch import choose_forward  # noqa: E402
@@ -67,15 +66,10 @@ def probe(dtype, N: int, dev, base, rounds: int) -> dict | None:
         "this": lambda: rmsnorm_fwd.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)[0],
         "this_offset1": lambda: rmsnorm_fwd.launch(cfg, x, w_minus_1, 1e-6, 1.0, False, dev.sm_count)[0],
     }
-    for k, fn in runs.items():
-        wrong = check_output(fn()[:4096], x[:4096], w, 1e-6)
-        if wrong:
-            raise AssertionError(f"{name} N={N} {k} {cfg.short()}: {wrong}")
+    check_outputs(runs, x, w, f"{name} N={N} {cfg.short()}", rows=4096)
     ratios = ratios_to_copy(x, runs, rounds)
     rec = {"dtype": name, "N": N, "M": M, "mode": mode, "config": cfg.short()}
-    for k in runs:
-        rec[f"{k}_vs_copy"] = statistics.median(ratios[k])
-        rec[f"{k}_vs_copy_rounds"] = [round(r, 4) for r in ratios[k]]
+    put_ratios(rec, ratios)
     return rec
 
 
@@ -87,8 +81,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None, help="write the records as JSON here")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dev = device_info("cuda")
     base = load_baseline(args.baseline)
@@ -103,9 +96,7 @@ def main() -> int:
             recs.append(r)
             print(f"{dname:9} {N:>6} {r['mode']:17} | {r['baseline_vs_copy']:.3f} / {r['this_vs_copy']:.3f} / "
                   f"{r['this_offset1_vs_copy']:.3f} | {r['config']}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": dev.name, "records": recs}, f, indent=1)
+    write_json(args.out, {"gpu": dev.name, "records": recs})
     return 0
 
 

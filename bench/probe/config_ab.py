@@ -12,7 +12,6 @@ sizes, its fixed cost per launch and its steady state (bench/probe/size_scaling.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -21,8 +20,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import scaling_vs_copy  # noqa: E402
+from bench.probe.common import check_outputs, no_gpu, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -48,8 +48,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("configs", nargs="+")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dev = device_info("cuda")
     dname, n = args.case.split(":")
@@ -58,10 +57,8 @@ def main() -> int:
     sizes = [float(s) for s in args.sizes.split(",")]
     xs = {s: torch.randn(int(s * ELEMENTS) // N, N, device="cuda", dtype=dtype) for s in sizes}
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-    for spec, cfg in cfgs.items():
-        wrong = check_output(F.launch(cfg, xs[sizes[0]], w, 1e-6, 0.0, False, dev.sm_count)[0], xs[sizes[0]], w, 1e-6)
-        if wrong:
-            raise AssertionError(f"{cfg.short()}: {wrong}")
+    check_outputs({cfg.short(): (lambda c=cfg: F.launch(c, xs[sizes[0]], w, 1e-6, 0.0, False, dev.sm_count)[0])
+                   for cfg in cfgs.values()}, xs[sizes[0]], w, f"{dname} N={N}")
     rows = scaling_vs_copy(xs, {spec: (lambda s, cfg=cfg: F.launch(cfg, xs[s], w, 1e-6, 0.0, False, dev.sm_count))
                                 for spec, cfg in cfgs.items()}, args.rounds, args.reps)
     print(f"{dname} N={N}; median of {args.rounds} rounds; ratio to the copy at each size")
@@ -71,9 +68,7 @@ def main() -> int:
         if "intercept_us" in r:
             line += f"  fixed {r['intercept_us']:4.1f} us  slope {r['slope_vs_copy']:.3f}"
         print(f"  {line}  {r['config']}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": dev.name, "case": args.case, "sizes": sizes, "rows": rows}, f, indent=1)
+    write_json(args.out, {"gpu": dev.name, "case": args.case, "sizes": sizes, "rows": rows})
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
 import statistics
 import sys
@@ -36,8 +35,8 @@ sys.path.insert(0, ROOT)
 
 import cuda.tile as ct  # noqa: E402
 
-from bench.rmsnorm import check_output  # noqa: E402
 from bench.timing import ratios_to_copy  # noqa: E402
+from bench.probe.common import check_outputs, no_gpu, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -122,10 +121,7 @@ def split_configs(N: int, dev, rounds: int, reps: int) -> dict:
     x = torch.randn(M, N, device="cuda", dtype=dtype)
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
     fns = {k: (lambda c=c: F.launch(c, x, w, 1e-6, 0.0, False, dev.sm_count)[0]) for k, c in cfgs.items()}
-    for k, fn in fns.items():
-        wrong = check_output(fn()[:4096], x[:4096], w, 1e-6)
-        if wrong:
-            raise AssertionError(f"N={N} {k}: {wrong}")
+    check_outputs(fns, x, w, f"N={N}", rows=4096)
     ratios = ratios_to_copy(x, fns, rounds, reps)
     return {k: statistics.median(v) for k, v in ratios.items()}
 
@@ -144,8 +140,7 @@ def main() -> int:
                         "before each (for ncu: `ncu --clock-control none --metrics ... python3 %(prog)s --ncu`)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dev = device_info("cuda")
     if args.ncu:
@@ -180,9 +175,7 @@ def main() -> int:
         print(f"bf16 N={n}, full size, x copy (median of {args.rounds} rounds):")
         for k, r in sorted(out[f"split_{n}"].items(), key=lambda t: -t[1]):
             print(f"  {r:.3f}  {k}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+    write_json(args.out, out)
     return 0
 
 

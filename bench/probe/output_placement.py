@@ -15,7 +15,6 @@ the copy baseline (bench/timing.py: the best of x.clone() and copies into two pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -26,8 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
-from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import ratios_to_copy  # noqa: E402
+from bench.probe.common import check_outputs, no_gpu, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -52,10 +52,8 @@ def case(dtype, N: int, dev, rounds: int, reps: int) -> dict:
         "copy_pre_a": lambda: c_a.copy_(x),
         "copy_pre_b": lambda: c_b.copy_(x),
     }
-    for k in ("launch_fresh", "launch_prealloc_a", "launch_prealloc_b", "api"):
-        wrong = check_output(fns[k]()[:4096], x[:4096], w, 1e-6)
-        if wrong:
-            raise AssertionError(f"{name} N={N} {k}: {wrong}")
+    check_outputs({k: fns[k] for k in ("launch_fresh", "launch_prealloc_a", "launch_prealloc_b", "api")}, x, w,
+                  f"{name} N={N}", rows=4096)
     ratios = ratios_to_copy(x, fns, rounds, reps)
     return {"dtype": name, "N": N, "config": cfg.short(),
             "vs_copy": {k: statistics.median(v) for k, v in ratios.items()},
@@ -70,8 +68,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dev = device_info("cuda")
     recs = []
@@ -82,9 +79,7 @@ def main() -> int:
         print(f"{dname} N={n} ({r['config']}), x copy, median of {args.rounds} rounds:")
         print("   " + "  ".join(f"{k} {v:.3f}" for k, v in r["vs_copy"].items()), flush=True)
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": dev.name, "records": recs}, f, indent=1)
+    write_json(args.out, {"gpu": dev.name, "records": recs})
     return 0
 
 

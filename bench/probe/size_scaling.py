@@ -11,7 +11,6 @@ that fixed cost alone is ~3 %. This probe asks the same of `mode=None` at other 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -22,8 +21,9 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench import anchors as anchor_registry  # noqa: E402
-from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import scaling_vs_copy  # noqa: E402
+from bench.probe.common import check_outputs, no_gpu, write_json  # noqa: E402
 
 ELEMENTS = 1 << 27
 
@@ -37,8 +37,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     names = args.impls.split(",")
     impls = {"cn.None": lambda x, w, eps: cn.rms_norm(x, w, eps)} if "cn.None" in names else {}
@@ -53,10 +52,8 @@ def main() -> int:
         dtype, N = DTYPES[dname], int(n)
         xs = {s: torch.randn(int(s * ELEMENTS) // N, N, device="cuda", dtype=dtype) for s in sizes}
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        for name, f in impls.items():
-            wrong = check_output(f(xs[sizes[0]], w, 1e-6), xs[sizes[0]], w, 1e-6)
-            if wrong:
-                raise AssertionError(f"{name} {dname} N={N}: {wrong}")
+        x0 = xs[sizes[0]]
+        check_outputs({name: (lambda f=f: f(x0, w, 1e-6)) for name, f in impls.items()}, x0, w, f"{dname} N={N}")
         rows = scaling_vs_copy(xs, {name: (lambda s, f=f, xs=xs: f(xs[s], w, 1e-6)) for name, f in impls.items()},
                                args.rounds, args.reps)
         rec = {"dtype": dname, "N": N, "sizes": sizes, "rows": rows}
@@ -69,9 +66,7 @@ def main() -> int:
         recs.append(rec)
         del xs
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "records": recs}, f, indent=1)
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "records": recs})
     return 0
 
 

@@ -21,6 +21,7 @@ sys.path.insert(0, ROOT)
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import gpu_us  # noqa: E402
+from bench.probe.common import no_gpu  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min, launch  # noqa: E402
 
@@ -45,8 +46,7 @@ def main() -> int:
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=[1024, 4096, 16384])
     p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dtype = DTYPES[args.dtype]
     dev = device_info("cuda")

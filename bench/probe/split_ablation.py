@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 
@@ -46,6 +45,7 @@ import cuda.tile as ct  # noqa: E402
 
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import scaling_vs_copy  # noqa: E402
+from bench.probe.common import no_gpu, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
 
@@ -200,8 +200,7 @@ def main() -> int:
     p.add_argument("--variants", default=",".join(["full"] + list(STAGES.values()) + list(WAITS.values())))
     p.add_argument("--out", default=None, help="write the records as JSON here")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dev = device_info("cuda")
     recs = []
@@ -217,9 +216,7 @@ def main() -> int:
         for v, r in rec["rows"].items():
             print(f"  {v:13} " + " ".join(f"{q:11.3f}" for q in r["vs_copy"])
                   + (f" {r['intercept_us']:9.1f} {r['slope_vs_copy']:13.3f}" if fit else ""), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": dev.name, "records": recs}, f, indent=1)
+    write_json(args.out, {"gpu": dev.name, "records": recs})
     return 0
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
-import statistics
 import sys
 
 import torch
@@ -27,8 +25,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.rmsnorm import DTYPES, check_output  # noqa: E402
+from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import gpu_us, ratios_to_copy  # noqa: E402
+from bench.probe.common import check_outputs, no_gpu, put_ratios, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import default_config, launch  # noqa: E402
 
@@ -50,24 +49,18 @@ def probe(dtype, N: int, mode: str, dev, rounds: int) -> dict | None:
     for M in (1, 64):
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        for k, cfg in cfgs.items():
-            wrong = check_output(_run(cfg, x, w, dev), x, w, 1e-6)
-            if wrong:
-                raise AssertionError(f"{name} N={N} M={M} {cfg.short()}: {wrong}")
+        check_outputs({cfg.short(): (lambda c=cfg: _run(c, x, w, dev)) for cfg in cfgs.values()}, x, w,
+                      f"{name} N={N} M={M}")
         rec[f"copy_us_M{M}"] = gpu_us(lambda: x.clone(), reps=200)
         for k, cfg in cfgs.items():
             rec[f"{k}_us_M{M}"] = gpu_us(lambda: _run(cfg, x, w, dev), reps=200)
     M = ELEMENTS // N
     x = torch.randn(M, N, device="cuda", dtype=dtype)
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-    for cfg in cfgs.values():
-        wrong = check_output(_run(cfg, x, w, dev)[:4096], x[:4096], w, 1e-6)
-        if wrong:
-            raise AssertionError(f"{name} N={N} M={M} {cfg.short()}: {wrong}")
+    check_outputs({cfg.short(): (lambda c=cfg: _run(c, x, w, dev)) for cfg in cfgs.values()}, x, w,
+                  f"{name} N={N} M={M}", rows=4096)
     ratios = ratios_to_copy(x, {k: (lambda c=cfg: _run(c, x, w, dev)) for k, cfg in cfgs.items()}, rounds)
-    for k in cfgs:
-        rec[f"{k}_vs_copy"] = statistics.median(ratios[k])
-        rec[f"{k}_vs_copy_rounds"] = [round(r, 4) for r in ratios[k]]
+    put_ratios(rec, ratios)
     return rec
 
 
@@ -79,8 +72,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None, help="write the records as JSON here")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dev = device_info("cuda")
     recs = []
@@ -97,9 +89,7 @@ def main() -> int:
                       f"{r['on_us_M1']:4.1f} | {r['copy_us_M64']:4.1f} / {r['off_us_M64']:4.1f} / "
                       f"{r['on_us_M64']:4.1f} | {r['off_vs_copy']:.3f} / {r['on_vs_copy']:.3f} | {r['config']}"
                       + (" (table: on)" if r["table_w_early"] else ""), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": dev.name, "records": recs}, f, indent=1)
+    write_json(args.out, {"gpu": dev.name, "records": recs})
     return 0
 
 

@@ -23,6 +23,7 @@ sys.path.insert(0, ROOT)
 
 from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.probe.common import no_gpu  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, default_config, launch  # noqa: E402
 
@@ -48,8 +49,7 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=[512, 8192, 65536])
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    if no_gpu():
         return 0
     dtype = DTYPES[args.dtype]
     dev = device_info("cuda")
