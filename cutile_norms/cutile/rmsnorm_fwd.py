@@ -157,9 +157,10 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     (cached) or the wait for the row's partial sums (split), interleaved with the stores (SASS).
     Tied to the sum of squares, they go out with x's. Measured on the H200: at full size a tie with
     the late loads, which the other resident blocks hide (bench/NOTES.md item 16); in a launch with
-    fewer blocks than SMs one DRAM round trip less (N = 4096 bf16, M = 1: 5.4 -> 5.1 us; item 17). The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element
-    the compiler split the loaded registers into halves that then stayed live across the wait
-    (167 registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
+    fewer blocks than SMs one DRAM round trip less (N = 4096 bf16, M = 1: 5.4 -> 5.1 us; item 17).
+    The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element the
+    compiler split the loaded registers into halves that then stayed live across the wait (167
+    registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
     if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth):  # element by element
         return _tied_elementwise(x, wbits, M)
     zero = _runtime_zero(M, ct.uint32)

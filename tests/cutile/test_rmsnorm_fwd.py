@@ -390,7 +390,7 @@ def test_split_kernel_nan_row_does_not_hang(seed):
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 @pytest.mark.parametrize("w_early", [False, True])
 def test_split_kernel_tie_slot_matches_reference(seed, N, split, piece_min, x_dtype, w_dtype, w_early):
-    """tie_slot: the block's workspace slot tied to x's first piece (its load goes out with x's).
+    """tie_slot: the block's workspace slot tied to x's first piece's squares (its load goes out with x's).
     Three launches on the same workspace (the sign flips each time), every one on poisoned buffers."""
     from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
 
