@@ -1,7 +1,8 @@
 """Probe: a few forward configs of one width timed side by side, at the bench size and multiples of it.
 
 Each config is given as space-separated FwdConfig fields (`kernel=cached piece_min=32768
-num_worker_warps=8`), or `table` for the config mode=None's multi_wave_cached entry picks. For every
+num_worker_warps=8`), or `table` for the config mode=None's multi_wave_cached entry picks, optionally
+followed by fields that replace the table's (`table stagger=4 stagger_w=792`). For every
 size, interleaved rounds time a copy of the same bytes and then each config (results checked
 first); the table gives each config's ratio to the copy per size and, from a line through the
 sizes, its fixed cost per launch and its steady state (bench/probe/size_scaling.py).
@@ -12,6 +13,7 @@ sizes, its fixed cost per launch and its steady state (bench/probe/size_scaling.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -30,12 +32,15 @@ ELEMENTS = 1 << 27
 
 
 def parse_config(spec: str, N: int, dtype, dev) -> F.FwdConfig:
-    if spec == "table":
-        return F.default_config("multi_wave_cached", N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))
+    """`kernel=... field=value ...`, or `table` optionally followed by fields that replace the table's."""
+    items = spec.split()
     fields = {}
-    for item in spec.split():
+    for item in items[1:] if items[0] == "table" else items:
         k, v = item.split("=")
         fields[k] = v if k == "kernel" else (v == "True" if v in ("True", "False") else int(v))
+    if items[0] == "table":
+        table = F.default_config("multi_wave_cached", N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))
+        return dataclasses.replace(table, **fields)
     return F.FwdConfig(**fields)
 
 

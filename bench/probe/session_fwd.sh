@@ -38,6 +38,13 @@
 #     bench three times at 8192-65536 against QuACK (the spread)
 #   (run before it, each on its own machine: `source .devkit/t135/setup.sh && bash bench/probe/wide_ctas.sh`, on the
 #    experiment kit with tileiras 13.5 that bench/probe/build_t135_kit.sh builds; `python bench/probe/cold_start.py`; `python bench/probe/config_ab.py ...`)
+# The tenth session's (NOTES item 21: clusters, a staggered first wave, rolled reload loops, torch.compile's kernel):
+#   the probes, each run on its own: bench/probe/cluster_ab.sh, bench/probe/stagger_ab.sh (with
+#   bench/probe/experiments/split_stagger.patch applied), bench/probe/reload_rolled_ab.sh (with
+#   bench/probe/experiments/reload_rolled.patch applied), bench/probe/inductor_configs.py, bench/probe/wide_reload.sh
+#   (experiment kit t135), bench/probe/triton_two_pass.py; then
+#   bash bench/probe/session_fwd.sh final10   # the GPU suite, bf16 against QuACK, torch.compile and TileGym
+#   bash bench/probe/session_fwd.sh final10b  # fp16 and fp32 against QuACK and torch.compile
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 OUT=${OUT:-bench/results}
@@ -47,14 +54,21 @@ gpu_suite() {
   timeout 260 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests > "$OUT/gpu_tests.log" 2>&1
   echo "GPU suite rc=$?"; tail -2 "$OUT/gpu_tests.log"
 }
-quack_benches() {  # the forward bench against QuACK for each dtype given, then mode=None's and QuACK's lines
+quack_benches() {  # the forward bench against QuACK (and ANCHORS, if set) for each dtype given, then mode=None's and the anchors' lines
+  local anchors=quack${ANCHORS:+,$ANCHORS}
   for dt in "$@"; do
-    timeout 120 python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT/bench_$dt" \
+    timeout 240 python3 bench/rmsnorm.py --dtype $dt --anchors $anchors --no-backward --out "$OUT/bench_$dt" \
       > "$OUT/bench_$dt.log" 2>&1; echo "bench $dt rc=$?"
   done
-  for dt in "$@"; do grep -E "cn.None|quack" "$OUT/bench_$dt.log" | cut -c1-110; done
+  for dt in "$@"; do sed -n '/^Forward/,/^$/p' "$OUT/bench_$dt.log" | cut -c1-240; done
 }
 case "${1:-}" in
+  final10)  # the tenth session (NOTES item 21): the GPU suite, then bf16 against QuACK, torch.compile and TileGym
+    gpu_suite
+    ANCHORS=torch_compile,tilegym_static_persistent,tilegym_multi_wave_reload,tilegym_multi_wave_cached \
+      quack_benches bfloat16 ;;
+  final10b)  # then fp16 and fp32 against QuACK and torch.compile
+    ANCHORS=torch_compile quack_benches float16 float32 ;;
   tie2)
     timeout 150 python3 bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py --dtypes bfloat16,float16,float32 \
       --ns 8192,32768,65536,131072,262144 --out "$OUT/tie2_ab.json" 2>&1 | grep -v -i warn | tail -22
@@ -152,5 +166,5 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
     done
     for f in "$OUT"/bench_*.log; do echo "== $f"; sed -n '/^Forward/,/^$/p;/^Small M, GPU/,/^$/p' "$f" | cut -c1-200; done ;;
-  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|ends|words|final|bench" >&2; exit 2 ;;
+  *) echo "usage: $0 probe|tune|retune|stream|narrow|early|early2|ends|words|final|bench|parts|tie2|final9|spread9|final10|final10b" >&2; exit 2 ;;
 esac
