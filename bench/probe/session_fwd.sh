@@ -60,7 +60,7 @@ quack_benches() {  # the forward bench against QuACK (and ANCHORS, if set) for e
     timeout 240 python3 bench/rmsnorm.py --dtype $dt --anchors $anchors --no-backward --out "$OUT/bench_$dt" \
       > "$OUT/bench_$dt.log" 2>&1; echo "bench $dt rc=$?"
   done
-  for dt in "$@"; do sed -n '/^Forward/,/^$/p' "$OUT/bench_$dt.log" | cut -c1-240; done
+  for dt in "$@"; do sed -n '/^Forward/,/^Small M/p' "$OUT/bench_$dt.log" | grep '^|' | cut -c1-240; done
 }
 case "${1:-}" in
   final10)  # the tenth session (NOTES item 21): the GPU suite, then bf16 against QuACK, torch.compile and TileGym
