@@ -22,10 +22,8 @@ def _torch_compile():
     # the function eagerly (the fp32 reference: 0.07 x copy, seen on an H200). Raise the limit, and
     # fail rather than time an eager fallback under this anchor's name.
     cfg = torch._dynamo.config
-    if hasattr(cfg, "recompile_limit"):
-        cfg.recompile_limit = max(cfg.recompile_limit, 256)
-    if hasattr(cfg, "cache_size_limit"):
-        cfg.cache_size_limit = max(cfg.cache_size_limit, 256)
+    limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"  # the older name
+    setattr(cfg, limit, max(getattr(cfg, limit), 256))
     if hasattr(cfg, "fail_on_recompile_limit_hit"):
         cfg.fail_on_recompile_limit_hit = True
     return torch.compile(lambda x, w, eps: rms_norm_reference(x, w, eps)[0], dynamic=False)

@@ -7,15 +7,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
-R=${1:-5}
+ROUNDS=${1:-5}
+source bench/probe/ab.sh
 P="kernel=cached packed=True w_early=True"
-ab() {  # N, then configs
-  local n=$1; shift
-  timeout 150 python3 bench/probe/config_ab.py --case bfloat16:$n --sizes 1,2 --rounds "$R" \
-    --out "$OUT/cluster_ab_$n.json" table "$@" 2>&1 | grep -v -i warn | grep -v "^$"
-}
-ab 8192 "$P piece_min=8192 num_worker_warps=8 num_ctas=2" "$P piece_min=8192 num_worker_warps=4 num_ctas=2" \
+ab cluster_ab 8192 "$P piece_min=8192 num_worker_warps=8 num_ctas=2" "$P piece_min=8192 num_worker_warps=4 num_ctas=2" \
   "kernel=cached w_early=True piece_min=8192 num_worker_warps=8 num_ctas=2"
-ab 16384 "$P piece_min=16384 num_worker_warps=8 num_ctas=4" "$P piece_min=16384 num_worker_warps=8 num_ctas=2"
-ab 32768 "$P piece_min=32768 num_worker_warps=8 num_ctas=8" "$P piece_min=32768 num_worker_warps=8 num_ctas=4"
-ab 65536 "$P piece_min=65536 num_worker_warps=8 num_ctas=8" "kernel=cached packed=True piece_min=65536 num_worker_warps=8 num_ctas=8"
+ab cluster_ab 16384 "$P piece_min=16384 num_worker_warps=8 num_ctas=4" "$P piece_min=16384 num_worker_warps=8 num_ctas=2"
+ab cluster_ab 32768 "$P piece_min=32768 num_worker_warps=8 num_ctas=8" "$P piece_min=32768 num_worker_warps=8 num_ctas=4"
+ab cluster_ab 65536 "$P piece_min=65536 num_worker_warps=8 num_ctas=8" "kernel=cached packed=True piece_min=65536 num_worker_warps=8 num_ctas=8"

@@ -5,13 +5,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/results}; mkdir -p "$OUT"
-R=${1:-5}
-ab() {  # N, first-wave blocks (SMs x CTAs per SM), then extra configs
+ROUNDS=${1:-5}
+source bench/probe/ab.sh
+staggered() {  # N, first-wave blocks (SMs x CTAs per SM), then extra configs
   local n=$1 w=$2; shift 2
-  timeout 150 python3 bench/probe/config_ab.py --case bfloat16:$n --sizes 1,2 --rounds "$R" \
-    --out "$OUT/stagger_ab_$n.json" table "table stagger=2 stagger_w=$w" "table stagger=4 stagger_w=$w" \
-    "table stagger=8 stagger_w=$w" "table stagger=4 stagger_w=1073741824" "$@" 2>&1 | grep -v -i warn | grep -v "^$"
+  ab stagger_ab $n "table stagger=2 stagger_w=$w" "table stagger=4 stagger_w=$w" "table stagger=8 stagger_w=$w" \
+    "table stagger=4 stagger_w=1073741824" "$@"
 }
-ab 16384 660
-ab 32768 792
-ab 65536 792 "table stagger=4 stagger_w=792 occupancy=5" "table occupancy=5"
+staggered 16384 660
+staggered 32768 792
+staggered 65536 792 "table stagger=4 stagger_w=792 occupancy=5" "table occupancy=5"

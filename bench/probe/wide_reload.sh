@@ -5,15 +5,12 @@
 # num_worker_warps 16/32 needs tileiras 13.5: run on the device after `source .devkit/t135/setup.sh`
 # (the experiment kit bench/probe/build_t135_kit.sh builds; bench/NOTES.md items 20, 21).
 set -u
-O=${OUT:-/tmp/out}; mkdir -p $O
-ab() {  # N, then configs (config_ab.py syntax) against the table's
-  local n=$1; shift
-  timeout 150 python bench/probe/config_ab.py --case bfloat16:$n --sizes 1,2 --out $O/wide_reload_$n.json table "$@" \
-    2>&1 | grep -v -i warn | grep -v "^$"
-}
-ab 8192 "kernel=reload chunk=8192 num_worker_warps=16" "kernel=reload chunk=4096 num_worker_warps=16" \
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source bench/probe/ab.sh
+ab wide_reload 8192 "kernel=reload chunk=8192 num_worker_warps=16" "kernel=reload chunk=4096 num_worker_warps=16" \
   "kernel=reload chunk=2048 num_worker_warps=16" "kernel=cached piece_min=8192 packed=True w_early=True num_worker_warps=16 occupancy=4"
-ab 16384 "kernel=reload chunk=2048 num_worker_warps=16" "kernel=reload chunk=4096 num_worker_warps=16" \
+ab wide_reload 16384 "kernel=reload chunk=2048 num_worker_warps=16" "kernel=reload chunk=4096 num_worker_warps=16" \
   "kernel=reload chunk=16384 num_worker_warps=32"
-ab 32768 "kernel=reload chunk=32768 num_worker_warps=32" "kernel=reload chunk=4096 num_worker_warps=16" \
+ab wide_reload 32768 "kernel=reload chunk=32768 num_worker_warps=32" "kernel=reload chunk=4096 num_worker_warps=16" \
   "kernel=reload chunk=8192 num_worker_warps=32"
