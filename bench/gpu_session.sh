@@ -4,6 +4,9 @@
 #   bash bench/gpu_session.sh table   # bench our modes per dtype, write the mode=None table
 #   bash bench/gpu_session.sh bench   # the full bf16 bench against the anchors, forward + backward
 #   bash bench/gpu_session.sh check   # GPU test suite + fp16/fp32 benches against QuACK
+#   bash bench/gpu_session.sh suite   # the whole GPU test suite in parallel shards (tests/run_sharded.py)
+#   bash bench/gpu_session.sh bwd-tune   # sweep the backward's configs (DTYPES), write its config table
+#   bash bench/gpu_session.sh bwd-bench  # the backward against QuACK and torch.compile, bf16 then fp16/fp32
 # Tuning tables written by a stage are kept in $KEEP (outside the repo) and restored by the next one;
 # every result lands in $OUT (or bench/results).
 set -uo pipefail
@@ -37,5 +40,18 @@ case "${1:-}" in
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
       sed -n '/^Forward/,/^$/p;/^Small M/,/^$/p' "$OUT/bench_$dt.log" | head -40
     done ;;
-  *) echo "usage: $0 tune|table|bench|check" >&2; exit 2 ;;
+  suite)
+    timeout ${SUITE_TIMEOUT:-540} python3 tests/run_sharded.py --shards ${SHARDS:-10} --timeout ${SHARD_TIMEOUT:-480} --logs "$OUT" -- -m gpu ${SUITE_ARGS:-tests/} ;;
+  bwd-tune)
+    for dt in ${DTYPES:-bfloat16}; do
+      python3 bench/cutile/rmsnorm_bwd_configs.py --dtype $dt ${SWEEP_ARGS:-} --write-configs --out "$OUT" > "$OUT/bwd_sweep_$dt.log" 2>&1
+      keep; echo "== $dt"; sed -n '/summary/,$p' "$OUT/bwd_sweep_$dt.log"
+    done ;;
+  bwd-bench)
+    for dt in ${DTYPES:-bfloat16 float16 float32}; do
+      python3 bench/rmsnorm.py --dtype $dt --modes multi_wave_cached --anchors ${ANCHORS:-quack,torch_compile,torch_eager} \
+        --no-forward --out "$OUT/bwd_$dt" ${BENCH_ARGS:-} > "$OUT/bwd_bench_$dt.log" 2>&1 || echo "bench $dt failed"
+      sed -n '/^Backward/,/^$/p;/^Small M, forward + backward/,/^$/p;/^Small M, GPU/,/^$/p' "$OUT/bwd_bench_$dt.log"
+    done ;;
+  *) echo "usage: $0 tune|table|bench|check|suite|bwd-tune|bwd-bench" >&2; exit 2 ;;
 esac

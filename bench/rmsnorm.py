@@ -71,7 +71,8 @@ def check_output(y, x, w, eps) -> str | None:
     return None if err <= tol else f"max relative error {err:.3g} > {tol}"
 
 
-def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: bool, small: bool) -> dict:
+def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: bool, small: bool,
+            forward: bool = True) -> dict:
     rec = {"impl": name}
     try:
         with torch.no_grad():
@@ -79,7 +80,9 @@ def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: boo
         if wrong:
             return {**rec, "error": f"wrong result: {wrong}"}
         with torch.no_grad():
-            if small:
+            if not forward:
+                pass
+            elif small:
                 rec["fwd_us"] = gpu_us(lambda: fwd(x, w, eps))
                 rec["fwd_call_us"] = per_call_us(lambda: fwd(x, w, eps))
             else:
@@ -95,6 +98,8 @@ def measure(name, fwd, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, backward: boo
             if small:
                 rec["bwd_us"] = gpu_us(grad)
                 rec["bwd_call_us"] = per_call_us(grad)
+                # a training step's pair as an eager caller pays it: forward + backward through autograd
+                rec["fwdbwd_call_us"] = per_call_us(lambda: torch.autograd.grad(fwd(xg, wg, eps), (xg, wg), dy))
             else:
                 t = device_ms(grad)
                 rec["bwd_ms"] = t["median_ms"]
@@ -148,10 +153,11 @@ def run(args) -> dict:
                "copy_gbps": copy_gbps, "impls": []}
         fwd_bytes, bwd_bytes = 2 * M * N * e + N * e, 3 * M * N * e + 2 * N * e
         for name, fn in impls.items():
-            rec = measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward, small=False)
+            rec = measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward, small=False,
+                          forward=args.forward)
             row["impls"].append(rec)
             log(f"N={N:>6} M={M:>7} {name:<28} " + (rec.get("error") or
-                f"fwd {rec['fwd_gbps']:6.0f} GB/s {rec['fwd_vs_copy']:.3f}x" +
+                (f"fwd {rec['fwd_gbps']:6.0f} GB/s {rec['fwd_vs_copy']:.3f}x" if "fwd_gbps" in rec else "") +
                 (f"  bwd {rec['bwd_gbps']:6.0f} GB/s {rec['bwd_vs_copy']:.3f}x" if "bwd_gbps" in rec else "")))
         log(f"N={N:>6} copy {copy_gbps:.0f} GB/s")
         result["sweep"].append(row)
@@ -163,12 +169,14 @@ def run(args) -> dict:
         row = {"N": N, "M": M, "copy_us": gpu_us(lambda: x.clone()), "copy_call_us": per_call_us(lambda: x.clone()),
                "impls": []}
         for name, fn in impls.items():
-            rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True)
+            rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True, forward=args.forward)
             row["impls"].append(rec)
             log(f"small M={M:>5} N={N:>6} {name:<28} " + (rec.get("error") or
-                f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy), per call "
-                f"{rec['fwd_call_us']:6.1f} us ({rec['fwd_call_us'] / row['copy_call_us']:.2f}x copy)" +
-                (f"  bwd {rec['bwd_us']:6.1f} / {rec['bwd_call_us']:6.1f} us" if "bwd_us" in rec else "")))
+                (f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy), per call "
+                 f"{rec['fwd_call_us']:6.1f} us ({rec['fwd_call_us'] / row['copy_call_us']:.2f}x copy)"
+                 if "fwd_us" in rec else "") +
+                (f"  bwd {rec['bwd_us']:6.1f} / {rec['bwd_call_us']:6.1f} us, fwd+bwd per call "
+                 f"{rec['fwdbwd_call_us']:6.1f} us" if "bwd_us" in rec else "")))
         log(f"small M={M:>5} copy {row['copy_us']:.1f} us, per call {row['copy_call_us']:.1f} us")
         result["small_m"].append(row)
     return result
@@ -200,6 +208,12 @@ def markdown(result: dict) -> str:
             cells = [_cell(r, "bwd_gbps", "{:.0f}") + (f" ({r['bwd_vs_copy']:.3f})" if "bwd_vs_copy" in r else "")
                      for r in row["impls"]]
             out.append(f"| {row['N']} | " + " | ".join(cells) + " |")
+    if result["small_m"] and any("fwdbwd_call_us" in r for row in result["small_m"] for r in row["impls"]):
+        out += ["", "Small M, forward + backward through autograd, µs per call back to back:", "",
+                "| N | M | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+        for row in result["small_m"]:
+            out.append(f"| {row['N']} | {row['M']} | " + " | ".join(_cell(r, "fwdbwd_call_us", "{:.1f}")
+                                                                  for r in row["impls"]) + " |")
     if result["small_m"]:
         for key, title in (("us", "GPU µs per call (L2 flushed, events around one call)"),
                            ("call_us", "µs per call back to back (host work included when the host is slower)")):
@@ -320,6 +334,8 @@ def main(argv=None) -> int:
     p.add_argument("--anchors", type=lambda s: [v for v in s.split(",") if v and v != "none"],
                    default=list(anchor_registry.ANCHORS))
     p.add_argument("--no-backward", dest="backward", action="store_false")
+    p.add_argument("--no-forward", dest="forward", action="store_false",
+                   help="time the backward only (each forward is still checked)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     p.add_argument("--write-table", action="store_true", help="write the mode=None table for this GPU/dtype")
     args = p.parse_args(argv)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -32,21 +33,29 @@ def _flush_l2() -> None:
     _flush_buffer.zero_()
 
 
-SPIN_CYCLES = 400_000  # ~0.2 ms at the H100/H200 clocks (1.7-2.0 GHz): more than any host phase seen
+SPIN_CYCLES = 400_000  # ~0.2 ms at the H100/H200 clocks (1.7-2.0 GHz): at least this
+SPIN_HZ = 2.0e9  # cycles per second assumed when the spin is sized from host time (the boost clock)
 
 
 def device_ms(fn, reps: int = 40, warmup: int = 3, before=None) -> dict:
     """`before`: run after each flush, outside the timed interval (bench/probe/cold_start.py warms
-    the code, the weight or the workspace with it)."""
+    the code, the weight or the workspace with it). The spin lasts 3x the host time of one call
+    (measured in the warm-up) and at least SPIN_CYCLES: an autograd backward took 175-280 us of
+    host time per call on an H100 machine, longer than a 0.2 ms spin, and its small-M GPU times
+    then counted host time (torch.compile's backward read 62 us at M = 64)."""
+    host = 0.0
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        host = max(host, time.perf_counter() - t0)
     torch.cuda.synchronize()
+    spin = max(SPIN_CYCLES, int(3 * host * SPIN_HZ))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         _flush_l2()
         if before is not None:
             before()
-        torch.cuda._sleep(SPIN_CYCLES)  # the GPU stays behind the host: the call is queued before `start` fires
+        torch.cuda._sleep(spin)  # the GPU stays behind the host: the call is queued before `start` fires
         start.record()
         fn()
         end.record()

@@ -31,18 +31,22 @@ class Mode:
     min_arch: tuple[int, int] | None  # NVIDIA compute capability floor
     idea: str
     planned_in: str = ""
+    # "module:object" with the backward backend behind autograd; None: autograd through the reference
+    bwd_backend: str | None = None
 
 
 _CUTILE_FWD = "cutile_norms.cutile.rmsnorm_fwd"
+_CUTILE_BWD = "cutile_norms.cutile.rmsnorm_bwd:PERSISTENT_BACKWARD"  # every cuTile mode's backward
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("multi_wave_reload", "cutile", f"{_CUTILE_FWD}:MULTI_WAVE_RELOAD", STABLE, ("nvidia",), (9, 0),
          "cuTile, one block per row, two passes over chunks (sum of squares, then re-read and "
-         "normalise): for rows too long to keep on chip"),
+         "normalise): for rows too long to keep on chip", bwd_backend=_CUTILE_BWD),
     Mode("multi_wave_cached", "cutile", f"{_CUTILE_FWD}:MULTI_WAVE_CACHED", STABLE, ("nvidia",), (9, 0),
-         "cuTile, one block per row (or a few rows), the whole row loaded once and kept on chip"),
+         "cuTile, one block per row (or a few rows), the whole row loaded once and kept on chip",
+         bwd_backend=_CUTILE_BWD),
     Mode("static_persistent", "cutile", f"{_CUTILE_FWD}:STATIC_PERSISTENT", STABLE, ("nvidia",), (9, 0),
          "cuTile, a persistent grid of about one wave looping over row tiles, weight loaded once "
-         "per block, several rows per tile for narrow rows"),
+         "per block, several rows per tile for narrow rows", bwd_backend=_CUTILE_BWD),
     Mode("tma_smem_cached", "cute", None, PLANNED, ("nvidia",), (9, 0),
          "CuTe DSL, TMA loads into shared memory, thread-block cluster reductions for long rows",
          planned_in="the CuTe DSL TMA/cluster issue"),
@@ -80,11 +84,25 @@ def unavailable_reason(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> str | N
     return refusal[1] if refusal else None
 
 
+def _import(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @functools.lru_cache(maxsize=None)
 def backend(mode_name: str):
     """The forward backend object of a mode (imported on first use)."""
-    module, _, attr = MODES[mode_name].backend.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return _import(MODES[mode_name].backend)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_backend(mode_name: str):
+    """The backward backend behind autograd for a mode's forward: an object with
+    `backward(dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev)` and `describe(M, N, dtype, dev)`."""
+    path = MODES[mode_name].bwd_backend
+    if path is None:
+        raise ValueError(f"mode {mode_name!r} has no backward kernel: autograd runs through its forward's ops")
+    return _import(path)
 
 
 # ----------------------------------------------------------------------------------------------

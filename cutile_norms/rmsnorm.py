@@ -6,8 +6,9 @@ Kernels assume valid input; every check lives here. Contract:
   * y = x * rsqrt(mean(x^2) + eps) * (offset + weight), math in fp32, y in x's dtype, contiguous.
   * Rows may be strided (x[:, :N] of a wider tensor is read in place); a last dim with stride != 1
     (e.g. a transposed view) is copied to contiguous first.
-  * Autograd: differentiable in x and weight. The GPU kernels save rstd (fp32) for the backward;
-    until the backward kernel lands the backward is the closed-form reference (reference.py).
+  * Autograd: differentiable in x and weight. The GPU kernels save rstd (fp32) for the backward,
+    which runs the mode's backward kernel (`dispatch.backward_backend`; the persistent cuTile kernel
+    for every cuTile mode); mode="torch" differentiates the reference's ops.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._platform import DeviceInfo, device_info, toolchain
-from .reference import rms_norm_backward, rms_norm_reference
+from .reference import rms_norm_reference
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -70,19 +71,38 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 # Autograd
 # ================================================================================================
 class _RMSNormFunction(torch.autograd.Function):
+    """The kernel forward (saving x's rows, the weight and rstd in fp32) and the mode's backward kernel."""
+
     @staticmethod
-    def forward(ctx, x2d, weight, eps, offset, backend, dev):
-        y, rstd = backend.forward(x2d, weight, eps, offset, True, dev)
+    def forward(ctx, x2d, weight, eps, offset, mode, dev):
+        y, rstd = dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev)
         ctx.save_for_backward(x2d, weight, rstd)
-        ctx.offset = offset
+        ctx.offset, ctx.mode, ctx.dev = offset, mode, dev
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x2d, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_backward(dy, x2d, weight, rstd, ctx.offset, need_dx=ctx.needs_input_grad[0],
-                                   need_dw=weight is not None and ctx.needs_input_grad[1])
+        need_dx = ctx.needs_input_grad[0]
+        need_dw = weight is not None and ctx.needs_input_grad[1]
+        dx, dw = dispatch.backward_backend(ctx.mode).backward(
+            _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, ctx.offset, need_dx, need_dw, ctx.dev)
         return dx, dw, None, None, None, None
+
+
+def _grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
+    """dy as [M, N] rows with unit column stride in x's dtype. Autograd hands out expanded grads (a
+    row stride of 0 is read in place) and, rarely, transposed or other-dtype ones (copied)."""
+    dy = dy.reshape(x2d.shape)
+    if dy.dtype != x2d.dtype:
+        dy = dy.to(x2d.dtype)
+    if dy.stride(-1) != 1 and dy.shape[-1] > 1:
+        dy = dy.contiguous()
+    return dy
+
+
+def _unit_stride(weight):
+    return weight if weight is None or weight.stride(0) == 1 or weight.numel() <= 1 else weight.contiguous()
 
 
 # ================================================================================================
@@ -113,16 +133,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """
     _validate(x, weight, eps, offset)
     dev, M, choice = _plan(x, mode)
-    if choice.mode == "torch":
+    if choice.mode == "torch" or x.numel() == 0:  # empty: the reference's ops give empty dx and zero dw
         return rms_norm_reference(x, weight, eps, offset)[0]
-    if x.numel() == 0:
-        return torch.empty_like(x, memory_format=torch.contiguous_format)
-    backend = dispatch.backend(choice.mode)
     x2d = _as_rows(x)
     if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-        return _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), backend, dev).view(x.shape)
+        return _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), choice.mode, dev).view(x.shape)
     # inference: no autograd node, no rstd, y allocated in x's shape
-    return backend.forward(x2d, weight, float(eps), float(offset), False, dev, out_shape=x.shape)[0]
+    return dispatch.backend(choice.mode).forward(x2d, weight, float(eps), float(offset), False, dev,
+                                                 out_shape=x.shape)[0]
 
 
 def available_modes(device: torch.device | str | int | None = None) -> dict[str, str | None]:
@@ -146,8 +164,11 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
              f"why: {choice.reason}"]
     if choice.mode == "torch":
         lines.append("kernel: torch reference (fp32 math, several torch ops)")
+        lines.append("backward: autograd through the reference's ops")
     else:
         lines.append("kernel: " + dispatch.backend(choice.mode).describe(M, N, x.dtype, dev))
+        lines.append("backward: " + dispatch.backward_backend(choice.mode).describe(
+            M, N, x.dtype, dev, weight.dtype if weight is not None else None))
     return "\n".join(lines)
 
 

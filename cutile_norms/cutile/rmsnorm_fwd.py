@@ -161,7 +161,10 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element the
     compiler split the loaded registers into halves that then stayed live across the wait (167
     registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
-    if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth):  # element by element
+    # element by element: a weight of another width than x's, or a piece whose bits are no whole
+    # number of 32-bit words (the one-column last piece of N = 2^k + 1 in 16 bits)
+    if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth
+                      or x.shape[-1] * x.dtype.bitwidth % 32 != 0):
         return _tied_elementwise(x, wbits, M)
     zero = _runtime_zero(M, ct.uint32)
     t = ct.unpack_from_bytes(ct.pack_to_bytes(wbits[0]), ct.uint32)
@@ -966,8 +969,11 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     w_planes = weight_planes_offset(x2d.dtype, weight.dtype if weight is not None else None, N)
     kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd,
                                w_planes)
-    y_flat = _flat(y, _round16(M * N))
-    w = weight_planes(weight) if w_planes else weight if weight is not None else y_flat  # y: never read without HAS_W
+    # what the kernel never touches (the weight without HAS_W, rstd without STORE_RSTD) gets a short
+    # view of y: y's whole flat view is over 2^31 elements when the launch is cut into row chunks
+    # (ct.launch raised OverflowError on it)
+    unused = _flat(y, 16)
+    w = weight_planes(weight) if w_planes else weight if weight is not None else unused
     stream = _raw_stream(x2d.device.index)
     split = cfg.kernel == "split"
 
@@ -977,7 +983,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         return _flat(y, _round16(m * N), r0 * N)
 
     def rstd_arg(r0: int, m: int) -> torch.Tensor:  # never written when STORE_RSTD is False
-        return _flat(rstd, _round_up(m, max(16, pad)), r0) if store_rstd else y_flat
+        return _flat(rstd, _round_up(m, max(16, pad)), r0) if store_rstd else unused
 
     span = (M - 1) * stride + N
     if span <= _MAX_FLAT and _round_up(M, pad) * N <= _MAX_FLAT:  # one launch (the usual case)

@@ -598,3 +598,41 @@ def test_fp32_weight_with_16_bit_x_is_exact(seed, mode, N):
     y64, rstd64 = reference64(x, w, EPS, 0.0)
     assert_close(y, y64, torch.bfloat16, f"{mode} fp32 weight", seed)
     assert_close(rstd, rstd64, torch.float32, f"{mode} fp32 weight rstd", seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: widths just above a power of two, and M * N past int32 indexing without grad
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES + [None])
+@pytest.mark.parametrize("N", [3, 17, 1025, 2049, 4097, 8193, 65537])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")])
+def test_widths_just_above_a_power_of_two(seed, mode, N, x_dtype, w_dtype):
+    """A last piece of one column: the weight's tie to x's loads goes element by element there (its
+    bits are no whole number of 32-bit words; this failed to compile in multi_wave_cached)."""
+    import cutile_norms as cn
+
+    x = random_rows((37, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    assert_close(cn.rms_norm(x, w, EPS, mode=mode), reference64(x, w, EPS, 0.0)[0], DT[x_dtype], f"{mode} N={N}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_inference_past_int32_indexing(seed, with_weight):
+    """M * N > 2^31 (bf16, N = 8192) without grad: the launch is cut into row chunks (ct.launch
+    raised OverflowError on a placeholder array of the whole output's length)."""
+    import cutile_norms as cn
+
+    N = 8192
+    M = (1 << 31) // N + 64
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * M * N * 2 + (4 << 30):
+        pytest.skip(f"needs ~{3 * M * N * 2 >> 30} GiB of free GPU memory, {free >> 30} free")
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = random_weight(N, torch.bfloat16, "cuda") if with_weight else None
+    with torch.no_grad():
+        y = cn.rms_norm(x, w, EPS)
+    for rows in (slice(0, 64), slice(M // 2 - 7, M // 2 + 9), slice(M - 64, M)):
+        assert_close(y[rows], reference64(x[rows], w, EPS, 0.0)[0], torch.bfloat16, f"rows {rows}", seed)

@@ -290,3 +290,17 @@ def test_stream_kernel_stores_are_vectorised_and_not_fenced(x_dtype):
     stores, bodies = ptx.count("st.global.v4"), ptx.count("st.global.v4") // per_tile
     assert stores % per_tile == 0 and bodies >= 2 and ptx.count("st.global") == stores, ptx.count("st.global")
     assert ptx.count("bar.sync") <= 3 * bodies < stores, (ptx.count("bar.sync"), stores)
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES + [("float16", "float32"), ("float32", "bfloat16")])
+@pytest.mark.parametrize("N", [3, 17, 1025, 4097, 65537])
+def test_widths_just_above_a_power_of_two_compile(N, x_dtype, w_dtype):
+    """A one-column last piece: the w_early tie (32-bit words of x and w) goes element by element
+    there; it raised "Cannot unpack tile Tile[uint8,(2)] to uint32" for 16-bit x at 4097."""
+    for mode in MODES:
+        cfg = _config(mode, N, x_dtype, "sm_90")
+        assert compile_cubin(cfg, N, x_dtype, w_dtype)[:4] == b"\x7fELF", (mode, cfg.short())
+    for cfg in (rmsnorm_fwd.FwdConfig("cached", piece_min=rmsnorm_fwd.cached_piece_min(N), packed=True, w_early=True),
+                rmsnorm_fwd.FwdConfig("split", split=4, piece_min=rmsnorm_fwd.cached_piece_min(rmsnorm_fwd.split_part(N, 4)),
+                                      packed=True, w_early=True, tie_slot=True)):
+        assert compile_cubin(cfg, N, x_dtype, w_dtype)[:4] == b"\x7fELF", cfg.short()

@@ -1,0 +1,225 @@
+"""Sweep launch configs of the cuTile backward kernel (cutile_norms/cutile/rmsnorm_bwd.py).
+
+    python bench/cutile/rmsnorm_bwd_configs.py --ns 128,4096,65536 --dtype bfloat16 --write-configs
+
+For every N, M = 2^27 / N: each candidate config is checked against the fp32 closed form, then timed
+in --rounds interleaved rounds against a same-run copy (CUDA-event medians, L2 flushed). Bytes:
+read x + read dy + write dx (3 M N elements; w, dw and rstd not counted), as a ratio to the copy's
+bandwidth. --write-configs puts the best config per width into cutile_norms/tuning/rmsnorm_bwd_configs.json,
+which rmsnorm_bwd.default_config reads (the nearest measured width of the dtype). Compiles run first in
+--workers processes (cuTile compiles on the CPU; the disk cache then serves the timing process).
+Also times the dw reduction's share: the picked config with dw and without (dx only).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.rmsnorm import DTYPES  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cutile.rmsnorm_bwd import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
+                                             cached_piece_min, launch, part_of)
+from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+
+DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+ELEMENTS = 1 << 27
+
+
+def candidates(N: int) -> list[BwdConfig]:
+    """The configs worth timing for rows of N elements, plus the analytical pick."""
+    out = []
+
+    def add(**kw):
+        base = BwdConfig(**kw)
+        out.append(dataclasses.replace(base, piece_min=cached_piece_min(part_of(base, N))))
+
+    if N <= 2048:  # several rows per tile
+        for tm in (1, 2, 4, 8, 16, 32, 64):
+            if 512 <= tm * N <= 8192:
+                for bps in (2, 3, 4):
+                    add(tile_m=tm, blocks_per_sm=bps, num_worker_warps=8 if tm * N >= 2048 else 4)
+    else:
+        base_split = max(1, 1 << ((N - 1) // 4096).bit_length()) if N > 5120 else 1
+        for split in sorted({max(1, base_split // 2), base_split, min(MAX_SPLIT, base_split * 2)}):
+            if split == 1 and N > 8192:
+                continue
+            for bps in (1, 2, 3):
+                add(split=split, blocks_per_sm=bps, num_worker_warps=8)
+    out.append(analytical_config(N, 2))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def _inputs(M: int, N: int, dtype, device="cuda"):
+    x = torch.randn(M, N, device=device, dtype=dtype)
+    w = (1 + 0.1 * torch.randn(N, device=device)).to(dtype)
+    dy = torch.randn(M, N, device=device, dtype=dtype)
+    rstd = torch.empty(-(-M // 16) * 16, dtype=torch.float32, device=device)[:M]
+    rstd.copy_(rms_norm_reference(x, w, 1e-6)[1])
+    return x, w, dy, rstd
+
+
+def _warm(jobs) -> int:
+    """Worker: compile (launch once on 64 rows) every (N, dtype, config) of `jobs`; the launches
+    specialise on the same alignment and divisibility as the full-size ones."""
+    dev = device_info("cuda")
+    done = 0
+    for N, dtype_name, fields in jobs:
+        cfg = BwdConfig(**fields)
+        x, w, dy, rstd = _inputs(64, N, DTYPES[dtype_name])
+        for need_dw in (True, False):
+            try:
+                launch(cfg, dy, x, w, rstd, 0.0, True, need_dw, dev.sm_count)
+                done += 1
+            except Exception:
+                pass
+    torch.cuda.synchronize()
+    return done
+
+
+def warm_compiles(jobs: list, workers: int) -> None:
+    if workers <= 1 or not jobs:
+        return
+    chunks = [jobs[i::workers] for i in range(workers)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        n = sum(pool.map(_warm, chunks))
+    print(f"warmed {n} compiles in {workers} processes", flush=True)
+
+
+def check(cfg: BwdConfig, x, w, dy, rstd, sm_count: int) -> str | None:
+    """None if dx (first 256 rows) and dw match the fp32 closed form, else what is wrong."""
+    dx, dw = launch(cfg, dy, x, w, rstd, 0.0, True, True, sm_count)
+    rows = slice(0, 256)
+    ex, _ = rms_norm_backward(dy[rows], x[rows], w, rstd[rows], 0.0, need_dw=False)
+    _, ew = rms_norm_backward(dy, x, w.float(), rstd, 0.0, need_dx=False)
+    for name, a, e in (("dx", dx[rows].float(), ex.float()), ("dw", dw.float(), ew.float())):
+        if not torch.isfinite(a).all():
+            return f"{name}: non-finite"
+        scale = e.abs().mean().item() + 1e-6
+        err = ((a - e).abs() / (e.abs() + scale)).max().item()
+        if err > 2 ** -6:
+            return f"{name}: max relative error {err:.3g}"
+    return None
+
+
+def sweep_width(N: int, dtype, dev, args) -> dict:
+    """Every candidate at M = 2^27 / N: checked, then timed in interleaved rounds against a copy;
+    then the best one's dw share (the same launch with and without dw)."""
+    M = ELEMENTS // N
+    x, w, dy, rstd = _inputs(M, N, dtype)
+    entry = {"N": N, "M": M, "configs": []}
+    fns = {}
+    for cfg in candidates(N):
+        rec = {"config": cfg.short(), "fields": dataclasses.asdict(cfg)}
+        try:
+            wrong = check(cfg, x, w, dy, rstd, dev.sm_count)
+            if wrong:
+                rec["error"] = wrong
+            else:
+                fns[len(entry["configs"])] = (lambda c=cfg: launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count))
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        entry["configs"].append(rec)
+    ratios = {k: [] for k in fns}
+    for _ in range(args.rounds):
+        copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
+        for k, fn in fns.items():
+            ratios[k].append(1.5 * copy / device_ms(fn, reps=args.reps)["median_ms"])  # 3 MN bytes vs 2 MN
+    for k, rs in ratios.items():
+        entry["configs"][k]["vs_copy"] = statistics.median(rs)
+        entry["configs"][k]["vs_copy_rounds"] = [round(r, 4) for r in rs]
+    for rec in entry["configs"]:
+        print(f"N={N:>6} {rec.get('vs_copy', 0):6.3f}x  {rec['config']:<64} {rec.get('error', '')[:100]}", flush=True)
+    ok = [c for c in entry["configs"] if "vs_copy" in c]
+    if ok:
+        best = max(ok, key=lambda c: c["vs_copy"])
+        cfg = BwdConfig(**best["fields"])
+        t = {True: [], False: []}  # the dw reduction's share: with dw / dx only, interleaved rounds
+        for _ in range(args.rounds):
+            for need_dw in t:
+                t[need_dw].append(device_ms(lambda: launch(cfg, dy, x, w, rstd, 0.0, True, need_dw, dev.sm_count),
+                                            reps=args.reps)["median_ms"])
+        entry["dw_share"] = 1 - statistics.median(t[False]) / statistics.median(t[True])
+        print(f"N={N:>6} BEST {best['vs_copy']:.3f}x {best['config']}; dw's share of its time "
+              f"{100 * entry['dw_share']:.1f} %", flush=True)
+    return entry
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
+    p.add_argument("--write-configs", action="store_true")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("No CUDA GPU here: this sweep times kernels and needs an sm_90+ NVIDIA GPU. Nothing was run.")
+        return 0
+    dtype = DTYPES[args.dtype]
+    dname = str(dtype).removeprefix("torch.")
+    dev = device_info("cuda")
+    warm_compiles([(N, dname, dataclasses.asdict(c)) for N in args.ns for c in candidates(N)], args.workers)
+    results = {"gpu": dev.name, "dtype": dname, "command": "python bench/cutile/rmsnorm_bwd_configs.py "
+               + " ".join(sys.argv[1:] if argv is None else argv), "sweep": []}
+    for N in args.ns:
+        results["sweep"].append(sweep_width(N, dtype, dev, args))
+        torch.cuda.empty_cache()
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"rmsnorm_bwd_configs_{dname}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print("\nsummary (best per N):")
+    for entry in results["sweep"]:
+        ok = [c for c in entry["configs"] if "vs_copy" in c]
+        if ok:
+            b = max(ok, key=lambda c: c["vs_copy"])
+            print(f"  N={entry['N']:>6} {b['vs_copy']:.3f}x  dw share {100 * entry.get('dw_share', 0):4.1f} %  {b['config']}")
+    print(f"wrote {path}")
+    if args.write_configs:
+        print(f"wrote {write_configs(results, dev)}")
+    return 0
+
+
+def write_configs(results: dict, dev) -> str:
+    """The best measured config per width into the package's backward table (this arch and dtype)."""
+    table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}
+    rows = {e["N"]: e for e in table["configs"].get(dev.arch_name, {}).get(results["dtype"], [])}
+    for sweep in results["sweep"]:
+        ok = [c for c in sweep["configs"] if "vs_copy" in c]
+        if ok:
+            best = max(ok, key=lambda c: c["vs_copy"])
+            rows[sweep["N"]] = {"N": sweep["N"], "config": best["fields"], "vs_copy": round(best["vs_copy"], 4),
+                                "dw_share": round(sweep.get("dw_share", 0.0), 4)}
+    table["configs"].setdefault(dev.arch_name, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
+    src = table["source"].setdefault(dev.arch_name, {"gpu": dev.name, "runs": {}})
+    src["gpu"] = dev.name
+    src.setdefault("runs", {})[results["dtype"]] = {"date": datetime.date.today().isoformat(),
+                                                    "command": results["command"]}
+    os.makedirs(os.path.dirname(CONFIG_TABLE), exist_ok=True)
+    with open(CONFIG_TABLE, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    return CONFIG_TABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

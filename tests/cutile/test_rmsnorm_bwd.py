@@ -1,0 +1,387 @@
+"""cuTile RMSNorm backward (cutile_norms/cutile/rmsnorm_bwd.py).
+
+GPU tests (marked `gpu`, skipped without an sm_90+ GPU): dx and dw against the fp64 closed form over
+the dtype / width / M matrix, through the backend on NaN-poisoned outputs and through autograd for
+every cuTile mode; strided x, expanded and transposed dy, weight None, offset, dx or dw alone;
+bit-identical dw over repeated runs; CUDA-graph capture of forward + backward; M * N >= 2^31.
+CPU tests: the config rules. The compile checks for sm_90/sm_100 live in test_rmsnorm_bwd_compile.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import TOLERANCES, random_rows, random_weight
+
+MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32"),
+          ("float16", "float32")]
+# narrow (several rows per tile), 2^k - 1 / 2^k / 2^k + 1, odd, pieces (2880, 5120, 7168), split rows
+WIDTHS = [1, 7, 127, 128, 129, 1000, 2880, 4095, 4096, 4097, 5120, 7168, 16383, 32768, 65537, 262144]
+EPS = 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: config rules
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4096, 4097, 8192, 65537, 262144, 1 << 20])
+@pytest.mark.parametrize("e", [2, 4])
+def test_analytical_config_covers_the_row(N, e):
+    from cutile_norms.cutile.rmsnorm_bwd import MAX_SPLIT, PART_ELEMS, analytical_config, dx_2d, part_of, row_pieces
+
+    cfg = analytical_config(N, e)
+    part = part_of(cfg, N)
+    assert cfg.split * part >= N and (part % 16 == 0 or cfg.split == 1)
+    assert cfg.split == 1 or cfg.tile_m == 1
+    assert cfg.tile_m * part <= PART_ELEMS * 5 // 4 or cfg.split == MAX_SPLIT  # registers: 4 fp32 values per element
+    covered = sum(size for _, size in row_pieces(part, cfg.piece_min))
+    assert covered >= part and covered - part < max(64, part // 8 + 1)  # no power-of-two padding waste
+    if cfg.split == 1:
+        assert dx_2d(cfg, N)
+
+
+def test_config_validation():
+    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, grid_rows
+
+    with pytest.raises(ValueError, match="power of two"):
+        BwdConfig(split=3)
+    with pytest.raises(ValueError, match="tile_m=1"):
+        BwdConfig(split=2, tile_m=2)
+    assert grid_rows(BwdConfig(tile_m=4), 10, 132) == 3  # at most one row group per tile
+    assert grid_rows(BwdConfig(split=4, blocks_per_sm=2), 10 ** 6, 132) == 66
+    assert grid_rows(BwdConfig(), 1, 132) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU helpers
+# ------------------------------------------------------------------------------------------------
+def _device_info():
+    from cutile_norms._platform import device_info
+
+    return device_info("cuda")
+
+
+def reference_bwd64(x, w, dy, eps, offset):
+    """(dx, dw, dx_scale, dw_scale) in fp64: the closed form, and the magnitudes of the terms each
+    element is made of (the fp32 kernel's rounding is relative to those, not to a result near 0)."""
+    xc, dyc = x.double(), dy.double()
+    rstd = torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + eps)
+    xhat = xc * rstd
+    g = dyc if w is None else dyc * (w.double() + offset)
+    c = (g * xhat).mean(dim=-1, keepdim=True)
+    dx = rstd * (g - xhat * c)
+    dx_scale = rstd * (g.abs() + xhat.abs() * (g * xhat).abs().mean(dim=-1, keepdim=True))
+    dw = (dyc * xhat).sum(dim=0) if w is not None else None
+    dw_scale = (dyc * xhat).abs().sum(dim=0) if w is not None else None
+    return dx, dw, dx_scale, dw_scale
+
+
+def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
+    """|actual - expected| <= rtol(dtype) * |expected| + 2^-16 * scale + atol; NaN/inf never pass."""
+    assert actual is not None, f"{what}: not computed"
+    assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
+    a = actual.double()
+    bad = ~torch.isfinite(a)
+    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite values (unwritten output?) [seed {seed}]"
+    tol = TOLERANCES[dtype]
+    err = (a - expected64).abs()
+    over = err > tol["atol"] + tol["rtol"] * expected64.abs() + 2.0 ** -16 * scale64
+    assert not over.any(), (f"{what}: {int(over.sum())}/{a.numel()} elements out of tolerance; worst abs err "
+                            f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
+
+
+def _poisoned(t):
+    if t is not None:
+        t.untyped_storage().fill_(0xFF)  # NaN in every float type, padding included
+    return t
+
+
+def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
+    """rstd from the library's forward, then the backward backend (its own config, or `cfg`) on
+    poisoned dx / dw buffers. Returns (dx, dw)."""
+    from cutile_norms import dispatch
+    from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD, dx_buffer
+
+    dev = _device_info()
+    M, N = x.shape
+    _, rstd = dispatch.backend("multi_wave_cached").forward(x, w, EPS, offset, True, dev)
+    cfg = cfg or PERSISTENT_BACKWARD.config(N, x.dtype, dev, w.dtype if w is not None else None)
+    dx = _poisoned(dx_buffer(cfg, M, N, x.dtype, x.device)) if need_dx else None
+    dw = _poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
+    out = PERSISTENT_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, dev, cfg=cfg, out=(dx, dw))
+    torch.cuda.synchronize()
+    return out
+
+
+def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
+    ex, ew, sx, sw = reference_bwd64(x, w, dy, EPS, offset)
+    if need_dx:
+        assert dx.dtype == x.dtype
+        assert_grad_close(dx, ex, sx, x.dtype, f"{what} dx", seed)
+    if need_dw and w is not None:
+        assert dw.dtype == w.dtype
+        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: the backend against the fp64 closed form
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", WIDTHS)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 7, 300])
+def test_matches_reference(seed, N, x_dtype, w_dtype, M):
+    """M = 1: one row group (dw stored directly); 7 and 300: several, dw through the partials and
+    the reducers; wide rows split over blocks that exchange their sums."""
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    dy = torch.randn(M, N, device="cuda").to(DT[x_dtype])
+    dx, dw = _run_bwd(x, w, dy, 0.0)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} M={M} {x_dtype}/{w_dtype}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [128, 1000, 2880, 4097, 65536])
+@pytest.mark.parametrize("case", ["offset1", "no_weight", "dx_only", "dw_only", "offset1_fp32_weight"])
+def test_offset_no_weight_and_one_grad(seed, N, case):
+    x = random_rows((77, N), torch.bfloat16, "cuda")
+    w = None if case == "no_weight" else random_weight(N, torch.float32 if "fp32" in case else torch.bfloat16, "cuda")
+    offset = 1.0 if case.startswith("offset1") else 0.0
+    dy = torch.randn(77, N, device="cuda").to(torch.bfloat16)
+    need_dx, need_dw = case != "dw_only", case != "dx_only"
+    dx, dw = _run_bwd(x, w, dy, offset, need_dx=need_dx, need_dw=need_dw)
+    assert (dx is None) == (not need_dx) and (dw is None) == (not need_dw or w is None)
+    _check(x, w, dy, offset, dx, dw, case, seed, need_dx, need_dw)
+
+
+@pytest.mark.gpu
+@pytest.mark.big  # the fp64 reference of 2^27 elements: ~8 GiB
+@pytest.mark.parametrize("N", [128, 2880, 4096, 65536])
+def test_full_size_bf16(seed, N):
+    """M = 2^27 / N: the bench's size (every block loops; R x N partials; the reducers)."""
+    M = (1 << 27) // N
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    dx, dw = _run_bwd(x, w, dy, 0.0)
+    _check(x, w, dy, 0.0, dx, dw, f"full size N={N}", seed)
+
+
+# (tile_m, split, blocks_per_sm, N): configs the heuristic may not pick: one row per tile for narrow
+# rows, several rows for 1000, splits that do not divide the row (a short last part; ct.scatter for
+# dx because the part is not a multiple of its pieces), many reducers, one block per SM
+CONFIG_CASES = [(1, 1, 4, 128), (8, 1, 2, 1000), (1, 2, 2, 2880), (1, 8, 2, 40000), (1, 4, 1, 100003),
+                (1, 32, 2, 262144), (2, 1, 3, 4097), (1, 1, 1, 8192)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile_m,split,bps,N", CONFIG_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32"), ("float16", "float32")])
+@pytest.mark.parametrize("M", [1, 5, "many"])
+def test_configs_match_reference(seed, tile_m, split, bps, N, x_dtype, w_dtype, M):
+    """"many": every block loops (1000 rows; 120 for the widest rows, enough for 4+ rows per block)."""
+    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, cached_piece_min, part_of
+
+    M = (1000 if N <= 8192 else 120) if M == "many" else M
+    cfg = BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8)
+    cfg = BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
+                    piece_min=cached_piece_min(part_of(cfg, N)))
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    dy = torch.randn(M, N, device="cuda").to(DT[x_dtype])
+    dx, dw = _run_bwd(x, w, dy, 0.0, cfg=cfg)
+    _check(x, w, dy, 0.0, dx, dw, f"{cfg.short()} N={N} M={M}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [128, 4096, 65536])
+def test_strided_x_and_non_contiguous_dy(seed, N):
+    """x's rows strided (a view of a wider tensor at an odd offset); dy expanded along the rows (row
+    stride 0), a strided view, and transposed (copied): what autograd hands out."""
+    M = 48
+    x = random_rows((M, N + 24), torch.bfloat16, "cuda")[:, 8:8 + N]
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dys = {"expanded": torch.randn(1, N, device="cuda").to(torch.bfloat16).expand(M, N),
+           "strided": torch.randn(M, N + 40, device="cuda").to(torch.bfloat16)[:, 16:16 + N],
+           "transposed": torch.randn(N, M, device="cuda").to(torch.bfloat16).t()}
+    from cutile_norms.rmsnorm import _grad_rows
+
+    for name, dy in dys.items():
+        dx, dw = _run_bwd(x, w, _grad_rows(dy, x), 0.0)
+        _check(x, w, dy, 0.0, dx, dw, f"dy {name}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,split", [(4096, 1), (1000, 1), (65536, 16), (40000, 8)])
+def test_dw_is_bit_identical_over_runs(seed, N, split):
+    """dw (and dx) are the same bits on every run: the partials are summed in one fixed order
+    whichever blocks arrive last and reduce them."""
+    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, PERSISTENT_BACKWARD, cached_piece_min, part_of
+
+    M = 3000 if N <= 4096 else 300
+    cfg = PERSISTENT_BACKWARD.config(N, torch.bfloat16, _device_info())
+    if split > 1:
+        base = BwdConfig(split=split, num_worker_warps=8)
+        cfg = BwdConfig(split=split, num_worker_warps=8, piece_min=cached_piece_min(part_of(base, N)))
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.float32, "cuda")
+    dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    runs = [_run_bwd(x, w, dy, 0.0, cfg=cfg) for _ in range(4)]
+    _check(x, w, dy, 0.0, *runs[0], "determinism", seed)
+    for dx, dw in runs[1:]:
+        assert torch.equal(dw.view(torch.int32), runs[0][1].view(torch.int32)), f"dw differs between runs [seed {seed}]"
+        assert torch.equal(dx.view(torch.int16), runs[0][0].view(torch.int16)), f"dx differs between runs [seed {seed}]"
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU: through autograd, every cuTile mode
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES + [None])
+@pytest.mark.parametrize("N", [129, 2880, 16384])
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+def test_autograd_every_mode(seed, mode, N, x_dtype, w_dtype):
+    import cutile_norms as cn
+
+    x = random_rows((3, 11, N), DT[x_dtype], "cuda").requires_grad_()
+    w = random_weight(N, DT[w_dtype], "cuda").requires_grad_()
+    dy = torch.randn(3, 11, N, device="cuda").to(DT[x_dtype])
+    y = cn.rms_norm(x, w, EPS, mode=mode, offset=0.5)
+    y.backward(dy)
+    _check(x.detach().reshape(-1, N), w.detach(), dy.reshape(-1, N), 0.5, x.grad.reshape(-1, N), w.grad,
+           f"autograd {mode}", seed)
+
+
+@pytest.mark.gpu
+def test_autograd_leading_dims_sum_loss_and_module(seed):
+    """loss = y.sum() (autograd's dy is expanded: stride 0 everywhere, copied), the module with
+    several normalized dims, x not requiring grad (dw only), M = 0."""
+    import cutile_norms as cn
+
+    x = random_rows((4, 6, 512), torch.bfloat16, "cuda").requires_grad_()
+    w = random_weight(512, torch.bfloat16, "cuda").requires_grad_()
+    cn.rms_norm(x, w, EPS, mode="multi_wave_cached").sum().backward()
+    _check(x.detach().reshape(-1, 512), w.detach(), torch.ones(24, 512, device="cuda", dtype=torch.bfloat16), 0.0,
+           x.grad.reshape(-1, 512), w.grad, "sum loss", seed)
+    m = cn.RMSNorm((4, 128), mode="static_persistent", device="cuda", dtype=torch.float32)
+    xf = random_rows((5, 4, 128), torch.float32, "cuda")  # no grad: dw only
+    dy = torch.randn(5, 4, 128, device="cuda")
+    m(xf).backward(dy)
+    _check(xf.reshape(-1, 512), m.weight.detach().reshape(-1), dy.reshape(-1, 512), 0.0, None, m.weight.grad.reshape(-1),
+           "module dw only", seed, need_dx=False)
+    xe = torch.empty(0, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    we = random_weight(512, torch.bfloat16, "cuda").requires_grad_()
+    cn.rms_norm(xe, we, mode="multi_wave_cached").sum().backward()
+    assert xe.grad.shape == (0, 512) and torch.equal(we.grad, torch.zeros_like(we))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("N", [4096, 65536])
+def test_cuda_graph_forward_and_backward(seed, mode, N):
+    """Forward + backward captured in one CUDA graph, replayed with new inputs: grads against the
+    reference each time (the counters and slots come back to their state; fresh ones are captured)."""
+    import cutile_norms as cn
+
+    M = 64
+    static_x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
+    static_dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # compile and warm outside the capture
+            cn.rms_norm(static_x, w, EPS, mode=mode).backward(static_dy)
+            static_x.grad = w.grad = None
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cn.rms_norm(static_x, w, EPS, mode=mode).backward(static_dy)
+    for i in range(3):
+        with torch.no_grad():
+            static_x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+            static_dy.copy_(torch.randn(M, N, device="cuda").to(torch.bfloat16))
+            static_x.grad.fill_(float("nan"))
+            w.grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(static_x.detach(), w.detach(), static_dy, 0.0, static_x.grad, w.grad, f"graph replay {i}", seed)
+    # eager launches on the same stream afterwards still find their counters at 0
+    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w2 = w.detach().clone().requires_grad_()
+    cn.rms_norm(x, w2, EPS, mode=mode).backward(static_dy)
+    _check(x.detach(), w2.detach(), static_dy, 0.0, x.grad, w2.grad, "eager after graph", seed)
+
+
+@pytest.mark.gpu
+def test_back_to_back_launches_and_streams(seed):
+    """Launches with different M and split on one stream with no sync in between (shared counters,
+    partials and slots), then two streams at once: every result against the reference."""
+    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig
+
+    N = 40000
+    cfgs = {s: BwdConfig(split=s, num_worker_warps=8, piece_min=2048) for s in (4, 8)}
+    w = random_weight(N, torch.bfloat16, "cuda")
+    runs = []
+    for M, s in ((300, 8), (7, 8), (301, 4), (1, 4), (300, 8)):
+        x = random_rows((M, N), torch.bfloat16, "cuda")
+        dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+        runs.append((x, dy, _run_bwd_nosync(x, w, dy, cfgs[s]), f"M={M} split={s}"))
+    torch.cuda.synchronize()
+    for x, dy, (dx, dw), what in runs:
+        _check(x, w, dy, 0.0, dx, dw, what, seed)
+    side = torch.cuda.Stream()
+    xa, xb = (random_rows((257, N), torch.bfloat16, "cuda") for _ in range(2))
+    dya, dyb = (torch.randn(257, N, device="cuda").to(torch.bfloat16) for _ in range(2))
+    ga = _run_bwd_nosync(xa, w, dya, cfgs[8])
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gb = _run_bwd_nosync(xb, w, dyb, cfgs[8])
+    torch.cuda.synchronize()
+    _check(xa, w, dya, 0.0, *ga, "main stream", seed)
+    _check(xb, w, dyb, 0.0, *gb, "side stream", seed)
+
+
+def _run_bwd_nosync(x, w, dy, cfg):
+    from cutile_norms import dispatch
+    from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+
+    dev = _device_info()
+    _, rstd = dispatch.backend("multi_wave_cached").forward(x, w, EPS, 0.0, True, dev)
+    return PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, dev, cfg=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+def test_row_chunks_beyond_int32_indexing(seed, monkeypatch):
+    """The int32 limit lowered so a launch is cut into row chunks (each chunk's dw summed in fp32 in
+    order), then a real M * N > 2^31 (bf16, N = 8192: 4 GiB per tensor)."""
+    from cutile_norms.cutile import rmsnorm_bwd
+
+    N = 4096
+    x = random_rows((1000, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy = torch.randn(1000, N, device="cuda").to(torch.bfloat16)
+    monkeypatch.setattr(rmsnorm_bwd, "_MAX_FLAT", 300 * N)  # 288-row chunks
+    dx, dw = _run_bwd(x, w, dy, 0.0)
+    _check(x, w, dy, 0.0, dx, dw, "chunked", seed)
+    monkeypatch.undo()
+    free, _ = torch.cuda.mem_get_info()
+    M, N = (1 << 31) // 8192 + 64, 8192
+    if free < 5 * M * N * 2 + (8 << 30):
+        pytest.skip(f"needs ~{5 * M * N * 2 >> 30} GiB of free GPU memory, {free >> 30} free")
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    dx, dw = _run_bwd(x, w, dy, 0.0)
+    for rows in (slice(0, 64), slice(M // 2 - 7, M // 2 + 9), slice(M - 64, M)):  # the fp64 check on some rows
+        ex, _, sx, _ = reference_bwd64(x[rows], w, dy[rows], EPS, 0.0)
+        assert_grad_close(dx[rows], ex, sx, torch.bfloat16, f"M*N > 2^31 dx rows {rows}", seed)
+    ew = torch.zeros(N, dtype=torch.float64, device="cuda")
+    sw = torch.zeros(N, dtype=torch.float64, device="cuda")
+    for r0 in range(0, M, 16384):
+        _, ewc, _, swc = reference_bwd64(x[r0:r0 + 16384], w, dy[r0:r0 + 16384], EPS, 0.0)
+        ew += ewc
+        sw += swc
+    assert_grad_close(dw, ew, sw, torch.bfloat16, "M*N > 2^31 dw", seed)

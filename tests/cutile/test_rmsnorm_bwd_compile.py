@@ -1,0 +1,114 @@
+"""Compile checks (CPU only, no GPU) of the cuTile backward kernel: every variant the library can
+launch is built to a real sm_90 and sm_100 cubin (cuTile front end + tileiras), and the sm_90 builds
+are re-assembled with `ptxas -v` to check that a block fits the register file without spilling.
+"""
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from cuda.tile.compilation import export_kernel
+
+from cutile_norms._platform import DeviceInfo
+from cutile_norms.cutile import rmsnorm_bwd
+from tests.cutile.compile_util import CT_DTYPES, embedded_ptx, ptxas_report
+
+WIDTHS = [1, 7, 128, 129, 512, 1000, 1024, 2048, 2880, 4095, 4096, 4097, 5120, 7168, 8192, 16384, 32768, 65536,
+          65537, 131072, 262144]
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32"),
+          ("float16", "float32")]
+ARCHS = {"sm_90": DeviceInfo("nvidia", "H100 (simulated)", (9, 0), 132),
+         "sm_100": DeviceInfo("nvidia", "B200 (simulated)", (10, 0), 148)}
+ELEM = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def compile_bwd(cfg, N, x_dtype, w_dtype, arch="sm_90", **flags) -> bytes:
+    kernel, sig = rmsnorm_bwd.export_signature(cfg, N, CT_DTYPES[x_dtype], CT_DTYPES[w_dtype],
+                                               sm_count=ARCHS[arch].sm_count, **flags)
+    buf = io.BytesIO()
+    export_kernel(kernel, [sig], buf, gpu_code=arch, output_format="cubin")
+    return buf.getvalue()
+
+
+def _config(N, x_dtype, arch, w_dtype=None):
+    return rmsnorm_bwd.default_config(N, ELEM[x_dtype], ARCHS[arch], x_dtype, w_dtype == "float32")
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("N", WIDTHS)
+def test_compiles_bf16(N, arch):
+    """The config the library picks, as a training step runs it (dx and dw)."""
+    cubin = compile_bwd(_config(N, "bfloat16", arch), N, "bfloat16", "bfloat16", arch)
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES[1:])
+@pytest.mark.parametrize("N", [128, 1000, 4096, 4097, 65536])
+def test_compiles_other_dtypes(N, x_dtype, w_dtype, arch):
+    cubin = compile_bwd(_config(N, x_dtype, arch, w_dtype), N, x_dtype, w_dtype, arch)
+    assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("has_w,need_dx,need_dw", [(False, True, False), (True, True, False), (True, False, True)])
+@pytest.mark.parametrize("N", [128, 2880, 65536])
+def test_compiles_weight_none_and_one_grad(N, has_w, need_dx, need_dw, arch):
+    cubin = compile_bwd(_config(N, "bfloat16", arch), N, "bfloat16", "bfloat16", arch, has_w=has_w,
+                        need_dx=need_dx, need_dw=need_dw)
+    assert cubin[:4] == b"\x7fELF"
+
+
+# configs the heuristic may not pick (the GPU suite's CONFIG_CASES): one row per tile for narrow rows,
+# several rows for 1000, splits with a short last part and a part that is no multiple of its pieces
+CONFIG_CASES = [(1, 1, 4, 128), (8, 1, 2, 1000), (1, 2, 2, 2880), (1, 8, 2, 40000), (1, 4, 1, 100003),
+                (1, 32, 2, 262144), (2, 1, 3, 4097), (1, 1, 1, 8192)]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("tile_m,split,bps,N", CONFIG_CASES)
+def test_configs_compile(tile_m, split, bps, N, arch):
+    base = rmsnorm_bwd.BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8)
+    cfg = rmsnorm_bwd.BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
+                                piece_min=rmsnorm_bwd.cached_piece_min(rmsnorm_bwd.part_of(base, N)))
+    assert compile_bwd(cfg, N, "bfloat16", "bfloat16", arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N", [128, 1000, 2880, 4096, 8192, 65536, 262144])
+def test_picked_configs_fit_without_spilling(N, x_dtype, w_dtype):
+    """sm_90: blocks_per_sm blocks fit the register file, and at most a few registers spill (the held
+    weight, dw's accumulator, x * rstd and g for the part: about 4 fp32 values per element). The
+    H100 sweep's pick at N = 4096, 3 blocks per SM at 80 registers, spills 8 bytes per thread (24
+    with an fp32 weight) and measured fastest; more is a regression."""
+    cfg = _config(N, x_dtype, "sm_90", w_dtype)
+    report = ptxas_report(compile_bwd(cfg, N, x_dtype, w_dtype))
+    assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
+    assert report["spill_stores"] <= 32, f"N={N} {x_dtype}/{w_dtype} {cfg.short()}: {report}"
+
+
+def test_dx_stores_have_no_block_barrier_in_the_loop():
+    """With dx stored by ct.store at the loop's tile index, the row loop holds the block reduction's
+    barriers only: a ct.scatter had a bar.sync before and after each store (sm_90 PTX, N = 4096)."""
+    cfg = _config(4096, "bfloat16", "sm_90")
+    assert rmsnorm_bwd.dx_2d(cfg, 4096)
+    ptx = embedded_ptx(compile_bwd(cfg, 4096, "bfloat16", "bfloat16"))
+    flat = rmsnorm_bwd.BwdConfig(split=2, piece_min=1024, num_worker_warps=8)  # 2880 / 2: pieces 1024 + 512 ...
+    assert not rmsnorm_bwd.dx_2d(flat, 2880)
+    ptx_flat = embedded_ptx(compile_bwd(flat, 2880, "bfloat16", "bfloat16"))
+    assert ptx.count("bar.sync") < ptx_flat.count("bar.sync")
+
+
+def test_atomics_and_waits_are_what_the_protocol_needs():
+    """The ticket is an acq_rel atomic add by one thread after a block barrier (release of every
+    thread's partial stores); the reducers' wait polls with an acquire atomic, the exchange's with
+    relaxed 64-bit atomics: an atomic is performed once and its result shared by the block, so every
+    warp leaves a wait in the same iteration. No wait polls with loads, which every warp issues for
+    itself (warps then left at different polls and mismatched the block barriers that follow)."""
+    cfg = rmsnorm_bwd.BwdConfig(split=4, piece_min=4096, num_worker_warps=8)
+    ptx = embedded_ptx(compile_bwd(cfg, 16384, "bfloat16", "bfloat16"))
+    assert "atom.global.acq_rel.add.u32" in ptx
+    assert "atom.global.acquire.add.u32" in ptx
+    assert "atom.global.add.u64" in ptx and "atom.global.exch.b64" in ptx
+    assert "ld.relaxed" not in ptx and "ld.acquire" not in ptx

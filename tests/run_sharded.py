@@ -1,0 +1,80 @@
+"""Run a pytest selection in K processes at once (each takes every K-th collected test), then the
+tests marked `big` alone, then the shards' failures again one by one with the whole GPU (a shard has
+1/K of its memory: a full-size test that ran out of memory there is judged by its serial rerun). On the GPU machines the suite's time is mostly cuTile compiles, which run
+on the CPU (16 cores there): shards share cuTile's disk cache (CUDA_TILE_CACHE_DIR).
+
+    python tests/run_sharded.py --shards 8 --logs $OUT -- -m gpu tests/
+
+Prints each shard's summary line and the failures; exits 1 if any shard failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--logs", default=os.path.join(ROOT, "bench", "results"))
+    p.add_argument("--timeout", type=float, default=480, help="seconds per shard before it is killed (a hang)")
+    p.add_argument("pytest_args", nargs="*")
+    args = p.parse_args(argv)
+    os.makedirs(args.logs, exist_ok=True)
+    sel = list(args.pytest_args) or ["tests/"]
+    marker = next((sel[i + 1] for i, a in enumerate(sel[:-1]) if a == "-m"), None)
+    rest = [a for i, a in enumerate(sel) if a != "-m" and (i == 0 or sel[i - 1] != "-m")]
+    # -v: a shard killed by the timeout shows the test it was in as its log's last line
+    base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rf"]
+    runs = []
+    t0 = time.time()
+    for i in range(args.shards):
+        m = f"({marker}) and not big" if marker else "not big"
+        env = dict(os.environ, CUTILE_NORMS_TEST_SHARD=f"{i}/{args.shards}")
+        log = open(os.path.join(args.logs, f"pytest_shard{i}.log"), "w")
+        runs.append((f"shard {i}", subprocess.Popen(base + ["-m", m] + rest, cwd=ROOT, env=env, stdout=log,
+                                                     stderr=subprocess.STDOUT), log))
+    codes = []
+    for name, proc, log in runs:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, args.timeout - (time.time() - t0))))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            log.write(f"\nTIMEOUT: killed after {args.timeout:.0f} s (the test above did not finish)\n")
+            codes.append(-1)
+        log.close()
+    m = f"({marker}) and big" if marker else "big"
+    with open(os.path.join(args.logs, "pytest_big.log"), "w") as log:
+        failed = subprocess.call(base + ["-m", m] + rest, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT) not in (0, 5)
+    retry = []
+    for i, code in enumerate(codes):
+        shard_fails = [ln.split()[1] for ln in open(os.path.join(args.logs, f"pytest_shard{i}.log")).read().splitlines()
+                       if ln.startswith(("FAILED ", "ERROR "))]
+        retry += shard_fails
+        # 0: passed, 5: nothing selected, 1: tests failed (judged by the rerun); else a crash or a timeout
+        failed |= code not in (0, 1, 5) or (code == 1 and not shard_fails)
+    names = [f"shard{i}" for i in range(args.shards)] + ["big"]
+    if retry:
+        names.append("rerun")
+        with open(os.path.join(args.logs, "pytest_rerun.log"), "w") as log:
+            failed |= subprocess.call(base + retry, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT) != 0
+    for name in names:
+        lines = open(os.path.join(args.logs, f"pytest_{name}.log")).read().splitlines()
+        fails = [ln for ln in lines if ln.startswith(("FAILED", "ERROR", "TIMEOUT"))]
+        if lines and lines[-1].startswith("TIMEOUT") and len(lines) > 2:
+            fails.insert(0, "last started: " + lines[-3])
+        print(f"{name}: {lines[-1] if lines else '(no output)'}")
+        for ln in fails[:20]:
+            print("   ", ln[:300])
+    print(f"{time.time() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
