@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import sys
+import time
 import traceback
 
 import torch
@@ -44,6 +45,30 @@ OUR_MODES = ["multi_wave_reload", "multi_wave_cached", "static_persistent", "tma
 
 def log(msg: str) -> None:
     print(msg, flush=True)
+
+
+class Progress:
+    """A progress bar on stderr (the results go to stdout): measurements done of the sweep's total, the
+    elapsed time and an estimate of what is left. Redrawn in place on a terminal, one line per step
+    in a log."""
+
+    def __init__(self, total: int):
+        self.total, self.count, self.t0, self.tty = max(total, 1), 0, time.time(), sys.stderr.isatty()
+
+    def step(self, what: str) -> None:
+        elapsed = time.time() - self.t0
+        left = elapsed / self.count * (self.total - self.count) if self.count else 0.0
+        filled = 30 * self.count // self.total
+        line = (f"[{'#' * filled}{'.' * (30 - filled)}] {self.count}/{self.total} {elapsed:4.0f} s"
+                f" (~{left:.0f} s left) {what}")
+        sys.stderr.write(("\r" + line[:110].ljust(110)) if self.tty else line + "\n")
+        sys.stderr.flush()
+        self.count += 1
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+        sys.stderr.write(f"{self.count} measurements in {time.time() - self.t0:.0f} s\n")
 
 
 def versions() -> dict:
@@ -143,6 +168,7 @@ def run(args) -> dict:
         f"{len(impls)} implementations; skipped: {skipped or 'none'}")
     eps = 1e-6
     e = torch.empty((), dtype=dtype).element_size()
+    progress = Progress(len(impls) * (len(args.ns) + len(args.small_n) * len(args.small_m)))
     for N in args.ns:
         M = max(1, ELEMENTS // N)
         x = torch.randn(M, N, device="cuda", dtype=dtype)
@@ -153,6 +179,7 @@ def run(args) -> dict:
                "copy_gbps": copy_gbps, "impls": []}
         fwd_bytes, bwd_bytes = 2 * M * N * e + N * e, 3 * M * N * e + 2 * N * e
         for name, fn in impls.items():
+            progress.step(f"N={N} {name}")
             rec = measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward, small=False,
                           forward=args.forward)
             row["impls"].append(rec)
@@ -169,6 +196,7 @@ def run(args) -> dict:
         row = {"N": N, "M": M, "copy_us": gpu_us(lambda: x.clone()), "copy_call_us": per_call_us(lambda: x.clone()),
                "impls": []}
         for name, fn in impls.items():
+            progress.step(f"small M={M} N={N} {name}")
             rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True, forward=args.forward)
             row["impls"].append(rec)
             log(f"small M={M:>5} N={N:>6} {name:<28} " + (rec.get("error") or
@@ -179,6 +207,7 @@ def run(args) -> dict:
                  f"{rec['fwdbwd_call_us']:6.1f} us" if "bwd_us" in rec else "")))
         log(f"small M={M:>5} copy {row['copy_us']:.1f} us, per call {row['copy_call_us']:.1f} us")
         result["small_m"].append(row)
+    progress.done()
     return result
 
 
@@ -194,20 +223,22 @@ def _cell(rec: dict, key: str, fmt: str) -> str:
 def markdown(result: dict) -> str:
     names = [r["impl"] for r in result["sweep"][0]["impls"]] if result["sweep"] else []
     out = [f"# RMSNorm bench: {result['gpu']} ({result['arch']}), {result['dtype']}, {result['date']}", "",
-           f"`{result['command']}`  ", "versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v),
-           "", "Forward, GB/s and (ratio to a same-run copy of the same bytes), M = 2^27 / N:", "",
-           "| N | copy GB/s | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
-    for row in result["sweep"]:
-        cells = [_cell(r, "fwd_gbps", "{:.0f}") + (f" ({r['fwd_vs_copy']:.3f})" if "fwd_vs_copy" in r else "")
-                 for r in row["impls"]]
-        out.append(f"| {row['N']} | {row['copy_gbps']:.0f} | " + " | ".join(cells) + " |")
+           f"`{result['command']}`  ", "versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v)]
+    if any("fwd_gbps" in r or "error" in r for row in result["sweep"] for r in row["impls"]):
+        out += ["", "Forward, GB/s and (ratio to a same-run copy of the same bytes), M = 2^27 / N:", "",
+                "| N | copy GB/s | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
+        for row in result["sweep"]:
+            cells = [_cell(r, "fwd_gbps", "{:.0f}") + (f" ({r['fwd_vs_copy']:.3f})" if "fwd_vs_copy" in r else "")
+                     for r in row["impls"]]
+            out.append(f"| {row['N']} | {row['copy_gbps']:.0f} | " + " | ".join(cells) + " |")
     if any("bwd_gbps" in r for row in result["sweep"] for r in row["impls"]):
-        out += ["", "Backward through autograd, GB/s and (ratio to the same copy bandwidth):", "",
-                "| N | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        out += ["", "Backward through autograd, GB/s and (ratio to the same copy's bandwidth, "
+                    "copy GB/s in the first column):", "",
+                "| N | copy GB/s | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]
         for row in result["sweep"]:
             cells = [_cell(r, "bwd_gbps", "{:.0f}") + (f" ({r['bwd_vs_copy']:.3f})" if "bwd_vs_copy" in r else "")
                      for r in row["impls"]]
-            out.append(f"| {row['N']} | " + " | ".join(cells) + " |")
+            out.append(f"| {row['N']} | {row['copy_gbps']:.0f} | " + " | ".join(cells) + " |")
     if result["small_m"] and any("fwdbwd_call_us" in r for row in result["small_m"] for r in row["impls"]):
         out += ["", "Small M, forward + backward through autograd, µs per call back to back:", "",
                 "| N | M | " + " | ".join(names) + " |", "|---:|---:|" + "---:|" * len(names)]

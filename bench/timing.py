@@ -34,6 +34,7 @@ def _flush_l2() -> None:
 
 
 SPIN_CYCLES = 400_000  # ~0.2 ms at the H100/H200 clocks (1.7-2.0 GHz): at least this
+SPIN_MAX_CYCLES = 40_000_000  # ~20 ms: a spin never dominates a run (warm-up host time can include a sync)
 SPIN_HZ = 2.0e9  # cycles per second assumed when the spin is sized from host time (the boost clock)
 
 
@@ -42,14 +43,16 @@ def device_ms(fn, reps: int = 40, warmup: int = 3, before=None) -> dict:
     the code, the weight or the workspace with it). The spin lasts 3x the host time of one call
     (measured in the warm-up) and at least SPIN_CYCLES: an autograd backward took 175-280 us of
     host time per call on an H100 machine, longer than a 0.2 ms spin, and its small-M GPU times
-    then counted host time (torch.compile's backward read 62 us at M = 64)."""
-    host = 0.0
+    then counted host time (torch.compile's backward read 62 us at M = 64). The host time is the
+    fastest warm-up call: with the slowest, torch.compile's compiling first call (~30 s) made each
+    repetition spin 90 s and a backward bench stalled for hours."""
+    host = float("inf")
     for _ in range(warmup):
         t0 = time.perf_counter()
         fn()
-        host = max(host, time.perf_counter() - t0)
+        host = min(host, time.perf_counter() - t0)  # min: the first call may compile (torch.compile: 30+ s)
     torch.cuda.synchronize()
-    spin = max(SPIN_CYCLES, int(3 * host * SPIN_HZ))
+    spin = min(max(SPIN_CYCLES, int(3 * host * SPIN_HZ)), SPIN_MAX_CYCLES)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         _flush_l2()

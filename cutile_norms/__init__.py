@@ -14,11 +14,12 @@ import sys
 
 from ._experimental import ExperimentalKernelWarning, enable_experimental, experimental_kernel
 from .dispatch import MODES
+from .patch import patch
 from .rmsnorm import RMSNorm, available_modes, explain, rms_norm
 
 __version__ = "0.1.0"
 __all__ = ["rms_norm", "RMSNorm", "available_modes", "explain", "enable_experimental",
-           "experimental_kernel", "ExperimentalKernelWarning", "MODES"]
+           "experimental_kernel", "ExperimentalKernelWarning", "MODES", "patch"]
 
 
 class _SourceTreeExperimental(importlib.abc.MetaPathFinder):

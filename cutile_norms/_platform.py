@@ -75,3 +75,19 @@ def _import_error(module: str) -> str | None:
 def toolchain() -> Toolchain:
     return Toolchain(cutile=_import_error("cuda.tile"), cute=_import_error("cutlass.cute"),
                      triton=_import_error("triton"))
+
+
+def table_arch(dev: DeviceInfo, tables: dict) -> str | None:
+    """The arch whose measured rows mode=None uses on `dev`: its own, else (NVIDIA) the nearest
+    measured compute capability below it (an sm_100 or sm_120 GPU runs the sm_90 rows: the kernels
+    compile for them, and a kernel beats the fp32 reference by 10-20x wherever it runs). None: no
+    measured arch applies (CPU, AMD, no table, or a GPU older than every measured arch)."""
+    if dev.arch_name in tables:
+        return dev.arch_name
+    if dev.vendor != "nvidia" or not dev.arch:
+        return None
+    measured = [(int(a[3:-1]), int(a[-1]), a) for a in tables if a.startswith("sm_") and a[3:].isdigit()]
+    if not measured:
+        return None
+    below = [m for m in measured if m[:2] <= dev.arch]
+    return max(below)[2] if below else None

@@ -2,8 +2,9 @@
 
 `MODES` maps every mode name to its implementation and to what it needs (vendor, arch, DSL); a mode
 that cannot run says why. `mode=None` picks from the measured table in `tuning/rmsnorm_fwd.json`
-(written by `python bench/rmsnorm.py --write-table`), never an experimental or unbuilt kernel, and
-runs the reference where nothing was measured. `explain()` prints the decision and its evidence.
+(written by `python bench/rmsnorm.py --write-table`), never an experimental or unbuilt kernel; an
+NVIDIA arch with no rows of its own borrows the nearest measured arch's (warning once), and only
+where nothing applies (CPU, no table) does the reference run. `explain()` prints the decision and its evidence.
 """
 from __future__ import annotations
 
@@ -11,14 +12,19 @@ import functools
 import importlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
-from ._platform import DeviceInfo, Toolchain
+from ._platform import DeviceInfo, Toolchain, table_arch
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
+
+
+class UnmeasuredDeviceWarning(UserWarning):
+    """mode=None runs on a GPU whose arch has no measured table (it borrows the nearest one)."""
 
 
 @dataclass(frozen=True)
@@ -126,29 +132,42 @@ class Choice:
     reason: str
 
 
+MEASURE_COMMAND = "python bench/rmsnorm.py --write-table"
+_warned_arches: set = set()
+
+
 def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
     """mode=None: the measured best mode for (arch, dtype, N, M), or the reference with the reason."""
     if dev.vendor == "cpu":
         return Choice("torch", "CPU tensors: the reference runs")
     table = measured_table()
-    arch_rows = table.get("tables", {}).get(dev.arch_name)
-    if not arch_rows:
+    tables = table.get("tables", {})
+    arch = table_arch(dev, tables)
+    if arch is None:
         return Choice("torch", f"no measurements for {dev.arch_name} ({dev.name}) in {os.path.basename(TABLE_PATH)}: "
                                f"the reference runs; pass an explicit mode to use a kernel")
+    borrowed = ""
+    if arch != dev.arch_name:
+        borrowed = f"; {dev.arch_name} not measured, the {arch} table stands in (measure it: {MEASURE_COMMAND})"
+        if dev.arch_name not in _warned_arches:
+            _warned_arches.add(dev.arch_name)
+            warnings.warn(f"cutile_norms: {dev.name} ({dev.arch_name}) has no measured table; mode=None uses the "
+                          f"nearest measured arch's ({arch}). Measure this GPU and write its rows with: "
+                          f"{MEASURE_COMMAND}", UnmeasuredDeviceWarning, stacklevel=4)
     dname = str(dtype).removeprefix("torch.")
-    for row in arch_rows.get(dname, []):
+    for row in tables[arch].get(dname, []):
         if row["n_min"] <= N <= row["n_max"] and row["m_min"] <= M <= row["m_max"]:
             mode = MODES[row["mode"]]
             why_not = unavailable_reason(mode, dev, tools)
             if mode.status != STABLE or why_not:
                 break
-            src = table.get("source", {}).get(dev.arch_name, {})
+            src = table.get("source", {}).get(arch, {})
             command = src.get("commands", {}).get(dname, {}).get("command", "?")
-            return Choice(mode.name, f"measured table {dev.arch_name}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
+            return Choice(mode.name, f"measured table {arch}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
                                      f"M in [{row['m_min']}, {row['m_max']}] -> {row['mode']} ({row['evidence']}; "
-                                     f"{src.get('gpu', '?')}, {command})")
-    return Choice("torch", f"the measured table for {dev.arch_name} has no runnable row for {dname}, N={N}, M={M}: "
-                           f"the reference runs")
+                                     f"{src.get('gpu', '?')}, {command}){borrowed}")
+    return Choice("torch", f"the measured table for {arch} has no runnable row for {dname}, N={N}, M={M}: "
+                           f"the reference runs{borrowed}")
 
 
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:

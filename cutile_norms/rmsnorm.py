@@ -21,9 +21,10 @@ import torch
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._platform import DeviceInfo, device_info, toolchain
-from .reference import rms_norm_reference
+from .reference import rms_norm_backward, rms_norm_reference
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_TORCH_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None (torch.nn.RMSNorm's default), measured equal
 
 
 # ================================================================================================
@@ -106,6 +107,84 @@ def _unit_stride(weight):
 
 
 # ================================================================================================
+# torch.library ops: what torch.compile sees
+# ================================================================================================
+# Under torch.compile, rms_norm is the op cutile_norms::rms_norm_fwd (its backward the op
+# cutile_norms::rms_norm_bwd, wired by register_autograd): dynamo never traces the dispatch code or
+# cuTile's launch, the fake impls give inductor the output shapes with M symbolic, and CUDA graphs
+# (mode="reduce-overhead") capture the kernels' launches. Eager calls skip the op layer (the
+# dispatcher's round trip through Python costs host time at batch 1) and run the same kernels
+# through _RMSNormFunction. The mode travels as a string ("" = None) and is resolved inside the op,
+# per call, with the real M.
+@torch.library.custom_op("cutile_norms::rms_norm_fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, mode: str,
+            store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y in x's shape and dtype, rstd [M] fp32, or an empty tensor without store_rstd)."""
+    dev, M, choice = _plan(x, mode or None)
+    if choice.mode == "torch" or x.numel() == 0:
+        y, rstd = rms_norm_reference(x, weight, eps, offset)
+        return y.contiguous(), rstd.reshape(-1).float() if store_rstd else x.new_empty(0, dtype=torch.float32)
+    y, rstd = dispatch.backend(choice.mode).forward(_as_rows(x), weight, eps, offset, store_rstd, dev,
+                                                    out_shape=x.shape)
+    return y, rstd if store_rstd else x.new_empty(0, dtype=torch.float32)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, weight, eps, offset, mode, store_rstd):
+    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(M if store_rstd else 0,
+                                                                                   dtype=torch.float32)
+
+
+@torch.library.custom_op("cutile_norms::rms_norm_bwd", mutates_args=())
+def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
+            mode: str, need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in x's shape and dtype, dw [N] in the weight's dtype); an empty tensor for a grad not asked for."""
+    x2d = _as_rows(x)
+    dev, M, choice = _plan(x, mode or None)
+    need_dw = need_dw and weight is not None
+    if choice.mode == "torch" or x.numel() == 0:
+        dx, dw = rms_norm_backward(_grad_rows(dy, x2d), x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
+    else:
+        dx, dw = dispatch.backward_backend(choice.mode).backward(
+            _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, offset, need_dx, need_dw, dev)
+    return (dx.view(x.shape) if need_dx else x.new_empty(0),
+            dw if need_dw else x.new_empty(0))
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dy, x, weight, rstd, offset, mode, need_dx, need_dw):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format) if need_dx else x.new_empty(0),
+            weight.new_empty(weight.shape) if need_dw and weight is not None else x.new_empty(0))
+
+
+def _fwd_op_setup(ctx, inputs, output):
+    x, weight, eps, offset, mode, store_rstd = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.offset, ctx.mode = offset, mode
+
+
+def _fwd_op_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    need_dx = ctx.needs_input_grad[0]
+    need_dw = weight is not None and ctx.needs_input_grad[1]
+    dx, dw = torch.ops.cutile_norms.rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.mode, need_dx, need_dw)
+    return dx if need_dx else None, dw if need_dw else None, None, None, None, None
+
+
+_fwd_op.register_autograd(_fwd_op_backward, setup_context=_fwd_op_setup)
+
+
+def _rms_norm_traced(x, weight, eps: float, offset: float, mode: str | None) -> torch.Tensor:
+    """rms_norm as torch.compile traces it: the reference's ops for mode="torch" (inductor fuses
+    them), else the op."""
+    if mode == "torch":
+        return rms_norm_reference(x, weight, eps, offset)[0]
+    grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+    return torch.ops.cutile_norms.rms_norm_fwd(x, weight, eps, offset, mode or "", grad)[0]
+
+
+# ================================================================================================
 # Public entry points
 # ================================================================================================
 def _plan(x, mode):
@@ -123,24 +202,63 @@ def _route(mode, device, dtype, M, N, _experimental_on):
     return dev, dispatch.resolve(mode, dev, toolchain(), dtype, M, N)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
              mode: str | None = None, offset: float = 0.0) -> torch.Tensor:
     """RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (offset + weight).
 
-    mode: None (the measured heuristic; `explain()` says what it picks), "multi_wave_reload",
-    "multi_wave_cached", "static_persistent" (cuTile), "tma_smem_cached" (CuTe DSL), "triton", or
-    "torch" (the fp32 reference). A mode that cannot run here raises and says why.
+    eps=None: what torch's rms_norm does, torch.finfo(torch.float32).eps (its math type's epsilon,
+    also for 16-bit x; its docs say x's dtype, its kernels use the math type's). mode: None (the
+    measured heuristic; `explain()` says what it picks), "multi_wave_reload", "multi_wave_cached",
+    "static_persistent" (cuTile), "tma_smem_cached" (CuTe DSL), "triton", or "torch" (the fp32
+    reference). A mode that cannot run here raises and says why. Under torch.compile the call is one
+    opaque op (see the torch.library ops above).
     """
+    if eps is None:  # torch's rms_norm: the epsilon of its math type, fp32 for all three dtypes
+        eps = _TORCH_DEFAULT_EPS
+    if torch.compiler.is_compiling():
+        _validate(x, weight, eps, offset)
+        return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
+    if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
+        grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+        if not grad:  # inference: a plan per call signature, validated and routed once
+            key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, None if weight is None else
+                   (weight.shape, weight.stride(), weight.dtype, weight.device))
+            plan = _INFERENCE_PLANS.get(key)
+            if plan is None:
+                plan = _inference_plan(x, weight, eps, offset, mode)
+                if len(_INFERENCE_PLANS) >= _MAX_PLANS:
+                    _INFERENCE_PLANS.clear()
+                _INFERENCE_PLANS[key] = plan
+            return plan(x, weight)
     _validate(x, weight, eps, offset)
     dev, M, choice = _plan(x, mode)
     if choice.mode == "torch" or x.numel() == 0:  # empty: the reference's ops give empty dx and zero dw
         return rms_norm_reference(x, weight, eps, offset)[0]
     x2d = _as_rows(x)
-    if torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad)):
-        return _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), choice.mode, dev).view(x.shape)
-    # inference: no autograd node, no rstd, y allocated in x's shape
-    return dispatch.backend(choice.mode).forward(x2d, weight, float(eps), float(offset), False, dev,
-                                                 out_shape=x.shape)[0]
+    return _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), choice.mode, dev).view(x.shape)
+
+
+# Inference plans: the call signature (shapes, strides, dtypes, devices, eps, offset, mode) -> a
+# function of (x, weight) that runs the kernel with nothing left to decide. At batch 1 a call is host
+# bound: validation and routing cost ~12 us of a 40 us call on an H100 host (bench/probe/host_path.py).
+_INFERENCE_PLANS: dict = {}
+_MAX_PLANS = 4096  # a serving loop meets a few signatures per model; past this the dict starts over
+
+
+def _inference_plan(x, weight, eps, offset, mode):
+    _validate(x, weight, eps, offset)
+    dev, M, choice = _plan(x, mode)
+    eps, offset = float(eps), float(offset)
+    if choice.mode == "torch" or x.numel() == 0:
+        return lambda x, w: rms_norm_reference(x, w, eps, offset)[0]
+    backend = dispatch.backend(choice.mode)
+    x2d = _as_rows(x)
+    shape, N = x.shape, x.shape[-1]
+    launcher = getattr(backend, "launcher", None)
+    if launcher is None:
+        return lambda x, w: backend.forward(_as_rows(x), w, eps, offset, False, dev, out_shape=shape)[0]
+    run = launcher(M, N, x2d.stride(0), x.dtype, None if weight is None else weight.dtype, False, dev)
+    return lambda x, w: run(_as_rows(x), w, eps, offset, shape)[0]
 
 
 def available_modes(device: torch.device | str | int | None = None) -> dict[str, str | None]:
@@ -179,11 +297,13 @@ def _where(dev: DeviceInfo) -> str:
 class RMSNorm(torch.nn.Module):
     """Drop-in for torch.nn.RMSNorm (same `weight` parameter and state_dict), backed by rms_norm.
 
+    The same constructor defaults as torch's: eps=None gives torch's result (the fp32 epsilon, see
+    rms_norm).
     normalized_shape may name several trailing dims; they are normalized together. With offset != 0
     (Gemma's 1 + w), the weight initialises to 1 - offset so the initial scale is 1.
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-6, elementwise_affine: bool = True, *,
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, *,
                  mode: str | None = None, offset: float = 0.0, device=None, dtype=None):
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):

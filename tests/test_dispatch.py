@@ -54,10 +54,33 @@ def test_missing_arch_is_a_runtime_error():
         dispatch.resolve("static_persistent", A100, ALL_TOOLS, torch.bfloat16, 4, 128)
 
 
-def test_mode_none_on_cpu_and_on_unmeasured_arch():
+def test_mode_none_on_cpu():
     assert dispatch.resolve(None, CPU, ALL_TOOLS, torch.float32, 4, 128).mode == "torch"
-    choice = dispatch.resolve(None, B200, ALL_TOOLS, torch.bfloat16, 4096, 4096)
-    assert choice.mode == "torch" and "no measurements for sm_100" in choice.reason
+
+
+def test_unmeasured_arch_borrows_the_nearest_table_and_warns_once(monkeypatch):
+    """A Blackwell GPU (no rows of its own) runs the sm_90 rows, not the reference; one warning per
+    arch names the command that measures it; the reason says which table stood in."""
+    monkeypatch.setattr(dispatch, "_warned_arches", set())
+    with pytest.warns(dispatch.UnmeasuredDeviceWarning, match="bench/rmsnorm.py --write-table"):
+        choice = dispatch.resolve(None, B200, ALL_TOOLS, torch.bfloat16, 4096, 4096)
+    assert choice.mode in CUTILE_MODES
+    assert "measured table sm_90/bfloat16" in choice.reason and "sm_100 not measured" in choice.reason
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dispatch.resolve(None, B200, ALL_TOOLS, torch.bfloat16, 64, 1024)  # no second warning
+        # an arch older than every measured one borrows nothing: the reference, with the reason
+        choice = dispatch.resolve(None, A100, ALL_TOOLS, torch.bfloat16, 4096, 4096)
+    assert choice.mode == "torch" and "no measurements for sm_80" in choice.reason
+
+
+@pytest.mark.parametrize("arch,measured,expected", [
+    ((10, 0), ["sm_90"], "sm_90"), ((9, 0), ["sm_90", "sm_100"], "sm_90"), ((12, 0), ["sm_90", "sm_100"], "sm_100"),
+    ((10, 3), ["sm_90", "sm_100", "sm_120"], "sm_100"), ((8, 9), ["sm_90"], None), ((10, 0), [], None)])
+def test_table_arch_is_the_nearest_measured(arch, measured, expected):
+    dev = DeviceInfo("nvidia", "GPU", arch, 100, 0)
+    assert dispatch.table_arch(dev, {a: {} for a in measured}) == expected
 
 
 FAKE_TABLE = {

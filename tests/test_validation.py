@@ -64,10 +64,15 @@ def test_eps_not_finite_positive(x, w, eps):
         cn.rms_norm(x, w, eps)
 
 
-@pytest.mark.parametrize("eps", ["1e-6", None, True, torch.tensor(1e-6)])
+@pytest.mark.parametrize("eps", ["1e-6", True, torch.tensor(1e-6)])
 def test_eps_not_a_number(x, w, eps):
     with pytest.raises(TypeError, match="eps must be a real number"):
         cn.rms_norm(x, w, eps)
+
+
+def test_eps_none_is_torchs_epsilon(x, w):
+    """eps=None: torch's rms_norm convention (the fp32 epsilon, whatever x's dtype)."""
+    torch.testing.assert_close(cn.rms_norm(x, w, None), cn.rms_norm(x, w, torch.finfo(torch.float32).eps))
 
 
 @pytest.mark.parametrize("offset", [math.nan, math.inf])

@@ -32,13 +32,22 @@ import math
 import os
 from dataclasses import dataclass
 
+import cuda.tile as ct
 import torch
 
-import cuda.tile as ct
-
-from .._platform import DeviceInfo
-from .rmsnorm_fwd import _align_elems, _flat, _gather_masked, _raw_stream, _round16, _scatter_masked, \
-    cached_piece_min, row_pieces, split_part
+from .._platform import DeviceInfo, table_arch
+from .rmsnorm_fwd import (
+    _align_elems,
+    _flat,
+    _gather_masked,
+    _raw_stream,
+    _round16,
+    _scatter_masked,
+    cached_piece_min,
+    row_pieces,
+    split_part,
+)
+from .workspace import workspace
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -346,7 +355,9 @@ def default_config(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp
 
 def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
                       fp32_weight: bool = False) -> tuple[BwdConfig, str]:
-    tables = measured_configs().get(dev.arch_name, {})
+    by_arch = measured_configs()
+    arch = table_arch(dev, by_arch)  # an unmeasured arch borrows the nearest measured one
+    tables = by_arch.get(arch or "", {})
     # a dtype not measured takes the table of one of the same width (fp16 <-> bf16), else any: the
     # registers a config needs go with elements, not bytes
     same = [d for d in tables if torch.empty((), dtype=getattr(torch, d)).element_size() == elem_bytes]
@@ -357,7 +368,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     else:
         n, cfg, ratio = min(rows, key=lambda r: abs(math.log2(r[0]) - math.log2(max(N, 1))))
         cfg = _scaled(cfg, n, N)
-        source = (f"measured at N={n} on {dev.arch_name} in {use}: {ratio:.3f}x copy "
+        source = (f"measured at N={n} on {arch} in {use}: {ratio:.3f}x copy "
                   f"({os.path.basename(CONFIG_TABLE)})")
     if fp32_weight and elem_bytes == 2 and cfg.tile_m > 1 and cfg.tile_m * N > PART_ELEMS:
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
@@ -417,8 +428,13 @@ def kernel_for(hints: tuple) -> ct.kernel:
 def export_signature(cfg: BwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, need_dx: bool = True,
                      need_dw: bool = True, sm_count: int = 132):
     """The KernelSignature a launch on contiguous, well-aligned tensors compiles (for the CI checks)."""
-    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
-                                       KernelSignature, ScalarConstraint)
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        CallingConvention,
+        ConstantConstraint,
+        KernelSignature,
+        ScalarConstraint,
+    )
 
     def arr(dtype, div16: bool):
         return ArrayConstraint(dtype, 1, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
@@ -445,27 +461,18 @@ def export_signature(cfg: BwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
 
 
 # ================================================================================================
-# Workspaces and the launch wrapper
+# The launch wrapper
 # ================================================================================================
 _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
-_WORKSPACES: dict = {}  # (kind, device index, raw stream[, split]) -> tensor, kept between launches
 
 
-def _workspace(kind: str, numel: int, dtype: torch.dtype, device, stream: int, zero: bool) -> torch.Tensor:
-    """A buffer of at least `numel` elements kept per (kind, device, stream) and regrown (doubling)
-    when too small: launches on one stream run in order, so they may share it. `zero`: allocated
-    all 0 (the counters and slots, which the kernel leaves as it found them or flips). Under CUDA
-    graph capture a new buffer is made and not kept: its zero fill is captured and replays with the
-    kernel, and the graph's pool owns it."""
-    key = (kind, device.index, stream)
-    ws = _WORKSPACES.get(key)
-    capturing = torch.cuda.is_current_stream_capturing()
-    if ws is None or ws.numel() < numel or capturing:
-        need = _round16(max(numel, 2 * ws.numel() if ws is not None and not capturing else 0))
-        ws = (torch.zeros if zero else torch.empty)(need, dtype=dtype, device=device)
-        if not capturing:
-            _WORKSPACES[key] = ws
-    return ws
+@functools.lru_cache(maxsize=4096)
+def _prepared(cfg: BwdConfig, N: int, x_align: int, dy_align: int, has_w: bool, need_dx: bool, need_dw: bool,
+              sm_count: int):
+    """(2-D dx?, kernel, compile-time constants, dw partial row length) of one launch signature: worked
+    out once, not per call (host time at small M)."""
+    return (dx_2d(cfg, N), kernel_for(tuple(sorted(cfg.hints().items()))),
+            constants(cfg, N, x_align, dy_align, has_w, need_dx, need_dw, sm_count), cfg.split * part_of(cfg, N))
 
 
 def grid_rows(cfg: BwdConfig, M: int, sm_count: int) -> int:
@@ -511,11 +518,9 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     else:
         dx = dx_buffer(cfg, M, N, x2d.dtype, device) if need_dx else None
         dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
-    two_d = dx_2d(cfg, N)
-    kernel = kernel_for(tuple(sorted(cfg.hints().items())))
-    consts = constants(cfg, N, _align_elems(sx, e), _align_elems(sdy, e), has_w, need_dx, need_dw, sm_count)
-    npad = cfg.split * part_of(cfg, N)
-    tickets = _workspace("tickets", 16, torch.int32, device, stream, zero=True)
+    two_d, kernel, consts, npad = _prepared(cfg, N, _align_elems(sx, e), _align_elems(sdy, e), has_w, need_dx,
+                                            need_dw, sm_count)
+    tickets = workspace("tickets", 16, torch.int32, device, stream, zero=True)
     w_arg = weight if has_w else rstd  # never read without HAS_W
 
     def one(r0: int, m: int, dw_out: torch.Tensor | None):
@@ -529,10 +534,10 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         else:
             dx_arg = _flat(dx, _round16(m * N), r0 * N)
         rstd_flat = _flat(rstd, m, r0)
-        partials = (_workspace("partials", R * npad, torch.float32, device, stream, zero=False)
+        partials = (workspace("partials", R * npad, torch.float32, device, stream, zero=False)
                     if need_dw and R > 1 else rstd_flat)
-        sync = (_workspace(f"sync{cfg.split}", m * cfg.split, torch.int64, device, stream, zero=True)
-                if cfg.split > 1 and need_dx else _workspace("sync1", 16, torch.int64, device, stream, zero=True))
+        sync = (workspace(f"sync{cfg.split}", m * cfg.split, torch.int64, device, stream, zero=True)
+                if cfg.split > 1 and need_dx else workspace("sync1", 16, torch.int64, device, stream, zero=True))
         nred = min(R * cfg.split, reducers(sm_count))
         ct.launch(stream, (R * cfg.split,), kernel,
                   (x_flat, dy_flat, w_arg, rstd_flat, dx_arg, dw_out if dw_out is not None else w_arg, partials,

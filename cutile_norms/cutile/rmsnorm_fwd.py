@@ -24,11 +24,11 @@ import math
 import os
 from dataclasses import dataclass
 
+import cuda.tile as ct
 import torch
 
-import cuda.tile as ct
-
-from .._platform import DeviceInfo
+from .._platform import DeviceInfo, table_arch
+from .workspace import workspace
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -744,7 +744,8 @@ def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: s
     measured best for the nearest row size (bytes) on this arch, among the entries measured in this
     dtype if there are any (tuning/rmsnorm_fwd_configs.json, written by
     bench/cutile/rmsnorm_fwd_configs.py --dtype D --write-configs), else the analytical rule below."""
-    entries = measured_configs().get(dev.arch_name, {}).get(mode)
+    tables = measured_configs()
+    entries = tables.get(table_arch(dev, tables) or "", {}).get(mode)  # an unmeasured arch: the nearest
     if entries:
         same = [e for e in entries if e[3] == dtype] or entries
         rb = N * elem_bytes
@@ -817,8 +818,13 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
 
 def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, store_rstd: bool = True):
     """The KernelSignature a launch on well-aligned contiguous tensors would compile (for CI checks)."""
-    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
-                                       KernelSignature, ScalarConstraint)
+    from cuda.tile.compilation import (
+        ArrayConstraint,
+        CallingConvention,
+        ConstantConstraint,
+        KernelSignature,
+        ScalarConstraint,
+    )
 
     def arr(dtype, div16: bool):
         return ArrayConstraint(dtype, 1, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
@@ -854,24 +860,13 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
 _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row chunks
 
 
-_WORKSPACES: dict = {}  # (device index, raw stream, split) -> the split kernel's int32 slots
 
 
 def _sync_workspace(M: int, split: int, device, stream: int) -> torch.Tensor:
-    """The split kernel's slots for M rows: one workspace per (device, stream, split), kept between
-    launches (the kernel flips a sign bit instead of needing it cleared) and regrown, all 0, when M
-    outgrows it. Launches on one stream run in order, so they may share it; other streams get their
-    own. Lengths are multiples of 16, so the array's "divisible by 16" bit (which a launch
-    specialises on) never changes. Under CUDA graph capture a new workspace is not cached: its zero
-    fill is captured with the kernel and replays with it."""
-    key = (device.index, stream, split)
-    ws = _WORKSPACES.get(key)
-    if ws is None or ws.numel() < M * split:
-        need = max(M * split, 2 * ws.numel() if ws is not None else 0)
-        ws = torch.zeros(_round16(need), dtype=torch.int32, device=device)
-        if not torch.cuda.is_current_stream_capturing():
-            _WORKSPACES[key] = ws
-    return ws
+    """The split kernel's int32 slots for M rows, kept between launches (the kernel flips a sign bit
+    instead of needing them cleared; see workspace.py for streams and CUDA graphs). Lengths are
+    multiples of 16, so the array's "divisible by 16" bit (which a launch specialises on) never changes."""
+    return workspace(f"fwd_sync{split}", M * split, torch.int32, device, stream, zero=True)
 
 
 def _round16(n: int) -> int:
@@ -1008,6 +1003,36 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     return y, rstd
 
 
+@functools.lru_cache(maxsize=4096)
+def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: torch.dtype | None,
+             store_rstd: bool, sm_count: int):
+    """`launch` for one call signature (M free) with everything but the tensors worked out once: the
+    host path at batch 1, where a call is host bound (bench/probe/host_path.py). Returns
+    run(x2d, weight, eps, offset, out_shape) -> (y, rstd), or None where the signature needs the
+    general path (2-D padded y, the split kernel's slots, the fp32 weight's planes)."""
+    if row_pad(cfg) > 1 or cfg.kernel == "split" or weight_planes_offset(dtype, w_dtype, N):
+        return None
+    kernel, consts = _prepared(cfg, N, _align_elems(stride, dtype.itemsize), w_dtype is not None, store_rstd, 0)
+    has_w = w_dtype is not None
+
+    def run(x2d, weight, eps, offset, out_shape):
+        M = x2d.shape[0]
+        span = (M - 1) * stride + N
+        if M * N % 16 or span > _MAX_FLAT:  # y's padded allocation, or row chunks: the general path
+            return launch(cfg, x2d, weight, eps, offset, store_rstd, sm_count, out_shape=out_shape)
+        y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=x2d.device)
+        y_flat = y.view(-1)
+        unused = _flat(y, 16)
+        rstd = torch.empty(_round16(M), dtype=torch.float32, device=x2d.device)[:M] if store_rstd else None
+        x_flat = x2d.view(-1) if stride == N or M == 1 else _flat(x2d, span)
+        ct.launch(_raw_stream(x2d.device.index), (grid_size(cfg, M, sm_count),), kernel,
+                  (x_flat, weight if has_w else unused, y_flat, rstd if store_rstd else unused,
+                   M, stride if M > 1 else N, eps, offset) + consts)
+        return y, rstd
+
+    return run
+
+
 # ================================================================================================
 # The three mode backends (what the dispatch table points at)
 # ================================================================================================
@@ -1027,6 +1052,16 @@ class CuTileForward:
                 out: tuple | None = None, out_shape=None):
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
         return launch(cfg, x2d, weight, eps, offset, store_rstd, dev.sm_count, out, out_shape)
+
+    def launcher(self, M: int, N: int, stride: int, dtype: torch.dtype, w_dtype: torch.dtype | None,
+                 store_rstd: bool, dev: DeviceInfo):
+        """run(x2d, weight, eps, offset, out_shape) for this call signature (see `launcher`)."""
+        cfg = self.config(N, dtype, dev)
+        run = launcher(cfg, N, stride if M > 1 else N, dtype, w_dtype, store_rstd, dev.sm_count)
+        if run is None:
+            return lambda x2d, w, eps, offset, out_shape: launch(cfg, x2d, w, eps, offset, store_rstd, dev.sm_count,
+                                                                 out_shape=out_shape)
+        return run
 
 
 MULTI_WAVE_CACHED = CuTileForward("multi_wave_cached", "whole row loaded once, kept on chip")

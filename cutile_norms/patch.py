@@ -1,0 +1,192 @@
+"""`patch(model)`: swap every RMSNorm-like submodule of a model for `cutile_norms.RMSNorm`, in place.
+
+    replaced = cutile_norms.patch(model)          # [("model.layers.0.input_layernorm", "LlamaRMSNorm"), ...]
+
+Contract:
+  * Modules are recognised by structure; nothing here imports transformers. Three kinds are replaced:
+      - `torch.nn.RMSNorm` (or a subclass that keeps its forward): normalized_shape, eps (None stays None:
+        torch's finfo(x.dtype).eps at call time) and elementwise_affine carry over.
+      - Hugging Face-style norms (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm incl. q_norm/k_norm,
+        GemmaRMSNorm, Gemma3RMSNorm, ...): the class name ends in "RMSNorm" (any case), the module's only
+        parameter is a 1-D `weight` Parameter, it has no buffers and no children, it holds a real eps in
+        `variance_epsilon` (Llama/Mistral/Qwen) or `eps` (Gemma), and forward takes one input.
+      - Gemma's `(1 + w)` scale becomes offset=1.0. The rule: the source of the class that defines `forward`
+        is searched for "1 + self.weight" / "1.0 + self.weight" (or "self.weight + 1"); when the source
+        cannot be read (a compiled or dynamically built class), a class name containing "Gemma" decides.
+  * Any other module whose class name ends in "RMSNorm"/"RmsNorm", and any torch.nn.RMSNorm subclass that
+    overrides forward, is unrecognised: strict=True (default) raises ValueError naming it and what was
+    expected; strict=False skips it (it is not in the returned list). A module carrying forward hooks or an
+    instance-level forward (e.g. accelerate's offload hooks) is unrecognised too: swapping it would drop them.
+  * Existing `cutile_norms.RMSNorm` modules are left alone. The root module itself cannot be swapped in place:
+    an RMSNorm-like root raises ValueError (wrap it in a container, or build cutile_norms.RMSNorm directly).
+  * Weights are kept, not copied: the replacement holds the original Parameter object (same device, dtype,
+    requires_grad), so optimizer state, tied references and state_dict keys are unchanged. The replacement's
+    training flag matches the original's.
+  * All-or-nothing: every module is classified and every replacement built before the model is touched, so a
+    raise leaves the model as it was.
+  * Returns [(qualified module name, original class name)], one entry per place a module was swapped in (a
+    module shared under two names is swapped for one replacement, listed under both names).
+
+Numerics: cutile_norms.RMSNorm computes x * rsqrt(mean(x^2) + eps) * (offset + w) in fp32 and rounds once to
+x's dtype. HF's Llama-style norm rounds the normalized x to the input dtype before multiplying by the weight
+(two roundings), so 16-bit outputs may differ from the original in the last bit; fp32 results agree to fp32
+rounding. HF's Llama-style norm also returns fp32 when the weight is fp32 and x is 16-bit; the replacement
+returns x's dtype. A weight must be in x's dtype or fp32 at call time (see `rms_norm`).
+"""
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import re
+
+import torch
+
+from .dispatch import MODES
+from .rmsnorm import RMSNorm
+
+# "1 + self.weight", "1.0 + self.weight.float()", "self.weight + 1": Gemma's zero-centred weight.
+_OFFSET_ONE_SOURCE = re.compile(r"(?<![\w.])1(?:\.0*)?\s*\+\s*self\.weight\b"
+                                r"|\bself\.weight(?:\.\w+\(\))?\s*\+\s*1(?:\.0*)?(?![\w.])")
+_HF_EPS_ATTRIBUTES = ("variance_epsilon", "eps")
+_TORCH_RMSNORM = getattr(torch.nn, "RMSNorm", None)  # torch >= 2.4
+
+
+class _Unrecognised(Exception):
+    """Why an RMSNorm-named module does not fit a known pattern (turned into the ValueError message)."""
+
+
+def patch(model: torch.nn.Module, *, mode: str | None = None, strict: bool = True) -> list[tuple[str, str]]:
+    """Replace every RMSNorm-like submodule of `model` with `cutile_norms.RMSNorm(mode=mode)`, in place,
+    keeping the weight Parameter objects. Returns [(qualified name, original class name)] of what was
+    replaced. strict=False skips RMSNorm-named modules of an unknown shape instead of raising.
+    See the module docstring for the recognition rules."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mode is not None and mode not in MODES:  # checked even when there is nothing to patch
+        raise ValueError(f"unknown mode {mode!r}; modes: None, " + ", ".join(map(repr, MODES)))
+
+    # Phase 1: classify everything and build every replacement; nothing in the model changes yet.
+    replacement_for: dict[int, torch.nn.Module] = {}  # id(original) -> its replacement (shared modules: one)
+    swaps: list[tuple[str, torch.nn.Module, torch.nn.Module]] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, RMSNorm):
+            continue
+        try:
+            spec = _recognise(module)
+        except _Unrecognised as why:
+            if strict:
+                raise ValueError(f"cannot patch {_describe(name, module)}: {why} "
+                                 f"(pass strict=False to skip modules like this one)") from None
+            continue
+        if spec is None:
+            continue
+        if name == "":
+            raise ValueError(f"the model itself is an RMSNorm ({type(module).__name__}); patch() swaps submodules "
+                             f"in their parent, so wrap it in a container or use cutile_norms.RMSNorm directly")
+        if id(module) not in replacement_for:
+            replacement_for[id(module)] = _build(module, mode=mode, **spec)
+        swaps.append((name, module, replacement_for[id(module)]))
+
+    # Phase 2: swap them in.
+    for name, original, replacement in swaps:
+        parent_name, _, child_name = name.rpartition(".")
+        # setattr on the parent routes a Module value into its _modules, which is also how ModuleList,
+        # Sequential and ModuleDict hold their children (under "0", "1", ... or their keys).
+        setattr(model.get_submodule(parent_name), child_name, replacement)
+    return [(name, type(original).__name__) for name, original, _ in swaps]
+
+
+def _recognise(module: torch.nn.Module) -> dict | None:
+    """The replacement's constructor arguments, None for a module that is not an RMSNorm at all, or
+    _Unrecognised for an RMSNorm-named module (or torch.nn.RMSNorm subclass) that fits no known pattern."""
+    cls = type(module)
+    is_torch_rmsnorm = _TORCH_RMSNORM is not None and isinstance(module, _TORCH_RMSNORM)
+    if not is_torch_rmsnorm and not cls.__name__.lower().endswith("rmsnorm"):
+        return None
+    _refuse_if_hooked(module)
+    if is_torch_rmsnorm:
+        if cls.forward is not _TORCH_RMSNORM.forward:
+            raise _Unrecognised("a torch.nn.RMSNorm subclass that overrides forward; expected torch.nn.RMSNorm's own")
+        return {"normalized_shape": tuple(module.normalized_shape), "eps": module.eps,
+                "elementwise_affine": module.weight is not None, "offset": 0.0}
+    return _recognise_hf_style(module)
+
+
+def _refuse_if_hooked(module: torch.nn.Module) -> None:
+    # A swapped-in module would not carry these, so the model would silently behave differently.
+    if "forward" in vars(module):
+        raise _Unrecognised("its forward is overridden on the instance (e.g. by accelerate hooks), "
+                            "which the replacement would drop")
+    hooks = [kind for kind in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+             if getattr(module, kind, None)]
+    if hooks:
+        raise _Unrecognised(f"it has {', '.join(hooks)} registered, which the replacement would drop")
+
+
+def _recognise_hf_style(module: torch.nn.Module) -> dict:
+    expected = ("expected a Hugging Face-style RMSNorm: a 1-D `weight` Parameter as its only parameter, no "
+                "buffers or submodules, a real eps in `variance_epsilon` or `eps`, and forward(hidden_states)")
+    params = dict(module.named_parameters())
+    weight = params.get("weight")
+    if list(params) != ["weight"] or not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1:
+        shapes = {k: tuple(v.shape) for k, v in params.items()}
+        raise _Unrecognised(f"its parameters are {shapes or 'none'}; {expected}")
+    buffers = [k for k, _ in module.named_buffers()]
+    children = [k for k, _ in module.named_children()]
+    if buffers or children:
+        raise _Unrecognised(f"it has buffers {buffers} / submodules {children}; {expected}")
+    eps_attribute = next((a for a in _HF_EPS_ATTRIBUTES if hasattr(module, a)), None)
+    eps = getattr(module, eps_attribute, None) if eps_attribute else None
+    if eps is None or isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not (0 < eps < math.inf):
+        where = f"`{eps_attribute}` is {eps!r}" if eps_attribute else "it has neither `variance_epsilon` nor `eps`"
+        raise _Unrecognised(f"{where}; {expected}")
+    if not _takes_one_input(type(module).forward):
+        raise _Unrecognised(f"forward{_signature(type(module).forward)} takes other inputs; {expected}")
+    return {"normalized_shape": (weight.shape[0],), "eps": float(eps), "elementwise_affine": True,
+            "offset": _hf_offset(type(module))}
+
+
+def _takes_one_input(forward) -> bool:
+    """forward(self, x): at most one required input, and room for it positionally. A generic wrapper's
+    (self, *args, **kwargs) passes, so a decorated forward is not refused on its signature alone."""
+    try:
+        params = list(inspect.signature(forward).parameters.values())[1:]  # drop self
+    except (TypeError, ValueError):
+        return True  # no signature to read (a C-level forward): do not refuse on that alone
+    kind = inspect.Parameter
+    required = [p for p in params if p.default is kind.empty and p.kind not in (kind.VAR_POSITIONAL, kind.VAR_KEYWORD)]
+    if required:
+        return len(required) == 1 and required[0].kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD, kind.VAR_POSITIONAL) for p in params)
+
+
+def _signature(forward) -> str:
+    try:
+        return str(inspect.signature(forward))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _hf_offset(cls: type) -> float:
+    """1.0 for Gemma's (1 + w) scale, else 0.0: read from the source of the class that defines forward
+    (its helpers, like Gemma's _norm, live there too), by class name when there is no source."""
+    defining = next((c for c in cls.__mro__ if "forward" in vars(c)), cls)
+    try:
+        source = inspect.getsource(defining)
+    except (OSError, TypeError):
+        return 1.0 if "gemma" in cls.__name__.lower() else 0.0
+    return 1.0 if _OFFSET_ONE_SOURCE.search(source) else 0.0
+
+
+def _build(original: torch.nn.Module, *, normalized_shape, eps, elementwise_affine, offset, mode) -> RMSNorm:
+    # Built on the meta device (no allocation, no init work), then handed the original Parameter itself.
+    replacement = RMSNorm(normalized_shape, eps, elementwise_affine, mode=mode, offset=offset, device="meta")
+    if elementwise_affine:
+        replacement.weight = original.weight
+    replacement.train(original.training)
+    return replacement
+
+
+def _describe(name: str, module: torch.nn.Module) -> str:
+    return f"{name or '<the model itself>'} ({type(module).__name__})"
