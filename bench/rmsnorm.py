@@ -266,7 +266,7 @@ def plot(result: dict, path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib not installed: no plot"
-    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     for ax, key in zip(axes, ["fwd_vs_copy", "bwd_vs_copy"]):
         names = [r["impl"] for r in result["sweep"][0]["impls"]]
         for name in names:
@@ -281,7 +281,7 @@ def plot(result: dict, path: str) -> str | None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)  # ~50 KB: small enough to commit beside the README
     return None
 
 

@@ -75,8 +75,10 @@ class _RMSNormFunction(torch.autograd.Function):
     """The kernel forward (saving x's rows, the weight and rstd in fp32) and the mode's backward kernel."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, eps, offset, mode, dev):
-        y, rstd = dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev)
+    def forward(ctx, x2d, weight, eps, offset, mode, dev, run=None):
+        # run: the plan's prepared launch (x2d, weight, eps, offset, out_shape) -> (y, rstd), if any
+        y, rstd = (run(x2d, weight, eps, offset, None) if run is not None else
+                   dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev))
         ctx.save_for_backward(x2d, weight, rstd)
         ctx.offset, ctx.mode, ctx.dev = offset, mode, dev
         return y
@@ -88,7 +90,7 @@ class _RMSNormFunction(torch.autograd.Function):
         need_dw = weight is not None and ctx.needs_input_grad[1]
         dx, dw = dispatch.backward_backend(ctx.mode).backward(
             _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, ctx.offset, need_dx, need_dw, ctx.dev)
-        return dx, dw, None, None, None, None
+        return dx, dw, None, None, None, None, None
 
 
 def _grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
@@ -220,44 +222,43 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
         grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-        if not grad:  # inference: a plan per call signature, validated and routed once
-            key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, None if weight is None else
-                   (weight.shape, weight.stride(), weight.dtype, weight.device))
-            plan = _INFERENCE_PLANS.get(key)
-            if plan is None:
-                plan = _inference_plan(x, weight, eps, offset, mode)
-                if len(_INFERENCE_PLANS) >= _MAX_PLANS:
-                    _INFERENCE_PLANS.clear()
-                _INFERENCE_PLANS[key] = plan
-            return plan(x, weight)
-    _validate(x, weight, eps, offset)
-    dev, M, choice = _plan(x, mode)
-    if choice.mode == "torch" or x.numel() == 0:  # empty: the reference's ops give empty dx and zero dw
-        return rms_norm_reference(x, weight, eps, offset)[0]
-    x2d = _as_rows(x)
-    return _RMSNormFunction.apply(x2d, weight, float(eps), float(offset), choice.mode, dev).view(x.shape)
+        key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, None if weight is None else
+               (weight.shape, weight.stride(), weight.dtype, weight.device))
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _call_plan(x, weight, eps, offset, mode, grad)
+            if len(_PLANS) >= _MAX_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+        return plan(x, weight)
+    _validate(x, weight, eps, offset)  # raises: x or the weight is not a tensor
 
 
-# Inference plans: the call signature (shapes, strides, dtypes, devices, eps, offset, mode) -> a
-# function of (x, weight) that runs the kernel with nothing left to decide. At batch 1 a call is host
-# bound: validation and routing cost ~12 us of a 40 us call on an H100 host (bench/probe/host_path.py).
-_INFERENCE_PLANS: dict = {}
+# Call plans: the call signature (shapes, strides, dtypes, devices, eps, offset, mode, autograd or
+# not) -> a function of (x, weight) that runs the kernel with nothing left to decide. At batch 1 a call
+# is host bound: validation and routing cost ~12 us of a 40 us call on an H100 host
+# (bench/probe/host_path.py). Tensors' values are never part of the key: only what was validated.
+_PLANS: dict = {}
 _MAX_PLANS = 4096  # a serving loop meets a few signatures per model; past this the dict starts over
 
 
-def _inference_plan(x, weight, eps, offset, mode):
+def _call_plan(x, weight, eps, offset, mode, grad: bool):
     _validate(x, weight, eps, offset)
     dev, M, choice = _plan(x, mode)
     eps, offset = float(eps), float(offset)
-    if choice.mode == "torch" or x.numel() == 0:
-        return lambda x, w: rms_norm_reference(x, w, eps, offset)[0]
+    if choice.mode == "torch" or x.numel() == 0:  # empty: the reference's ops give empty dx and zero dw
+        return lambda x, w: rms_norm_reference(x, w, eps, offset)[0].contiguous()  # y contiguous, as documented
     backend = dispatch.backend(choice.mode)
     x2d = _as_rows(x)
-    shape, N = x.shape, x.shape[-1]
+    shape, N, mode_name = x.shape, x.shape[-1], choice.mode
+    w_dtype = None if weight is None else weight.dtype
     launcher = getattr(backend, "launcher", None)
+    if grad:
+        run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, True, dev) if launcher else None
+        return lambda x, w: _RMSNormFunction.apply(_as_rows(x), w, eps, offset, mode_name, dev, run).view(shape)
     if launcher is None:
         return lambda x, w: backend.forward(_as_rows(x), w, eps, offset, False, dev, out_shape=shape)[0]
-    run = launcher(M, N, x2d.stride(0), x.dtype, None if weight is None else weight.dtype, False, dev)
+    run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, False, dev)
     return lambda x, w: run(_as_rows(x), w, eps, offset, shape)[0]
 
 

@@ -26,6 +26,9 @@ def main(argv=None) -> int:
     p.add_argument("pytest_args", nargs="*")
     args = p.parse_args(argv)
     os.makedirs(args.logs, exist_ok=True)
+    # one fuzz seed for every shard (tests/test_fuzz.py draws its cases from it at collection)
+    os.environ.setdefault("CUTILE_NORMS_FUZZ_SEED", str(int.from_bytes(os.urandom(4), "little") >> 1))
+    print(f"CUTILE_NORMS_FUZZ_SEED={os.environ['CUTILE_NORMS_FUZZ_SEED']}", flush=True)
     sel = list(args.pytest_args) or ["tests/"]
     marker = next((sel[i + 1] for i, a in enumerate(sel[:-1]) if a == "-m"), None)
     rest = [a for i, a in enumerate(sel) if a != "-m" and (i == 0 or sel[i - 1] != "-m")]

@@ -1,5 +1,4 @@
-# Sourced by the probe scripts that time configs against the table's (cluster_ab.sh, stagger_ab.sh,
-# reload_rolled_ab.sh, wide_reload.sh):
+# Sourced by the probe scripts that time configs against the table's (cluster_ab.sh, wide_reload.sh):
 #   ab PREFIX N CONFIG...   config_ab.py for bfloat16:N at the bench size and twice it, the table's
 #                           config first, ROUNDS rounds (default 5), the records in $OUT/PREFIX_N.json
 ab() {

@@ -4,7 +4,7 @@
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         --section SchedulerStats python3 bench/probe/dram_traffic.py --table bfloat16:32768,float32:65536
 
-Without --table: the first session's cases (item 7 of bench/NOTES.md). With --table DTYPE:N,...: a
+Without --table: the cases of the 2026-11-21 wide-row study (item 7 of bench/NOTES.md). With --table DTYPE:N,...: a
 copy (x.clone) and the config mode=None runs at full size (M = 2^27 / N) for each.
 """
 import argparse

@@ -3,7 +3,7 @@
     python3 bench/probe/host_path.py
 
 Each line: µs per call, back to back (CUDA events around 2000 calls, `per_call_us`: host-bound here)
-and the host's own time per call (perf_counter, no sync). Layers, outermost first: cn.rms_norm
+and the host's own time per call (perf_counter, no sync); then a profile of forward + backward pairs. Layers, outermost first: cn.rms_norm
 (mode=None and explicit), the backend's forward (no validation, no routing), the launch function with
 a config, ct.launch alone with arguments prepared once; beside them torch's F.rms_norm and a clone.
 """
@@ -71,13 +71,23 @@ def main() -> int:
             torch.nn.functional.rms_norm(xg, (N,), wg, 1e-6), (xg, wg), dy),
     }
     print(f"# {torch.cuda.get_device_name()}, N={N}, M=1, bf16: per call back to back (events) | host only")
-    with torch.no_grad():
-        pass
     for name, fn in cases.items():
         ctx = torch.enable_grad() if name.startswith("fwd+bwd") else torch.no_grad()
         with ctx:
             ev, host = per_call_us(fn, calls=2000, reps=5), host_us(fn)
         print(f"{name:<32} {ev:7.1f} us | {host:7.1f} us", flush=True)
+    # where the host time of forward + backward goes: the top functions by own time over 2000 pairs
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    pair = cases["fwd+bwd cn autograd"]
+    with torch.enable_grad():
+        prof.enable()
+        for _ in range(2000):
+            pair()
+        prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     return 0
 
 

@@ -48,10 +48,10 @@ def workspace(kind: str, numel: int, dtype: torch.dtype, device: torch.device, s
     `zero`: allocated all 0 (counters and slots, which the kernels leave as they found them or flip)."""
     key = (kind, device.index, stream)
     ws = _BUFFERS.get(key)
-    if ws is not None and ws.numel() >= numel:
-        if not torch.cuda.is_current_stream_capturing():
-            return ws
-    if torch.cuda.is_current_stream_capturing():
+    capturing = torch.cuda.is_current_stream_capturing()
+    if ws is not None and ws.numel() >= numel and not capturing:
+        return ws
+    if capturing:
         return (torch.zeros if zero else torch.empty)(_round16(numel), dtype=dtype, device=device)
     need = _round16(max(numel, 2 * ws.numel() if ws is not None else 0))
     if ws is not None:  # the launches queued on `stream` may still use the old buffer: free it in order

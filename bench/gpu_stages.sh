@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One GPU session in stages (each fits one 10-minute device call; run them in order on one machine):
-#   bash bench/gpu_session.sh tune    # sweep the cuTile forward configs (DTYPES, default bf16), write the config table
-#   bash bench/gpu_session.sh table   # bench our modes per dtype, write the mode=None table
-#   bash bench/gpu_session.sh bench   # the full bf16 bench against the anchors, forward + backward
-#   bash bench/gpu_session.sh check   # GPU test suite + fp16/fp32 benches against QuACK
-#   bash bench/gpu_session.sh suite   # the whole GPU test suite in parallel shards (tests/run_sharded.py)
-#   bash bench/gpu_session.sh bwd-tune   # sweep the backward's configs (DTYPES), write its config table
-#   bash bench/gpu_session.sh bwd-bench  # the backward against QuACK and torch.compile, bf16 then fp16/fp32
+# The GPU runs in stages (each fits one 10-minute device call; run them in order on one machine):
+#   bash bench/gpu_stages.sh tune    # sweep the cuTile forward configs (DTYPES, default bf16), write the config table
+#   bash bench/gpu_stages.sh table   # bench our modes per dtype, write the mode=None table
+#   bash bench/gpu_stages.sh bench   # the full bf16 bench against the anchors, forward + backward
+#   bash bench/gpu_stages.sh check   # GPU test suite + fp16/fp32 benches against QuACK
+#   bash bench/gpu_stages.sh suite   # the whole GPU test suite in parallel shards (tests/run_sharded.py)
+#   bash bench/gpu_stages.sh bwd-tune   # sweep the backward's configs (DTYPES), write its config table
+#   bash bench/gpu_stages.sh bwd-bench  # the backward against QuACK and torch.compile, bf16 then fp16/fp32
 # Tuning tables written by a stage are kept in $KEEP (outside the repo) and restored by the next one;
 # every result lands in $OUT (or bench/results).
 set -uo pipefail
