@@ -70,8 +70,13 @@ def _compile_and_compare(device, dtype, mode, compile_mode=None, tol=None):
         y_ref.backward(g)
         torch.testing.assert_close(y, y_ref, **(tol or {}))
         torch.testing.assert_close(x.grad, x_ref.grad, **(tol or {}))
+        # parameter grads are sums over M rows: two fp32 summation orders differ by ~sqrt(M) ulps of the
+        # terms, and cancellation turns that into a relative error of the (smaller) sum (seen: 1.6e-4 at M=1024)
+        grad_tol = dict(tol or {})
+        if grad_tol:
+            grad_tol["atol"] = grad_tol["atol"] * max(1.0, M / 64)
         for p, gc in zip(model.parameters(), grads):
-            torch.testing.assert_close(gc, p.grad, **(tol or {}))
+            torch.testing.assert_close(gc, p.grad, **grad_tol)
         model.zero_grad()
         assert torch.isfinite(y).all()
     stats = torch._dynamo.utils.counters["stats"]
