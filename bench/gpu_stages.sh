@@ -7,6 +7,8 @@
 #   bash bench/gpu_stages.sh suite   # the whole GPU test suite in parallel shards (tests/run_sharded.py)
 #   bash bench/gpu_stages.sh bwd-tune   # sweep the backward's configs (DTYPES), write its config table
 #   bash bench/gpu_stages.sh bwd-bench  # the backward against QuACK and torch.compile, bf16 then fp16/fp32
+#   bash bench/gpu_stages.sh triton     # the Triton mode: its GPU tests, then bf16 forward + backward against Liger
+#   bash bench/gpu_stages.sh figure     # the README's bf16 figure and table: our modes against QuACK, Liger, torch.compile
 # Tuning tables written by a stage are kept in $KEEP (outside the repo) and restored by the next one;
 # every result lands in $OUT (or bench/results).
 set -uo pipefail
@@ -53,5 +55,15 @@ case "${1:-}" in
         --no-forward --out "$OUT/bwd_$dt" ${BENCH_ARGS:-} > "$OUT/bwd_bench_$dt.log" 2>&1 || echo "bench $dt failed"
       sed -n '/^Backward/,/^$/p;/^Small M, forward + backward/,/^$/p;/^Small M, GPU/,/^$/p' "$OUT/bwd_bench_$dt.log"
     done ;;
-  *) echo "usage: $0 tune|table|bench|check|suite|bwd-tune|bwd-bench" >&2; exit 2 ;;
+  triton)
+    timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m "gpu and not big" -x -q -p no:cacheprovider tests/triton \
+      > "$OUT/triton_tests.log" 2>&1; tail -3 "$OUT/triton_tests.log"
+    python3 bench/rmsnorm.py --modes triton --anchors ${ANCHORS:-liger} ${BENCH_ARGS:-} --out "$OUT/triton" \
+      > "$OUT/triton_bench.log" 2>&1 || echo "triton bench failed"
+    sed -n '/^Forward/,/^$/p;/^Backward/,/^$/p' "$OUT/triton_bench.log" ;;
+  figure)
+    python3 bench/rmsnorm.py --modes ${MODES:-multi_wave_cached,triton} --anchors ${ANCHORS:-quack,liger,torch_compile} \
+      ${BENCH_ARGS:-} --out "$OUT/figure" > "$OUT/figure.log" 2>&1 || echo "figure bench failed"
+    sed -n '/^Forward/,/^$/p;/^Backward/,/^$/p;/^Small M/,/^$/p' "$OUT/figure.log" ;;
+  *) echo "usage: $0 tune|table|bench|check|suite|bwd-tune|bwd-bench|triton|figure" >&2; exit 2 ;;
 esac

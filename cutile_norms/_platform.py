@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -91,3 +92,8 @@ def table_arch(dev: DeviceInfo, tables: dict) -> str | None:
         return None
     below = [m for m in measured if m[:2] <= dev.arch]
     return max(below)[2] if below else None
+
+
+def triton_interpreted() -> bool:
+    """TRITON_INTERPRET=1: Triton runs its kernels on CPU tensors (the CPU CI's way to run them)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
-from ._platform import DeviceInfo, Toolchain, table_arch
+from ._platform import DeviceInfo, Toolchain, table_arch, triton_interpreted
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 
@@ -56,9 +56,10 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("tma_smem_cached", "cute", None, PLANNED, ("nvidia",), (9, 0),
          "CuTe DSL, TMA loads into shared memory, thread-block cluster reductions for long rows",
          planned_in="the CuTe DSL TMA/cluster issue"),
-    Mode("triton", "triton", None, PLANNED, ("nvidia", "amd"), None,
-         "Triton fallback for AMD and GPUs without the NVIDIA DSLs",
-         planned_in="the Triton fallback issue"),
+    Mode("triton", "triton", "cutile_norms.triton.rmsnorm_fwd:TRITON_FORWARD", STABLE, ("nvidia", "amd"), None,
+         "Triton, a persistent grid over row tiles (several rows per tile for narrow rows, split rows "
+         "exchanging partial sums for wide ones): AMD GPUs, NVIDIA GPUs older than sm_90 or without cuTile",
+         bwd_backend="cutile_norms.triton.rmsnorm_bwd:TRITON_BACKWARD"),
     Mode("torch", "torch", "cutile_norms.reference:rms_norm_reference", STABLE, ("cpu", "nvidia", "amd"), None,
          "the fp32 torch reference (the oracle of every test), forward and backward"),
 )}
@@ -72,7 +73,7 @@ def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Except
     if mode.status == EXPERIMENTAL and not experimental_enabled():
         return RuntimeError, (f"mode {mode.name!r} is experimental (not validated on hardware): opt in with "
                               f"{ENV_VAR}=1 or cutile_norms.enable_experimental()")
-    if dev.vendor not in mode.vendors:
+    if dev.vendor not in mode.vendors and not (mode.dsl == "triton" and dev.vendor == "cpu" and triton_interpreted()):
         where = "CPU tensors" if dev.vendor == "cpu" else f"{dev.vendor} device {dev.name}"
         return ValueError, f"mode {mode.name!r} runs on {' / '.join(mode.vendors)} GPUs, not on {where}"
     if mode.min_arch and dev.vendor == "nvidia" and dev.arch < mode.min_arch:
@@ -136,16 +137,28 @@ MEASURE_COMMAND = "python bench/rmsnorm.py --write-table"
 _warned_arches: set = set()
 
 
+def _fallback(dev: DeviceInfo, tools: Toolchain, why: str) -> Choice:
+    """Where no measured row applies: the Triton kernels if they can run here, else the reference."""
+    why_not = unavailable_reason(MODES["triton"], dev, tools)
+    if why_not is None:
+        return Choice("triton", f"{why}: the Triton kernels run")
+    return Choice("torch", f"{why}, and {why_not}: the reference runs")
+
+
 def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
-    """mode=None: the measured best mode for (arch, dtype, N, M), or the reference with the reason."""
+    """mode=None: the measured best mode for (arch, dtype, N, M); where nothing is measured or what is
+    measured cannot run here (AMD, NVIDIA below sm_90, cuTile missing) the Triton kernels; the
+    reference on CPU tensors or where Triton cannot run either."""
     if dev.vendor == "cpu":
         return Choice("torch", "CPU tensors: the reference runs")
+    if dev.vendor == "amd":
+        return _fallback(dev, tools, f"AMD GPU {dev.name} (cuTile and CuTe DSL are NVIDIA-only)")
     table = measured_table()
     tables = table.get("tables", {})
     arch = table_arch(dev, tables)
     if arch is None:
-        return Choice("torch", f"no measurements for {dev.arch_name} ({dev.name}) in {os.path.basename(TABLE_PATH)}: "
-                               f"the reference runs; pass an explicit mode to use a kernel")
+        return _fallback(dev, tools, f"no measurements for {dev.arch_name} ({dev.name}) in "
+                                     f"{os.path.basename(TABLE_PATH)}")
     borrowed = ""
     if arch != dev.arch_name:
         borrowed = f"; {dev.arch_name} not measured, the {arch} table stands in (measure it: {MEASURE_COMMAND})"
@@ -160,14 +173,14 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
             mode = MODES[row["mode"]]
             why_not = unavailable_reason(mode, dev, tools)
             if mode.status != STABLE or why_not:
-                break
+                return _fallback(dev, tools, f"the measured table {arch}/{row['mode']} row cannot run here "
+                                             f"({why_not or mode.status}){borrowed}")
             src = table.get("source", {}).get(arch, {})
             command = src.get("commands", {}).get(dname, {}).get("command", "?")
             return Choice(mode.name, f"measured table {arch}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
                                      f"M in [{row['m_min']}, {row['m_max']}] -> {row['mode']} ({row['evidence']}; "
                                      f"{src.get('gpu', '?')}, {command}){borrowed}")
-    return Choice("torch", f"the measured table for {arch} has no runnable row for {dname}, N={N}, M={M}: "
-                           f"the reference runs{borrowed}")
+    return _fallback(dev, tools, f"the measured table for {arch} has no row for {dname}, N={N}, M={M}{borrowed}")
 
 
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:

@@ -12,6 +12,11 @@ import secrets
 import pytest
 import torch
 
+# Without a GPU, Triton runs its kernels in its interpreter on CPU tensors (tests/triton/): set before
+# anything imports triton's jit
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from cutile_norms.reference import rms_norm_reference
 
 # |y - ref| <= atol + rtol * |ref|, ref in fp64 (not rounded). bf16/fp16: one unit in the last place
@@ -111,4 +116,34 @@ def assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dt
                             f"worst abs err {err.max().item():.3g} [seed {seed}]")
 
 
-__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "rms_norm_reference"]
+def reference_bwd64(x, w, dy, eps, offset):
+    """(dx, dw, dx_scale, dw_scale) in fp64: the closed form, and the magnitudes of the terms each
+    element is made of (the fp32 kernel's rounding is relative to those, not to a result near 0)."""
+    xc, dyc = x.double(), dy.double()
+    rstd = torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + eps)
+    xhat = xc * rstd
+    g = dyc if w is None else dyc * (w.double() + offset)
+    c = (g * xhat).mean(dim=-1, keepdim=True)
+    dx = rstd * (g - xhat * c)
+    dx_scale = rstd * (g.abs() + xhat.abs() * (g * xhat).abs().mean(dim=-1, keepdim=True))
+    dw = (dyc * xhat).sum(dim=0) if w is not None else None
+    dw_scale = (dyc * xhat).abs().sum(dim=0) if w is not None else None
+    return dx, dw, dx_scale, dw_scale
+
+
+def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
+    """|actual - expected| <= rtol(dtype) * |expected| + 2^-16 * scale + atol; NaN/inf never pass."""
+    assert actual is not None, f"{what}: not computed"
+    assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
+    a = actual.double()
+    bad = ~torch.isfinite(a)
+    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite values (unwritten output?) [seed {seed}]"
+    tol = TOLERANCES[dtype]
+    err = (a - expected64).abs()
+    over = err > tol["atol"] + tol["rtol"] * expected64.abs() + 2.0 ** -16 * scale64
+    assert not over.any(), (f"{what}: {int(over.sum())}/{a.numel()} elements out of tolerance; worst abs err "
+                            f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
+
+
+__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "reference_bwd64",
+           "assert_grad_close", "rms_norm_reference"]

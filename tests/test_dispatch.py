@@ -21,8 +21,8 @@ def reasons(dev, tools):
 
 def test_hopper_runs_every_built_mode():
     r = reasons(H100, ALL_TOOLS)
-    assert all(r[m] is None for m in CUTILE_MODES + ["torch"])
-    assert "not built yet" in r["tma_smem_cached"] and "not built yet" in r["triton"]
+    assert all(r[m] is None for m in CUTILE_MODES + ["triton", "torch"])
+    assert "not built yet" in r["tma_smem_cached"]
 
 
 def test_ampere_is_refused_by_arch():
@@ -35,7 +35,30 @@ def test_amd_is_refused_by_vendor():
     r = reasons(MI300, ALL_TOOLS)
     for m in CUTILE_MODES:
         assert "nvidia" in r[m] and "amd" in r[m]
-    assert r["torch"] is None
+    assert r["torch"] is None and r["triton"] is None
+
+
+@pytest.mark.parametrize("dev,tools,why", [
+    (MI300, ALL_TOOLS, "AMD GPU"),  # ROCm: cuTile and CuTe DSL are NVIDIA-only
+    (A100, ALL_TOOLS, "no measurements for sm_80"),  # older than every measured arch
+    (H100, NO_CUTILE, "cannot run here"),  # the table's row needs cuTile, which does not import
+])
+def test_mode_none_falls_back_to_triton(dev, tools, why):
+    from cutile_norms import rmsnorm
+
+    rmsnorm._route.cache_clear()
+    c = dispatch.resolve(None, dev, tools, torch.bfloat16, 4096, 4096)
+    assert c.mode == "triton" and why in c.reason and "Triton kernels run" in c.reason, c.reason
+    no_triton = Toolchain(cutile=tools.cutile, cute=None, triton="`import triton` failed: ModuleNotFoundError")
+    c = dispatch.resolve(None, dev, no_triton, torch.bfloat16, 4096, 4096)
+    assert c.mode == "torch" and "needs triton" in c.reason, c.reason
+
+
+def test_triton_on_cpu_tensors_only_under_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "CPU tensors" in dispatch.unavailable_reason(dispatch.MODES["triton"], CPU, ALL_TOOLS)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert dispatch.unavailable_reason(dispatch.MODES["triton"], CPU, ALL_TOOLS) is None
 
 
 def test_missing_dsl_is_the_reason():
@@ -72,7 +95,7 @@ def test_unmeasured_arch_borrows_the_nearest_table_and_warns_once(monkeypatch):
         dispatch.resolve(None, B200, ALL_TOOLS, torch.bfloat16, 64, 1024)  # no second warning
         # an arch older than every measured one borrows nothing: the reference, with the reason
         choice = dispatch.resolve(None, A100, ALL_TOOLS, torch.bfloat16, 4096, 4096)
-    assert choice.mode == "torch" and "no measurements for sm_80" in choice.reason
+    assert choice.mode == "triton" and "no measurements for sm_80" in choice.reason
 
 
 @pytest.mark.parametrize("arch,measured,expected", [
@@ -115,17 +138,17 @@ def test_mode_none_follows_the_measured_table(fake_table):
 
 def test_mode_none_never_picks_an_experimental_kernel(fake_table):
     c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 64, 65536)
-    assert c.mode == "torch" and "no runnable row" in c.reason
+    assert c.mode == "triton" and "experimental_one row cannot run here" in c.reason
 
 
 def test_mode_none_skips_rows_whose_dsl_is_missing(fake_table):
     c = dispatch.resolve(None, H100, NO_CUTILE, torch.bfloat16, 4096, 4096)
-    assert c.mode == "torch"
+    assert c.mode == "triton" and "needs cutile" in c.reason
 
 
 def test_mode_none_without_rows_for_the_dtype(fake_table):
     c = dispatch.resolve(None, H100, ALL_TOOLS, torch.float16, 4096, 4096)
-    assert c.mode == "torch" and "float16" in c.reason
+    assert c.mode == "triton" and "float16" in c.reason
 
 
 def test_explicit_experimental_mode_needs_the_opt_in(fake_table, monkeypatch):

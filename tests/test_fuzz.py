@@ -53,6 +53,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
+from cutile_norms._platform import triton_interpreted
 from tests.conftest import TOLERANCES, random_rows, random_weight, reference64
 
 SEED_VAR = "CUTILE_NORMS_FUZZ_SEED"
@@ -61,7 +62,11 @@ SEED = int(os.environ.get(SEED_VAR) or secrets.randbits(31))
 N_GPU_CASES = int(os.environ.get(CASES_VAR) or 2000)
 N_CPU_CASES = 200
 
-GPU_MODES = ("multi_wave_reload", "multi_wave_cached", "static_persistent")
+GPU_MODES = ("multi_wave_reload", "multi_wave_cached", "static_persistent", "triton")
+# the GPU modes that refuse CPU tensors: all but triton while Triton's interpreter is on (the CPU CI),
+# where triton runs on the CPU and joins the CPU cases
+CPU_INTERPRETED = ("triton",) if triton_interpreted() else ()
+REFUSE_CPU = tuple(m for m in GPU_MODES if m not in CPU_INTERPRETED)
 DTYPE_PAIRS = ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.float32, torch.float32),
                (torch.bfloat16, torch.float32), (torch.float16, torch.float32))
 EPSILONS = (1e-6, 1e-5, 1e-12, 0.1)
@@ -208,7 +213,8 @@ def make_case(seed: int, test: str, index: int, device: str, pool: list[int], mo
 WIDTHS = width_pool(SEED)
 GPU_CASES = [make_case(SEED, "test_fuzz_gpu", i, "cuda", WIDTHS, GPU_MODES + (None,), GPU_MAX_ELEMS)
              for i in range(N_GPU_CASES)]
-CPU_CASES = [make_case(SEED, "test_fuzz_cpu", i, "cpu", [n for n in WIDTHS if n <= CPU_MAX_ELEMS], ("torch", None),
+CPU_CASES = [make_case(SEED, "test_fuzz_cpu", i, "cpu", [n for n in WIDTHS if n <= CPU_MAX_ELEMS],
+                       ("torch", None) + CPU_INTERPRETED,
                        CPU_MAX_ELEMS) for i in range(N_CPU_CASES)]
 
 
@@ -464,7 +470,7 @@ def fuzz_one(case: Case):
 def check_gpu_modes_refuse(index: int, x, w, eps, offset):
     """A GPU mode on CPU tensors: a ValueError that names the mode and the CPU (dispatch._refusal), raised
     before anything runs."""
-    mode = GPU_MODES[index % len(GPU_MODES)]
+    mode = REFUSE_CPU[index % len(REFUSE_CPU)]
     try:
         cn.rms_norm(x.detach(), w.detach() if w is not None else None, eps, mode=mode, offset=offset)
     except ValueError as err:
@@ -489,7 +495,7 @@ def test_fuzz_gpu(i):
     fuzz_one(GPU_CASES[i])
 
 
-@pytest.mark.parametrize("mode", GPU_MODES)
+@pytest.mark.parametrize("mode", REFUSE_CPU)
 def test_gpu_modes_refuse_cpu_tensors(mode):
     """The behaviour today (dispatch._refusal): ValueError "mode '...' runs on nvidia GPUs, not on CPU tensors"."""
     x = torch.randn(3, 8, requires_grad=True)
@@ -507,7 +513,7 @@ def test_cases_depend_on_the_seed_and_index_only():
         assert again == GPU_CASES[7]
     assert width_pool(SEED) == WIDTHS and 60 <= len(WIDTHS) <= 80
     assert all(c.M * c.N <= GPU_MAX_ELEMS for c in GPU_CASES) and all(c.M * c.N <= CPU_MAX_ELEMS for c in CPU_CASES)
-    first = [make_case(SEED, "test_fuzz_gpu", i, "cuda", WIDTHS, GPU_MODES + (None,), GPU_MAX_ELEMS) for i in range(4)]
+    first = [make_case(SEED, "test_fuzz_gpu", i, "cuda", WIDTHS, GPU_MODES + (None,), GPU_MAX_ELEMS) for i in range(len(GPU_MODES) + 1)]
     assert {c.mode for c in first} == set(GPU_MODES) | {None}
     other = make_case(SEED + 1, "test_fuzz_gpu", 7, "cuda", width_pool(SEED + 1), GPU_MODES + (None,), GPU_MAX_ELEMS)
     assert other != again

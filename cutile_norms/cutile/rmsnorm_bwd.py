@@ -47,7 +47,7 @@ from .rmsnorm_fwd import (
     row_pieces,
     split_part,
 )
-from .workspace import workspace
+from .._workspace import workspace
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

@@ -28,7 +28,7 @@ import cuda.tile as ct
 import torch
 
 from .._platform import DeviceInfo, table_arch
-from .workspace import workspace
+from .._workspace import workspace
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -864,7 +864,7 @@ _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row c
 
 def _sync_workspace(M: int, split: int, device, stream: int) -> torch.Tensor:
     """The split kernel's int32 slots for M rows, kept between launches (the kernel flips a sign bit
-    instead of needing them cleared; see workspace.py for streams and CUDA graphs). Lengths are
+    instead of needing them cleared; see _workspace.py for streams and CUDA graphs). Lengths are
     multiples of 16, so the array's "divisible by 16" bit (which a launch specialises on) never changes."""
     return workspace(f"fwd_sync{split}", M * split, torch.int32, device, stream, zero=True)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import TOLERANCES, random_rows, random_weight
+from tests.conftest import assert_grad_close, random_rows, random_weight, reference_bwd64
 
 MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -60,35 +60,6 @@ def _device_info():
     from cutile_norms._platform import device_info
 
     return device_info("cuda")
-
-
-def reference_bwd64(x, w, dy, eps, offset):
-    """(dx, dw, dx_scale, dw_scale) in fp64: the closed form, and the magnitudes of the terms each
-    element is made of (the fp32 kernel's rounding is relative to those, not to a result near 0)."""
-    xc, dyc = x.double(), dy.double()
-    rstd = torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + eps)
-    xhat = xc * rstd
-    g = dyc if w is None else dyc * (w.double() + offset)
-    c = (g * xhat).mean(dim=-1, keepdim=True)
-    dx = rstd * (g - xhat * c)
-    dx_scale = rstd * (g.abs() + xhat.abs() * (g * xhat).abs().mean(dim=-1, keepdim=True))
-    dw = (dyc * xhat).sum(dim=0) if w is not None else None
-    dw_scale = (dyc * xhat).abs().sum(dim=0) if w is not None else None
-    return dx, dw, dx_scale, dw_scale
-
-
-def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
-    """|actual - expected| <= rtol(dtype) * |expected| + 2^-16 * scale + atol; NaN/inf never pass."""
-    assert actual is not None, f"{what}: not computed"
-    assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
-    a = actual.double()
-    bad = ~torch.isfinite(a)
-    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite values (unwritten output?) [seed {seed}]"
-    tol = TOLERANCES[dtype]
-    err = (a - expected64).abs()
-    over = err > tol["atol"] + tol["rtol"] * expected64.abs() + 2.0 ** -16 * scale64
-    assert not over.any(), (f"{what}: {int(over.sum())}/{a.numel()} elements out of tolerance; worst abs err "
-                            f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
 
 
 def _poisoned(t):

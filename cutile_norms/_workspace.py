@@ -1,5 +1,5 @@
-"""Scratch buffers the kernels keep between launches: the split forward's row slots, the backward's
-tickets, row-exchange slots and dw partials.
+"""Scratch buffers the kernels keep between launches (cuTile and Triton alike): the split kernels' row
+slots and counters, the backward's tickets and dw partials.
 
 One buffer per (kind, device, stream), regrown by doubling when a launch needs more: launches on one
 stream run in order, so they may share it. Two rules make this safe under CUDA graphs:
@@ -46,6 +46,8 @@ def workspace(kind: str, numel: int, dtype: torch.dtype, device: torch.device, s
               zero: bool) -> torch.Tensor:
     """A buffer of at least `numel` elements (a multiple of 16) for `kind` on this device and stream.
     `zero`: allocated all 0 (counters and slots, which the kernels leave as they found them or flip)."""
+    if device.type != "cuda":  # the Triton interpreter's CPU tensors: nothing is kept
+        return (torch.zeros if zero else torch.empty)(_round16(numel), dtype=dtype, device=device)
     key = (kind, device.index, stream)
     ws = _BUFFERS.get(key)
     capturing = torch.cuda.is_current_stream_capturing()

@@ -1,0 +1,1 @@
+"""Triton kernels: the fallback for AMD GPUs and for NVIDIA GPUs without cuTile / CuTe DSL."""

@@ -1,0 +1,216 @@
+"""RMSNorm forward in Triton: the fallback for AMD GPUs and NVIDIA GPUs without cuTile / CuTe DSL.
+
+Layout (TileGym's order): kernel -> launch config (a frozen dataclass) and its analytic heuristic ->
+launch wrapper -> the backend.
+
+One kernel, three shapes of work, picked by compile-time constants:
+  * Narrow rows (N <= TILE_ELEMS / 2): ROWS rows per tile, so a tile moves a few KB (the QK-norm case,
+    M ~ 10^6 rows of 128, would otherwise run one 256-byte row per loop step).
+  * Rows that fit one program's registers (N <= TILE_ELEMS): the whole row loaded once, kept in
+    registers, reduced, scaled and stored. Odd widths (2880, 2^k + 1) are a power-of-two block with a
+    masked tail: masked lanes move no bytes.
+  * Wider rows: SPLIT programs per row, each holding one part (a multiple of 16 columns) in
+    registers; they exchange their partial sums of squares through global memory (a slot per
+    (row, part) and a counter per tile; see `exchange` in `_common.py`), so x is read from HBM once
+    at any width. Parts too long for registers (N > SPLIT_MAX x TILE_ELEMS) run in CHUNKS: a first
+    pass sums the squares with x kept in L2 (evict_last), a second re-reads it (evict_first).
+
+A persistent grid (about one wave) walks the tiles, the weight loaded once per program. All math in
+fp32 (eps and offset are launched as Python floats: fp32 arguments); row offsets in int64 where M x stride passes 2^31.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .._platform import DeviceInfo
+from .._workspace import workspace
+from ._common import (
+    INTERPRET,
+    exchange,
+    lanes_per_warp,
+    needs_int64,
+    pow2_ceil,
+    raw_stream,
+    round_up,
+    split_for,
+    warps_for,
+)
+
+
+# ================================================================================================
+# Kernel
+# ================================================================================================
+@triton.jit
+def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, COUNT, M, stride_x, eps, offset,
+                        N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+                        ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr,
+                        PHASE: tl.constexpr, INT64: tl.constexpr):
+    # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
+    # for another) a split launch runs twice: PHASE 1 stores the partial sums, PHASE 2 finishes.
+    pid = tl.program_id(0)
+    part = pid % SPLIT
+    group = pid // SPLIT
+    groups = tl.num_programs(0) // SPLIT
+    lanes = tl.arange(0, BLOCK_N)
+    col0 = part * PART
+    if CHUNKS == 1:  # the weight's part, loaded once per program (+ offset, fp32)
+        cols = col0 + lanes
+        col_ok = (lanes < PART) & (cols < N)
+        if HAS_W:
+            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+    for tile in range(group, (M + ROWS - 1) // ROWS, groups):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        if INT64:
+            rows = rows.to(tl.int64)
+        x_rows = X + rows[:, None] * stride_x
+        if CHUNKS == 1:
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            sumsq = tl.sum(x * x, axis=1)
+        else:
+            sumsq = tl.zeros([ROWS], dtype=tl.float32)
+            for c in range(CHUNKS):
+                lanes_c = c * BLOCK_N + lanes
+                cols_c = col0 + lanes_c
+                mask_c = row_ok[:, None] & ((lanes_c < PART) & (cols_c < N))[None, :]
+                xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32)
+                sumsq += tl.sum(xc * xc, axis=1)
+        if SPLIT > 1:
+            sumsq = exchange(SLOTS, COUNT, tile, rows, row_ok, sumsq, part, ROWS, SPLIT, PHASE)
+        if PHASE != 1:
+            rstd = tl.rsqrt(sumsq / N + eps)
+            y_rows = Y + rows[:, None] * N
+            if CHUNKS == 1:
+                y = x * rstd[:, None]
+                if HAS_W:
+                    y = y * w[None, :]
+                tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+            else:
+                for c in range(CHUNKS):
+                    lanes_c = c * BLOCK_N + lanes
+                    cols_c = col0 + lanes_c
+                    ok_c = (lanes_c < PART) & (cols_c < N)
+                    mask_c = row_ok[:, None] & ok_c[None, :]
+                    xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
+                                 eviction_policy="evict_first").to(tl.float32)
+                    yc = xc * rstd[:, None]
+                    if HAS_W:
+                        wc = tl.load(W + cols_c, mask=ok_c, other=0.0).to(tl.float32) + offset
+                        yc = yc * wc[None, :]
+                    tl.store(y_rows + cols_c[None, :], yc.to(Y.dtype.element_ty), mask=mask_c)
+            if STORE_RSTD:
+                tl.store(RSTD + rows, rstd, mask=row_ok & (part == 0))
+
+
+# ================================================================================================
+# Launch config and heuristic
+# ================================================================================================
+@dataclass(frozen=True)
+class FwdConfig:
+    rows: int  # rows per tile (several for narrow rows; 1 when split)
+    split: int  # programs per row (a power of two)
+    part: int  # columns per program: N when split == 1, else a multiple of 16
+    block_n: int  # columns per load (a power of two >= part, or the chunk length)
+    chunks: int  # loads per part (1: the part stays in registers)
+    num_warps: int
+    programs_per_sm: int  # the persistent grid's programs per SM (or CU)
+
+    def short(self) -> str:
+        shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
+        return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
+                f"{self.programs_per_sm} programs/SM")
+
+
+# Elements one program holds in registers per tile: 16 fp32 values per thread at 1024 threads (the
+# most a block has on either vendor: 32 warps x 32 lanes, 16 wavefronts x 64 lanes).
+TILE_ELEMS = 16384
+SPLIT_MAX = 32  # programs per row at most; they wait for each other, so they must fit on the GPU at once
+
+
+@functools.lru_cache(maxsize=4096)
+def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int) -> FwdConfig:
+    """Whole rows in registers up to TILE_ELEMS, several rows per tile below TILE_ELEMS / 2, split
+    rows beyond (bench/NOTES.md, Triton section)."""
+    lanes = lanes_per_warp(vendor)
+    split, part, block_n, chunks = split_for(N, TILE_ELEMS, min(SPLIT_MAX, sm_count))
+    rows = 1
+    if split == 1:
+        rows = max(1, min(64, (TILE_ELEMS // 2) // block_n))  # narrow rows: tiles of ~8K elements
+    warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
+    threads = warps * lanes
+    return FwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
+                     programs_per_sm=max(1, 2048 // threads))
+
+
+def grid_programs(cfg: FwdConfig, M: int, sm_count: int) -> int:
+    """Programs of a launch over M rows: a persistent grid of about one wave (row tiles x split parts)."""
+    tiles = -(-M // cfg.rows)
+    groups = max(1, min(tiles, cfg.programs_per_sm * sm_count // cfg.split))
+    return groups * cfg.split
+
+
+# ================================================================================================
+# Launch
+# ================================================================================================
+def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+           store_rstd: bool, sm_count: int, out: tuple | None = None, out_shape=None):
+    """(y contiguous in x's dtype, [M, N] or `out_shape`; rstd [M] fp32 or None) for a 2-D x with unit
+    column stride, M >= 1. The API layer has validated everything. `out`: (y, rstd) to write into."""
+    M, N = x2d.shape
+    device = x2d.device
+    stride = x2d.stride(0) if M > 1 else N
+    if weight is not None and weight.stride(0) != 1 and N > 1:  # the kernel reads the weight at unit stride
+        weight = weight.contiguous()
+    if out is None:
+        y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=x2d.dtype, device=device)
+        rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
+    else:
+        y, rstd = out
+    programs = grid_programs(cfg, M, sm_count)
+    slots = count = y  # never touched without SPLIT > 1
+    stream = raw_stream(device)
+    if cfg.split > 1:
+        tiles = -(-M // cfg.rows)
+        slots = workspace("triton_fwd_slots", tiles * cfg.rows * cfg.split, torch.float32, device, stream, zero=False)
+        count = workspace(f"triton_fwd_count{cfg.split}", tiles, torch.int64, device, stream, zero=True)
+    args = (x2d, weight if weight is not None else y, y, rstd if store_rstd else y, slots, count, M, stride,
+            eps, offset, N, cfg.part)
+    consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
+                  HAS_W=weight is not None, STORE_RSTD=store_rstd,
+                  INT64=needs_int64(M, max(stride, N)))
+    phases = (1, 2) if cfg.split > 1 and INTERPRET else (0,)
+    for phase in phases:
+        rms_norm_fwd_kernel[(programs,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=1)
+    return y, rstd
+
+
+# ================================================================================================
+# The backend
+# ================================================================================================
+@dataclass(frozen=True)
+class TritonForward:
+    mode: str = "triton"
+
+    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
+        return analytic_config(N, dtype.itemsize, dev.vendor, max(1, dev.sm_count))
+
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
+        cfg = self.config(N, dtype, dev)
+        return (f"Triton rms_norm_fwd_kernel, persistent grid ({grid_programs(cfg, M, max(1, dev.sm_count))},), "
+                f"{cfg.short()}; config: analytic (N, dtype, {dev.vendor})")
+
+    def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
+                out: tuple | None = None, out_shape=None):
+        cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
+        return launch(cfg, x2d, weight, eps, offset, store_rstd, max(1, dev.sm_count), out, out_shape)
+
+
+TRITON_FORWARD = TritonForward()

@@ -1,0 +1,1 @@
+"""Triton kernels (cutile_norms/triton/)."""

@@ -1,0 +1,190 @@
+"""Triton RMSNorm backward (cutile_norms/triton/rmsnorm_bwd.py).
+
+CPU (Triton's interpreter, small shapes) and GPU: dx and dw against the fp64 closed form on
+NaN-poisoned outputs, over dtype pairs, widths (narrow rows several per tile, 2^k +- 1, odd, split
+rows, chunked parts), weight None, offset, dx or dw alone, strided x, expanded dy; dw bit-identical
+over repeated runs. GPU only: full-size rows, CUDA graphs, M * N >= 2^31.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import assert_grad_close, random_rows, random_weight, reference_bwd64
+from tests.triton._util import DEVICES, device_for, poisoned, sync
+
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")]
+EPS = 1e-6
+
+
+def _rstd(x):
+    return torch.rsqrt(x.float().square().mean(dim=-1) + EPS)
+
+
+def _run(x, w, dy, offset, device, cfg=None, need_dx=True, need_dw=True):
+    from cutile_norms.triton.rmsnorm_bwd import TRITON_BACKWARD
+
+    M, N = x.shape
+    dx = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device)) if need_dx else None
+    dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if need_dw and w is not None else None
+    out = TRITON_BACKWARD.backward(dy, x, w, _rstd(x), offset, need_dx, need_dw, device_for(device), cfg=cfg,
+                                   out=(dx, dw))
+    sync(device)
+    return out
+
+
+def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
+    ex, ew, sx, sw = reference_bwd64(x, w, dy, EPS, offset)
+    if need_dx:
+        assert dx.dtype == x.dtype
+        assert_grad_close(dx, ex, sx, x.dtype, f"{what} dx", seed)
+    if need_dw and w is not None:
+        assert dw.dtype == w.dtype
+        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+
+
+@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4097, 8192, 8193, 40000, 262144, 1 << 20, 3_000_017])
+@pytest.mark.parametrize("e", [2, 4])
+@pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
+def test_config_covers_the_row(N, e, vendor, sms):
+    from cutile_norms.triton.rmsnorm_bwd import SPLIT_MAX, TILE_ELEMS, analytic_config, grid_groups
+
+    cfg = analytic_config(N, e, vendor, sms)
+    assert cfg.split * cfg.part >= N and cfg.split <= min(SPLIT_MAX, sms)
+    assert cfg.split == 1 or (cfg.part % 16 == 0 and cfg.rows == 1)
+    assert cfg.block_n * cfg.chunks >= cfg.part and cfg.rows * cfg.block_n <= TILE_ELEMS
+    assert cfg.num_warps * (64 if vendor == "amd" else 32) <= 1024
+    for M in (1, 5, 10 ** 6):  # a row group's programs and the grid fit about one wave
+        R = grid_groups(cfg, M, sms)
+        assert 1 <= R <= max(1, -(-M // cfg.rows)) and R * cfg.split <= cfg.programs_per_sm * sms
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 2880, 4097, 20000])
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 37])
+def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
+    """M = 1: one row group (dw stored by the kernel); 37: several, dw through the reduction kernel."""
+    x = random_rows((M, N), DT[x_dtype], device)
+    w = random_weight(N, DT[w_dtype], device)
+    dy = torch.randn(M, N, device=device).to(DT[x_dtype])
+    dx, dw = _run(x, w, dy, 0.5, device)
+    _check(x, w, dy, 0.5, dx, dw, f"N={N} M={M} {x_dtype}/{w_dtype}", seed)
+
+
+CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000), (2, 2, 512, 128, 4, 1000), (4, 4, 256, 256, 1, 1000),
+                (1, 8, 4096, 1024, 4, 30001), (4, 1, 300, 512, 1, 300)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,split,part,block_n,chunks,N", CONFIG_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "float32"), ("float32", "float32")])
+def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, x_dtype, w_dtype):
+    """Chunked parts (dw read-modify-written in the program's own row), several rows per split tile,
+    a short last part."""
+    from cutile_norms.triton.rmsnorm_bwd import BwdConfig
+
+    cfg = BwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=4,
+                    programs_per_sm=1)
+    for M in (1, 13):
+        x = random_rows((M, N), DT[x_dtype], device)
+        w = random_weight(N, DT[w_dtype], device)
+        dy = torch.randn(M, N, device=device).to(DT[x_dtype])
+        dx, dw = _run(x, w, dy, 0.0, device, cfg=cfg)
+        _check(x, w, dy, 0.0, dx, dw, f"{cfg.short()} M={M}", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [128, 1000, 20000])
+@pytest.mark.parametrize("case", ["offset1", "no_weight", "dx_only", "dw_only"])
+def test_offset_no_weight_and_one_grad(seed, device, N, case):
+    M = 21
+    x = random_rows((M, N), torch.bfloat16, device)
+    w = None if case == "no_weight" else random_weight(N, torch.bfloat16, device)
+    offset = 1.0 if case == "offset1" else 0.0
+    dy = torch.randn(M, N, device=device).to(torch.bfloat16)
+    need_dx, need_dw = case != "dw_only", case != "dx_only"
+    dx, dw = _run(x, w, dy, offset, device, need_dx=need_dx, need_dw=need_dw)
+    assert (dx is None) == (not need_dx) and (dw is None) == (not need_dw or w is None)
+    _check(x, w, dy, offset, dx, dw, case, seed, need_dx, need_dw)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [128, 20000])
+def test_strided_x_expanded_dy_and_determinism(seed, device, N):
+    """x's rows strided (a view of a wider tensor at an odd offset), dy expanded along the rows (row
+    stride 0, as autograd hands out for a sum); dw and dx bit-identical over repeated runs."""
+    M = 33
+    x = random_rows((M, N + 9), torch.bfloat16, device)[:, 5:N + 5]
+    w = random_weight(N, torch.float32, device)
+    dy = torch.randn(1, N, device=device).to(torch.bfloat16).expand(M, N)
+    runs = [_run(x, w, dy, 0.0, device) for _ in range(3)]
+    _check(x, w, dy.contiguous(), 0.0, *runs[0], "strided / expanded", seed)
+    for dx, dw in runs[1:]:
+        assert torch.equal(dw.view(torch.int32), runs[0][1].view(torch.int32)), f"dw differs between runs [seed {seed}]"
+        assert torch.equal(dx.view(torch.int16), runs[0][0].view(torch.int16)), f"dx differs between runs [seed {seed}]"
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU only
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [128, 2880, 4096, 8192, 16383, 32768, 65537, 262144])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"),
+                                             ("bfloat16", "float32")])
+@pytest.mark.parametrize("M", [1, 300, 4099])
+def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    dy = torch.randn(M, N, device="cuda").to(DT[x_dtype])
+    dx, dw = _run(x, w, dy, 0.0, "cuda")
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} M={M}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4096, 65536])
+def test_cuda_graph_forward_and_backward(seed, N):
+    import cutile_norms as cn
+
+    M = 64
+    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
+    dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            cn.rms_norm(x, w, EPS, mode="triton").backward(dy)
+            x.grad = w.grad = None
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cn.rms_norm(x, w, EPS, mode="triton").backward(dy)
+    for i in range(3):
+        with torch.no_grad():
+            x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+            dy.copy_(torch.randn(M, N, device="cuda").to(torch.bfloat16))
+            x.grad.fill_(float("nan"))
+            w.grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"graph replay {i}", seed)
+    x2 = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w2 = w.detach().clone().requires_grad_()
+    cn.rms_norm(x2, w2, EPS, mode="triton").backward(dy)
+    _check(x2.detach(), w2.detach(), dy, 0.0, x2.grad, w2.grad, "eager after graph", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+def test_full_size_bf16(seed):
+    for N in (128, 4096, 262144):
+        M = (1 << 27) // N
+        x = random_rows((M, N), torch.bfloat16, "cuda")
+        w = random_weight(N, torch.bfloat16, "cuda")
+        dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
+        dx, dw = _run(x, w, dy, 0.0, "cuda")
+        _check(x, w, dy, 0.0, dx, dw, f"full size N={N}", seed)
+        del x, dy, dx, dw
+        torch.cuda.empty_cache()

@@ -1,0 +1,179 @@
+"""Triton RMSNorm forward (cutile_norms/triton/rmsnorm_fwd.py).
+
+CPU (Triton's interpreter, small shapes) and GPU: y and rstd against the fp64 reference on
+NaN-poisoned outputs, over dtype pairs, widths (narrow rows several per tile, 2^k +- 1, odd, split
+rows, chunked parts), weight None, offset, strided rows; the config rules for both vendors; through
+rms_norm(mode="triton"). GPU only: full-size rows, M * N >= 2^31, CUDA graphs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import assert_close, random_rows, random_weight, reference64
+from tests.triton._util import DEVICES, device_for, poisoned, sync
+
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32"), ("bfloat16", None)]
+EPS = 1e-6
+
+
+def _run(x, w, offset, device, cfg=None, store_rstd=True):
+    from cutile_norms.triton.rmsnorm_fwd import TRITON_FORWARD
+
+    M, N = x.shape
+    y = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device))
+    rstd = poisoned(torch.empty(M, dtype=torch.float32, device=x.device)) if store_rstd else None
+    out = TRITON_FORWARD.forward(x, w, EPS, offset, store_rstd, device_for(device), cfg=cfg, out=(y, rstd))
+    sync(device)
+    return out
+
+
+def _check(x, w, offset, y, rstd, what, seed):
+    ey, er = reference64(x, w, EPS, offset)
+    assert_close(y, ey, x.dtype, f"{what} y", seed)
+    if rstd is not None:
+        assert_close(rstd, er, torch.float32, f"{what} rstd", seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# Config rules (CPU)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4097, 16384, 16385, 40000, 262144, 1 << 20, 3_000_017])
+@pytest.mark.parametrize("e", [2, 4])
+@pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
+def test_config_covers_the_row(N, e, vendor, sms):
+    from cutile_norms.triton.rmsnorm_fwd import SPLIT_MAX, TILE_ELEMS, analytic_config
+
+    cfg = analytic_config(N, e, vendor, sms)
+    assert cfg.split * cfg.part >= N and cfg.split & (cfg.split - 1) == 0
+    assert cfg.split <= min(SPLIT_MAX, sms)  # a row's programs must fit on the GPU at once
+    assert cfg.split == 1 or (cfg.part % 16 == 0 and cfg.rows == 1)
+    assert cfg.block_n * cfg.chunks >= cfg.part and cfg.rows * cfg.block_n <= TILE_ELEMS
+    assert cfg.chunks == 1 or cfg.block_n == TILE_ELEMS
+    lanes = 64 if vendor == "amd" else 32
+    assert cfg.num_warps * lanes <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
+    if cfg.split == 1 and cfg.chunks == 1:
+        assert cfg.part == N  # no padding of the bytes moved: the tail is masked
+
+
+# ------------------------------------------------------------------------------------------------
+# The kernel against the reference (interpreter on the CPU, compiled on the GPU)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 2880, 4097, 20000])
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 37])
+def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
+    x = random_rows((M, N), DT[x_dtype], device)
+    w = random_weight(N, DT[w_dtype], device) if w_dtype else None
+    offset = 0.5 if w is not None else 0.0
+    y, rstd = _run(x, w, offset, device)
+    _check(x, w, offset, y, rstd, f"N={N} M={M} {x_dtype}/{w_dtype}", seed)
+
+
+# (rows, split, part, block_n, chunks, N): shapes the heuristic picks only for far wider rows or other
+# GPUs: chunked parts (two passes), several rows per split tile, a short last part
+CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000), (2, 2, 512, 128, 4, 1000), (4, 4, 256, 256, 1, 1000),
+                (1, 8, 4096, 1024, 4, 30001), (4, 1, 300, 512, 1, 300)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,split,part,block_n,chunks,N", CONFIG_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "float32"), ("float32", "float32")])
+def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, x_dtype, w_dtype):
+    from cutile_norms.triton.rmsnorm_fwd import FwdConfig
+
+    cfg = FwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=4,
+                    programs_per_sm=1)
+    for M in (1, 13):
+        x = random_rows((M, N), DT[x_dtype], device)
+        w = random_weight(N, DT[w_dtype], device)
+        y, rstd = _run(x, w, 1.0, device, cfg=cfg)
+        _check(x, w, 1.0, y, rstd, f"{cfg.short()} M={M}", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [64, 1000, 20000])
+def test_strided_rows_and_no_rstd(seed, device, N):
+    """x's rows a view of a wider tensor at an odd offset; rstd not stored (inference)."""
+    base = random_rows((9, N + 37), torch.bfloat16, device)
+    x = base[:, 3:N + 3]
+    w = random_weight(N, torch.bfloat16, device)
+    y, rstd = _run(x, w, 0.0, device, store_rstd=False)
+    assert rstd is None
+    _check(x, w, 0.0, y, None, "strided", seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_through_rms_norm(seed, device):
+    """rms_norm(mode="triton") on 3-D x: forward and backward through autograd against the reference."""
+    import cutile_norms as cn
+    from tests.conftest import assert_grad_close, reference_bwd64
+
+    x = random_rows((2, 5, 300), torch.float32, device).requires_grad_()
+    w = random_weight(300, torch.float32, device).requires_grad_()
+    y = cn.rms_norm(x, w, EPS, mode="triton", offset=0.25)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    x2, dy2 = x.detach().reshape(-1, 300), dy.reshape(-1, 300)
+    assert_close(y.detach().reshape(-1, 300), reference64(x2, w.detach(), EPS, 0.25)[0], torch.float32, "y", seed)
+    ex, ew, sx, sw = reference_bwd64(x2, w.detach(), dy2, EPS, 0.25)
+    assert_grad_close(x.grad.reshape(-1, 300), ex, sx, torch.float32, "dx", seed)
+    assert_grad_close(w.grad, ew, sw, torch.float32, "dw", seed)
+    assert "Triton rms_norm_fwd_kernel" in cn.explain(x.detach(), w.detach(), mode="triton")
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU only
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [128, 2880, 4096, 8192, 16383, 32768, 65537, 262144])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"),
+                                             ("bfloat16", "float32")])
+@pytest.mark.parametrize("M", [1, 300, 4099])
+def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    y, rstd = _run(x, w, 0.0, "cuda")
+    _check(x, w, 0.0, y, rstd, f"N={N} M={M}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4096, 65536])
+def test_cuda_graph(seed, N):
+    """The forward captured and replayed with new inputs (split rows: the counters count on)."""
+    import cutile_norms as cn
+
+    x = random_rows((64, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    cn.rms_norm(x, w, EPS, mode="triton")  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = cn.rms_norm(x, w, EPS, mode="triton")
+    for _ in range(3):
+        x.copy_(random_rows((64, N), torch.bfloat16, "cuda"))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(x, w, 0.0, y, None, "graph replay", seed)
+    y2 = cn.rms_norm(x, w, EPS, mode="triton")  # eager after the graph
+    _check(x, w, 0.0, y2, None, "eager after graph", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+def test_past_int32_indexing(seed):
+    """M * N > 2^31 (bf16, N = 8192): int64 row offsets; the fp64 check on rows at both ends."""
+    M, N = (1 << 31) // 8192 + 64, 8192
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * M * N * 2 + (4 << 30):
+        pytest.skip(f"needs ~{3 * M * N * 2 >> 30} GiB of free GPU memory")
+    x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    w = random_weight(N, torch.bfloat16, "cuda")
+    y, rstd = _run(x, w, 0.0, "cuda")
+    for rows in (slice(0, 64), slice(M - 64, M)):
+        ey, er = reference64(x[rows], w, EPS, 0.0)
+        assert_close(y[rows], ey, torch.bfloat16, f"rows {rows}", seed)
+        assert_close(rstd[rows], er, torch.float32, f"rstd rows {rows}", seed)
