@@ -143,6 +143,7 @@ class BwdConfig:
     chunks: int  # loads per part (1: the part stays in registers)
     num_warps: int
     programs_per_sm: int
+    num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
 
     def short(self) -> str:
         shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
@@ -158,10 +159,10 @@ REDUCE_COLS = 256  # the dw reduction's columns per program
 
 
 @functools.lru_cache(maxsize=4096)
-def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int) -> BwdConfig:
+def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> BwdConfig:
     lanes = lanes_per_warp(vendor)
-    split, part, block_n, chunks = split_for(N, TILE_ELEMS, min(SPLIT_MAX, sm_count))
-    rows = max(1, min(64, (TILE_ELEMS // 2) // block_n)) if split == 1 else 1
+    split, part, block_n, chunks = split_for(N, tile_elems, min(SPLIT_MAX, sm_count))
+    rows = max(1, min(64, (tile_elems // 2) // block_n)) if split == 1 else 1
     warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
     return BwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
                      programs_per_sm=max(1, 2048 // (warps * lanes)))
@@ -220,7 +221,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
                   INT64=needs_int64(M, max(sx, sdy, N)))
     phases = (1, 2) if cfg.split > 1 and need_dx and INTERPRET else (0,)
     for phase in phases:
-        rms_norm_bwd_kernel[(R * cfg.split,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=1)
+        rms_norm_bwd_kernel[(R * cfg.split,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if need_dw and not direct:
         dw_reduce_kernel[(-(-N // REDUCE_COLS),)](dw_arg, dw, R, N, BLOCK_C=REDUCE_COLS, num_warps=4)
     return dx, dw

@@ -121,7 +121,8 @@ class FwdConfig:
     block_n: int  # columns per load (a power of two >= part, or the chunk length)
     chunks: int  # loads per part (1: the part stays in registers)
     num_warps: int
-    programs_per_sm: int  # the persistent grid's programs per SM (or CU)
+    programs_per_sm: int  # the persistent grid's programs per SM (or CU); 0: one program per row tile
+    num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
 
     def short(self) -> str:
         shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
@@ -136,14 +137,14 @@ SPLIT_MAX = 32  # programs per row at most; they wait for each other, so they mu
 
 
 @functools.lru_cache(maxsize=4096)
-def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int) -> FwdConfig:
-    """Whole rows in registers up to TILE_ELEMS, several rows per tile below TILE_ELEMS / 2, split
+def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
+    """Whole rows in registers up to tile_elems, several rows per tile below tile_elems / 2, split
     rows beyond (bench/NOTES.md, Triton section)."""
     lanes = lanes_per_warp(vendor)
-    split, part, block_n, chunks = split_for(N, TILE_ELEMS, min(SPLIT_MAX, sm_count))
+    split, part, block_n, chunks = split_for(N, tile_elems, min(SPLIT_MAX, sm_count))
     rows = 1
     if split == 1:
-        rows = max(1, min(64, (TILE_ELEMS // 2) // block_n))  # narrow rows: tiles of ~8K elements
+        rows = max(1, min(64, (tile_elems // 2) // block_n))  # narrow rows: tiles of half the budget
     warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
     threads = warps * lanes
     return FwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
@@ -153,6 +154,8 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int) -> FwdC
 def grid_programs(cfg: FwdConfig, M: int, sm_count: int) -> int:
     """Programs of a launch over M rows: a persistent grid of about one wave (row tiles x split parts)."""
     tiles = -(-M // cfg.rows)
+    if cfg.programs_per_sm == 0:
+        return tiles * cfg.split
     groups = max(1, min(tiles, cfg.programs_per_sm * sm_count // cfg.split))
     return groups * cfg.split
 
@@ -188,7 +191,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
                   INT64=needs_int64(M, max(stride, N)))
     phases = (1, 2) if cfg.split > 1 and INTERPRET else (0,)
     for phase in phases:
-        rms_norm_fwd_kernel[(programs,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=1)
+        rms_norm_fwd_kernel[(programs,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y, rstd
 
 

@@ -133,6 +133,7 @@ def test_through_rms_norm(seed, device):
                                              ("bfloat16", "float32")])
 @pytest.mark.parametrize("M", [1, 300, 4099])
 def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
+    M = min(M, (1 << 26) // N)  # the fp64 reference of the widest rows stays in memory
     x = random_rows((M, N), DT[x_dtype], "cuda")
     w = random_weight(N, DT[w_dtype], "cuda")
     y, rstd = _run(x, w, 0.0, "cuda")
