@@ -29,7 +29,7 @@ ELEMENTS = 1 << 27
 def variants(mod, N, dev):
     base = mod.analytic_config(N, 2, dev.vendor, dev.sm_count)
     out = {"analytic": base}
-    for tile in (4096, 8192, 16384, 32768):
+    for tile in (4096, 16384, 32768):
         if tile != mod.TILE_ELEMS:
             out[f"tile {tile}"] = mod.analytic_config(N, 2, dev.vendor, dev.sm_count, tile_elems=tile)
     out["stages 2"] = dataclasses.replace(base, num_stages=2)
@@ -38,16 +38,21 @@ def variants(mod, N, dev):
     out["pps x2"] = dataclasses.replace(base, programs_per_sm=base.programs_per_sm * 2)
     if mod is F:
         out["one per tile"] = dataclasses.replace(base, programs_per_sm=0)
-        for tile in (4096, 8192):
-            c = mod.analytic_config(N, 2, dev.vendor, dev.sm_count, tile_elems=tile)
-            out[f"tile {tile} one per tile"] = dataclasses.replace(c, programs_per_sm=0)
+        if N > 8192:  # one program per row, two passes over chunks (x kept in L2 between them)
+            for block, warps, pps in ((4096, 8, 0), (8192, 16, 0), (8192, 16, 2), (16384, 32, 0), (2048, 16, 0)):
+                if block < N:
+                    out[f"2pass {block}/{warps}w/pps{pps}"] = F.FwdConfig(
+                        rows=1, split=1, part=N, block_n=block, chunks=-(-N // block), num_warps=warps,
+                        programs_per_sm=pps)
+    else:
+        out["sum per tile"] = dataclasses.replace(base, acc_2d=False)
     return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")],
-                   default=[128, 1024, 4096, 8192, 16384, 65536, 262144])
+                   default=[128, 1024, 4096, 16384, 32768, 65536, 262144])
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if no_gpu():

@@ -36,7 +36,7 @@ from ._common import INTERPRET, exchange, lanes_per_warp, needs_int64, raw_strea
 def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, stride_dy, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, NEED_DX: tl.constexpr,
-                        NEED_DW: tl.constexpr, PHASE: tl.constexpr,
+                        NEED_DW: tl.constexpr, ACC_2D: tl.constexpr, PHASE: tl.constexpr,
                         INT64: tl.constexpr):
     # DW: dw itself (one row group, parts in registers) or the R x N fp32 partials. PHASE as in the forward:
     # 0 = one launch; under the interpreter a split launch runs PHASE 1 (dot partials and dw), then 2 (dx).
@@ -52,7 +52,10 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, strid
         col_ok = (lanes < PART) & (cols < N)
         if HAS_W:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
-        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if ACC_2D:  # one accumulator per tile element: no reduction over the tile's rows per tile
+            dw_acc2 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        else:
+            dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for tile in range(group, (M + ROWS - 1) // ROWS, groups):
         rows = tile * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -71,7 +74,10 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, strid
                 g = dy * w[None, :]
             dot = tl.sum(g * xhat, axis=1)
             if NEED_DW and PHASE != 2:
-                dw_acc += tl.sum(dy * xhat, axis=0)
+                if ACC_2D:
+                    dw_acc2 += dy * xhat
+                else:
+                    dw_acc += tl.sum(dy * xhat, axis=0)
         else:
             dot = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(CHUNKS):
@@ -115,6 +121,8 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, strid
                     dxc = rstd[:, None] * (gc - xc * rstd[:, None] * mean[:, None])
                     tl.store(dx_rows + cols_c[None, :], dxc.to(DX.dtype.element_ty), mask=mask_c)
     if NEED_DW and CHUNKS == 1 and PHASE != 2:
+        if ACC_2D:
+            dw_acc = tl.sum(dw_acc2, axis=0)
         tl.store(dw_row + cols, dw_acc.to(DW.dtype.element_ty), mask=col_ok)
 
 
@@ -144,6 +152,7 @@ class BwdConfig:
     num_warps: int
     programs_per_sm: int
     num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
+    acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
 
     def short(self) -> str:
         shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
@@ -217,7 +226,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     args = (dy2d, x2d, weight if weight is not None else rstd, rstd, dx if need_dx else rstd, dw_arg, slots, count,
             M, sx, sdy, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
-                  HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw,
+                  HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw, ACC_2D=cfg.acc_2d and cfg.rows > 1,
                   INT64=needs_int64(M, max(sx, sdy, N)))
     phases = (1, 2) if cfg.split > 1 and need_dx and INTERPRET else (0,)
     for phase in phases:
