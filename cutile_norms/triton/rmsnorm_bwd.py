@@ -160,19 +160,30 @@ class BwdConfig:
                 f"{self.programs_per_sm} programs/SM")
 
 
-# Elements one program holds per tile: x, dy, the weight and dw's accumulator stay in registers
-# (four fp32 values per element), half the forward's tile
-TILE_ELEMS = 8192
+# Measured on an H100, bf16, 2^27 elements (bench/probe/triton_configs.py; bench/NOTES.md, Triton):
+# tiles of TILE_ELEMS (several rows of narrow widths, 32 warps): 0.725 / 0.778 / 0.810 / 0.880 at
+# N = 128 / 1024 / 4096 / 8192, against 0.689 / 0.671 / 0.692 / 0.726 with 8192-element tiles; whole
+# rows in registers up to ROW_ELEMS (0.775 at 16384; 0.187 at 32768, spilled), split rows of 8192-column
+# parts beyond (0.543 at 32768, 0.478 at 65536), half the warps when split 16 or more (0.358 at 262144
+# against 0.208).
+TILE_ELEMS = 32768
+ROW_ELEMS = 16384
+PART_ELEMS = 8192
 SPLIT_MAX = 32
 REDUCE_COLS = 256  # the dw reduction's columns per program
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> BwdConfig:
+    """The measured rules above."""
     lanes = lanes_per_warp(vendor)
-    split, part, block_n, chunks = split_for(N, tile_elems, min(SPLIT_MAX, sm_count))
+    row_elems = min(ROW_ELEMS, tile_elems)
+    split, part, block_n, chunks = split_for(N, row_elems if N <= row_elems else min(PART_ELEMS, tile_elems),
+                                             min(SPLIT_MAX, sm_count))
     rows = max(1, min(64, (tile_elems // 2) // block_n)) if split == 1 else 1
     warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
+    if split >= 16:
+        warps = max(1, warps // 2)
     return BwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
                      programs_per_sm=max(1, 2048 // (warps * lanes)))
 

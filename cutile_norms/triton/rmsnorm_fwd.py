@@ -3,19 +3,19 @@
 Layout (TileGym's order): kernel -> launch config (a frozen dataclass) and its analytic heuristic ->
 launch wrapper -> the backend.
 
-One kernel, three shapes of work, picked by compile-time constants:
-  * Narrow rows (N <= TILE_ELEMS / 2): ROWS rows per tile, so a tile moves a few KB (the QK-norm case,
-    M ~ 10^6 rows of 128, would otherwise run one 256-byte row per loop step).
-  * Rows that fit one program's registers (N <= TILE_ELEMS): the whole row loaded once, kept in
+One kernel, shapes of work picked by compile-time constants:
+  * Narrow rows: ROWS rows per tile, so a tile moves a few KB (the QK-norm case, M ~ 10^6 rows of
+    128, would otherwise run one 256-byte row per loop step).
+  * Rows that fit one program's registers (N <= ROW_ELEMS): the whole row loaded once, kept in
     registers, reduced, scaled and stored. Odd widths (2880, 2^k + 1) are a power-of-two block with a
     masked tail: masked lanes move no bytes.
-  * Wider rows: SPLIT programs per row, each holding one part (a multiple of 16 columns) in
-    registers; they exchange their partial sums of squares through global memory (a slot per
-    (row, part) and a counter per tile; see `exchange` in `_common.py`), so x is read from HBM once
-    at any width. Parts too long for registers (N > SPLIT_MAX x TILE_ELEMS) run in CHUNKS: a first
-    pass sums the squares with x kept in L2 (evict_last), a second re-reads it (evict_first).
+  * Wider rows, in CHUNKS: a first pass sums the squares with x kept in L2 (evict_last), a second
+    re-reads it (evict_first) and stores y. No width limit.
+  * SPLIT > 1 (a config the heuristic does not pick; measured slow, bench/NOTES.md): a row's parts on
+    several programs that exchange their partial sums through global memory (`exchange`).
 
-A persistent grid (about one wave) walks the tiles, the weight loaded once per program. All math in
+Up to ROW_ELEMS a persistent grid (about one wave) walks the tiles, the weight loaded once per
+program; chunked rows run one program per row. All math in
 fp32 (eps and offset are launched as Python floats: fp32 arguments); row offsets in int64 where M x stride passes 2^31.
 """
 from __future__ import annotations
@@ -30,17 +30,7 @@ import triton.language as tl
 
 from .._platform import DeviceInfo
 from .._workspace import workspace
-from ._common import (
-    INTERPRET,
-    exchange,
-    lanes_per_warp,
-    needs_int64,
-    pow2_ceil,
-    raw_stream,
-    round_up,
-    split_for,
-    warps_for,
-)
+from ._common import MAX_WARPS, INTERPRET, exchange, lanes_per_warp, needs_int64, pow2_ceil, raw_stream, warps_for
 
 
 # ================================================================================================
@@ -130,25 +120,32 @@ class FwdConfig:
                 f"{self.programs_per_sm} programs/SM")
 
 
-# Elements one program holds in registers per tile: 16 fp32 values per thread at 1024 threads (the
-# most a block has on either vendor: 32 warps x 32 lanes, 16 wavefronts x 64 lanes).
-TILE_ELEMS = 16384
-SPLIT_MAX = 32  # programs per row at most; they wait for each other, so they must fit on the GPU at once
+# Measured on an H100, bf16, 2^27 elements (bench/probe/triton_configs.py; bench/NOTES.md, Triton):
+#   * whole rows in registers up to ROW_ELEMS, 32 values per thread (half the threads of 16 per
+#     thread: 0.957 against 0.942 at N = 1024 and 4096), several rows per tile below TILE_ELEMS;
+#   * wider rows in two passes of one program per row, chunks of 8192 (16 warps) or 16384 (32 warps),
+#     the first pass keeping x in L2 (evict_last): 0.995 at 16384, 0.989 at 32768, where the whole
+#     row in registers (32 warps) gave 0.894 and rows split over programs exchanging their sums 0.01-0.65.
+TILE_ELEMS = 8192
+ROW_ELEMS = 8192
+SPLIT_MAX = 32  # configs with split rows (not picked by the heuristic) keep a row's programs on the GPU at once
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
-    """Whole rows in registers up to tile_elems, several rows per tile below tile_elems / 2, split
-    rows beyond (bench/NOTES.md, Triton section)."""
+    """Whole rows in registers up to ROW_ELEMS (several rows per tile when narrow), two passes over
+    chunks beyond; the measured reasons above."""
     lanes = lanes_per_warp(vendor)
-    split, part, block_n, chunks = split_for(N, tile_elems, min(SPLIT_MAX, sm_count))
-    rows = 1
-    if split == 1:
-        rows = max(1, min(64, (tile_elems // 2) // block_n))  # narrow rows: tiles of half the budget
-    warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
-    threads = warps * lanes
-    return FwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
-                     programs_per_sm=max(1, 2048 // threads))
+    if N <= ROW_ELEMS:
+        block_n = pow2_ceil(N)
+        rows = max(1, min(64, tile_elems // block_n))
+        warps = warps_for(rows * block_n, max(1, elem_bytes // 2), lanes, vendor)  # 2x the values per thread
+        return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
+                         programs_per_sm=max(1, 2048 // (warps * lanes)))
+    block_n = 8192 if N <= 16384 else 16384
+    warps = min(MAX_WARPS.get(vendor, 32), (block_n // 512) * 32 // lanes)
+    return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=-(-N // block_n), num_warps=warps,
+                     programs_per_sm=0)
 
 
 def grid_programs(cfg: FwdConfig, M: int, sm_count: int) -> int:

@@ -43,18 +43,19 @@ def _check(x, w, offset, y, rstd, what, seed):
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
-    from cutile_norms.triton.rmsnorm_fwd import SPLIT_MAX, TILE_ELEMS, analytic_config
+    from cutile_norms.triton.rmsnorm_fwd import ROW_ELEMS, TILE_ELEMS, analytic_config, grid_programs
 
     cfg = analytic_config(N, e, vendor, sms)
-    assert cfg.split * cfg.part >= N and cfg.split & (cfg.split - 1) == 0
-    assert cfg.split <= min(SPLIT_MAX, sms)  # a row's programs must fit on the GPU at once
-    assert cfg.split == 1 or (cfg.part % 16 == 0 and cfg.rows == 1)
-    assert cfg.block_n * cfg.chunks >= cfg.part and cfg.rows * cfg.block_n <= TILE_ELEMS
-    assert cfg.chunks == 1 or cfg.block_n == TILE_ELEMS
+    assert cfg.split == 1 and cfg.part == N  # the heuristic never splits a row (measured, see the module)
+    assert cfg.block_n * cfg.chunks >= N and cfg.block_n & (cfg.block_n - 1) == 0
+    if N <= ROW_ELEMS:  # the row in registers, several rows per tile when narrow, a persistent grid
+        assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS and cfg.programs_per_sm >= 1
+        assert grid_programs(cfg, 10 ** 6, sms) <= cfg.programs_per_sm * sms
+    else:  # two passes over chunks, one program per row
+        assert cfg.rows == 1 and cfg.chunks > 1 and cfg.programs_per_sm == 0
+        assert grid_programs(cfg, 1000, sms) == 1000
     lanes = 64 if vendor == "amd" else 32
     assert cfg.num_warps * lanes <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
-    if cfg.split == 1 and cfg.chunks == 1:
-        assert cfg.part == N  # no padding of the bytes moved: the tail is masked
 
 
 # ------------------------------------------------------------------------------------------------
