@@ -32,8 +32,8 @@ def exchange(SLOTS, COUNT, tile, rows, row_ok, partial, part, ROWS: tl.constexpr
         ticket = tl.atomic_add(COUNT + tile, 1, sem="acq_rel", scope="gpu")
         target = (ticket // SPLIT + 1) * SPLIT
         seen = ticket + 1
-        while seen < target:  # poll with plain loads: an atomic per poll from every waiting program
-            seen = tl.load(COUNT + tile, volatile=True)  # measured 0.01x copy (bench/NOTES.md, Triton)
+        while seen < target:  # poll with plain loads (no atomic traffic while waiting)
+            seen = tl.load(COUNT + tile, volatile=True)
         tl.atomic_add(COUNT + tile, 0, sem="acquire", scope="gpu")  # acquire the run's slot stores
         tl.debug_barrier()
     total = partial
