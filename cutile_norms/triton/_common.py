@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -42,6 +43,25 @@ def exchange(SLOTS, COUNT, tile, rows, row_ok, partial, part, ROWS: tl.constexpr
                         volatile=True)
         total = tl.sum(parts, axis=1)
     return total
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """The launch config both passes share: how a program's tile covers rows and columns, and the grid."""
+
+    rows: int  # rows per tile (several for narrow rows; 1 when split)
+    split: int  # programs per row (a power of two)
+    part: int  # columns per program: N when split == 1, else a multiple of 16
+    block_n: int  # columns per load (a power of two >= part, or the chunk length)
+    chunks: int  # loads per part (1: the part stays in registers)
+    num_warps: int
+    programs_per_sm: int  # the persistent grid's programs per SM (or CU); 0: one program per row tile
+    num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
+
+    def short(self) -> str:
+        shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
+        return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
+                f"{self.programs_per_sm} programs/SM")
 
 
 def pow2_ceil(n: int) -> int:

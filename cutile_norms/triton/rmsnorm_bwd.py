@@ -26,7 +26,16 @@ import triton.language as tl
 
 from .._platform import DeviceInfo
 from .._workspace import workspace
-from ._common import INTERPRET, exchange, lanes_per_warp, needs_int64, raw_stream, split_for, warps_for
+from ._common import (
+    INTERPRET,
+    TileConfig,
+    exchange,
+    lanes_per_warp,
+    needs_int64,
+    raw_stream,
+    split_for,
+    warps_for,
+)
 
 
 # ================================================================================================
@@ -143,21 +152,8 @@ def dw_reduce_kernel(P, DW, R, N, BLOCK_C: tl.constexpr):
 # Launch config and heuristic
 # ================================================================================================
 @dataclass(frozen=True)
-class BwdConfig:
-    rows: int  # rows per tile (several for narrow rows; 1 when split)
-    split: int  # programs per row (a power of two)
-    part: int  # columns per program: N when split == 1, else a multiple of 16
-    block_n: int  # columns per load (a power of two >= part, or the chunk length)
-    chunks: int  # loads per part (1: the part stays in registers)
-    num_warps: int
-    programs_per_sm: int
-    num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
+class BwdConfig(TileConfig):
     acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
-
-    def short(self) -> str:
-        shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
-        return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
-                f"{self.programs_per_sm} programs/SM")
 
 
 # Measured on an H100, bf16, 2^27 elements (bench/probe/triton_configs.py; bench/NOTES.md, Triton):

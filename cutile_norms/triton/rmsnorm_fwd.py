@@ -21,7 +21,6 @@ fp32 (eps and offset are launched as Python floats: fp32 arguments); row offsets
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +29,17 @@ import triton.language as tl
 
 from .._platform import DeviceInfo
 from .._workspace import workspace
-from ._common import MAX_WARPS, INTERPRET, exchange, lanes_per_warp, needs_int64, pow2_ceil, raw_stream, warps_for
+from ._common import (
+    INTERPRET,
+    MAX_WARPS,
+    TileConfig,
+    exchange,
+    lanes_per_warp,
+    needs_int64,
+    pow2_ceil,
+    raw_stream,
+    warps_for,
+)
 
 
 # ================================================================================================
@@ -104,20 +113,8 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, COUNT, M, stride_x, eps, offset,
 # Launch config and heuristic
 # ================================================================================================
 @dataclass(frozen=True)
-class FwdConfig:
-    rows: int  # rows per tile (several for narrow rows; 1 when split)
-    split: int  # programs per row (a power of two)
-    part: int  # columns per program: N when split == 1, else a multiple of 16
-    block_n: int  # columns per load (a power of two >= part, or the chunk length)
-    chunks: int  # loads per part (1: the part stays in registers)
-    num_warps: int
-    programs_per_sm: int  # the persistent grid's programs per SM (or CU); 0: one program per row tile
-    num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
-
-    def short(self) -> str:
-        shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
-        return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
-                f"{self.programs_per_sm} programs/SM")
+class FwdConfig(TileConfig):
+    """The forward's launch config (TileConfig's fields)."""
 
 
 # Measured on an H100, bf16, 2^27 elements (bench/probe/triton_configs.py; bench/NOTES.md, Triton):
