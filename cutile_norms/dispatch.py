@@ -53,9 +53,10 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("static_persistent", "cutile", f"{_CUTILE_FWD}:STATIC_PERSISTENT", STABLE, ("nvidia",), (9, 0),
          "cuTile, a persistent grid of about one wave looping over row tiles, weight loaded once "
          "per block, several rows per tile for narrow rows", bwd_backend=_CUTILE_BWD),
-    Mode("tma_smem_cached", "cute", None, PLANNED, ("nvidia",), (9, 0),
-         "CuTe DSL, TMA loads into shared memory, thread-block cluster reductions for long rows",
-         planned_in="the CuTe DSL TMA/cluster issue"),
+    Mode("tma_smem_cached", "cute", "cutile_norms.cute.rmsnorm_fwd:TMA_SMEM_CACHED", STABLE, ("nvidia",), (9, 0),
+         "CuTe DSL, row tiles brought into shared memory by TMA bulk copies and normalised from there, "
+         "clusters of CTAs exchanging partial sums through distributed shared memory for long rows "
+         "(rows must start 16-byte aligned)", bwd_backend=_CUTILE_BWD),
     Mode("triton", "triton", "cutile_norms.triton.rmsnorm_fwd:TRITON_FORWARD", STABLE, ("nvidia", "amd"), None,
          "Triton, a persistent grid over row tiles (several rows per tile for narrow rows, split rows "
          "exchanging partial sums for wide ones): AMD GPUs, NVIDIA GPUs older than sm_90 or without cuTile",
@@ -82,6 +83,9 @@ def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Except
     err = tools.error(mode.dsl)
     if err:
         return RuntimeError, f"mode {mode.name!r} needs {mode.dsl}, which does not import here: {err}"
+    if mode.bwd_backend == _CUTILE_BWD and mode.dsl != "cutile" and tools.error("cutile"):
+        return RuntimeError, (f"mode {mode.name!r} runs its backward with the cuTile persistent kernel, and "
+                              f"cutile does not import here: {tools.error('cutile')}")
     return None
 
 
@@ -143,6 +147,14 @@ def _fallback(dev: DeviceInfo, tools: Toolchain, why: str) -> Choice:
     if why_not is None:
         return Choice("triton", f"{why}: the Triton kernels run")
     return Choice("torch", f"{why}, and {why_not}: the reference runs")
+
+
+def instead_of(dev: DeviceInfo, tools: Toolchain, mode: str, why: str) -> Choice:
+    """mode=None where the measured row's mode cannot take these rows (`why`: e.g. tma_smem_cached and
+    rows that do not start 16-byte aligned): multi_wave_cached (it takes every shape), else the fallback."""
+    if mode != "multi_wave_cached" and unavailable_reason(MODES["multi_wave_cached"], dev, tools) is None:
+        return Choice("multi_wave_cached", f"{why}: multi_wave_cached runs instead")
+    return _fallback(dev, tools, why)
 
 
 def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:

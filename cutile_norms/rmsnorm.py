@@ -193,7 +193,18 @@ def _plan(x, mode):
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
+    if choice.mode in _TAKES_ONLY_SOME and M:
+        why = dispatch.backend(choice.mode).unsupported(_as_rows(x))
+        if why:  # the mode cannot take these rows: an error when asked for, another mode for mode=None
+            if mode is not None:
+                raise ValueError(why)
+            choice = dispatch.instead_of(dev, toolchain(), choice.mode, why)
     return dev, M, choice
+
+
+# Modes whose backend has `unsupported(x2d)`: shapes, strides or alignments it cannot take (checked per
+# call signature; x's 16-byte alignment is part of the call plans' key)
+_TAKES_ONLY_SOME = frozenset({"tma_smem_cached"})
 
 
 @functools.lru_cache(maxsize=8192)
@@ -222,8 +233,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
         grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-        key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, None if weight is None else
-               (weight.shape, weight.stride(), weight.dtype, weight.device))
+        key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, x.data_ptr() & 15,
+               None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device))
         plan = _PLANS.get(key)
         if plan is None:
             plan = _call_plan(x, weight, eps, offset, mode, grad)

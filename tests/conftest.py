@@ -116,6 +116,14 @@ def assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dt
                             f"worst abs err {err.max().item():.3g} [seed {seed}]")
 
 
+def check_forward(x, w, eps, offset, y, rstd, what, seed):
+    """A forward kernel's y (and rstd, unless None) against the fp64 reference."""
+    ey, er = reference64(x, w, eps, offset)
+    assert_close(y, ey, x.dtype, f"{what} y", seed)
+    if rstd is not None:
+        assert_close(rstd, er, torch.float32, f"{what} rstd", seed)
+
+
 def reference_bwd64(x, w, dy, eps, offset):
     """(dx, dw, dx_scale, dw_scale) in fp64: the closed form, and the magnitudes of the terms each
     element is made of (the fp32 kernel's rounding is relative to those, not to a result near 0)."""
@@ -145,5 +153,6 @@ def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
                             f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
 
 
-__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "reference_bwd64",
+__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "check_forward",
+           "reference_bwd64",
            "assert_grad_close", "rms_norm_reference"]

@@ -16,9 +16,8 @@ def test_public_names():
 def test_available_modes_on_cpu_names_reasons():
     modes = cn.available_modes("cpu")
     assert modes["torch"] is None
-    for name in ["multi_wave_reload", "multi_wave_cached", "static_persistent"]:
+    for name in ["multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached"]:
         assert "CPU" in modes[name]
-    assert "not built yet" in modes["tma_smem_cached"]
 
 
 def test_mode_none_on_cpu_runs_the_reference(seed):

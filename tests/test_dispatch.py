@@ -21,8 +21,7 @@ def reasons(dev, tools):
 
 def test_hopper_runs_every_built_mode():
     r = reasons(H100, ALL_TOOLS)
-    assert all(r[m] is None for m in CUTILE_MODES + ["triton", "torch"])
-    assert "not built yet" in r["tma_smem_cached"]
+    assert all(r[m] is None for m in CUTILE_MODES + ["tma_smem_cached", "triton", "torch"])
 
 
 def test_ampere_is_refused_by_arch():

@@ -62,7 +62,7 @@ SEED = int(os.environ.get(SEED_VAR) or secrets.randbits(31))
 N_GPU_CASES = int(os.environ.get(CASES_VAR) or 2000)
 N_CPU_CASES = 200
 
-GPU_MODES = ("multi_wave_reload", "multi_wave_cached", "static_persistent", "triton")
+GPU_MODES = ("multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached", "triton")
 # the GPU modes that refuse CPU tensors: all but triton while Triton's interpreter is on (the CPU CI),
 # where triton runs on the CPU and joins the CPU cases
 CPU_INTERPRETED = ("triton",) if triton_interpreted() else ()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_close, random_rows, random_weight, reference64
+from tests.conftest import assert_close, check_forward, random_rows, random_weight, reference64
 from tests.triton._util import DEVICES, device_for, poisoned, sync
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -30,10 +30,7 @@ def _run(x, w, offset, device, cfg=None, store_rstd=True):
 
 
 def _check(x, w, offset, y, rstd, what, seed):
-    ey, er = reference64(x, w, EPS, offset)
-    assert_close(y, ey, x.dtype, f"{what} y", seed)
-    if rstd is not None:
-        assert_close(rstd, er, torch.float32, f"{what} rstd", seed)
+    check_forward(x, w, EPS, offset, y, rstd, what, seed)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""CuTe DSL kernels (`cutlass.cute`): the tma_smem_cached mode."""

@@ -1,0 +1,165 @@
+"""mode="tma_smem_cached": the CuTe DSL forward's compile cache, launch and backend.
+
+The kernel is in rmsnorm_fwd_kernel.py, its configs and heuristic in rmsnorm_fwd_config.py. Kernels
+are compiled with `cute.compile` over fake tensors (M and x's row stride symbolic: no recompile when
+only M changes), cached in process by (dtypes, N, config, flags), and called through TVM-FFI with
+torch tensors on torch's current stream.
+
+What the mode takes (`unsupported` says why not, the API layer raises it and mode=None does not pick
+the mode there): rows whose starts are 16-byte aligned, i.e. N and x's row stride multiples of
+16 bytes / element size and x's data 16-byte aligned, since the TMA engine's bulk copies move 16-byte
+multiples between 16-byte-aligned addresses; and N up to what CLUSTER_MAX CTAs' shared memory holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._platform import DeviceInfo
+from .rmsnorm_fwd_config import FwdConfig, analytic_config
+
+_CUTLASS_DTYPES: dict = {}
+
+
+def _cutlass_dtype(dtype: torch.dtype):
+    if not _CUTLASS_DTYPES:
+        import cutlass
+        _CUTLASS_DTYPES.update({torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
+                                torch.float32: cutlass.Float32})
+    return _CUTLASS_DTYPES[dtype]
+
+
+# ================================================================================================
+# Compile cache
+# ================================================================================================
+_COMPILED: dict = {}
+COMPILE_COUNT = [0]  # compiles in this process (tests count them: a new M must not compile again)
+
+
+def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig,
+                    store_rstd: bool, contiguous: bool, arch: str | None = None, keep_ptx: bool = False):
+    """The compiled forward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
+    compiles for that target without a GPU; None: the current GPU's. `keep_ptx`:
+    the result's `__ptx__` holds the PTX (the compile tests read it)."""
+    key = (x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx)
+    fn = _COMPILED.get(key)
+    if fn is not None:
+        return fn
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .rmsnorm_fwd_kernel import RMSNormFwdTmaSmem
+
+    dx = _cutlass_dtype(x_dtype)
+    dw = _cutlass_dtype(w_dtype) if w_dtype is not None else dx
+    vec = 16 // x_dtype.itemsize
+    M = cute.sym_int64(symbol="M")
+    S = cute.sym_int64(divisibility=vec, symbol="row_stride")
+    R = M if store_rstd else cute.sym_int64(symbol="rstd_len")
+    mX = make_fake_tensor(dx, (M, N), stride=(N if contiguous else S, 1), assumed_align=16)
+    mY = make_fake_tensor(dx, (M, N), stride=(N, 1), assumed_align=16)
+    mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
+    mR = make_fake_tensor(cutlass.Float32, (R,), stride=(1,), assumed_align=4)
+    kernel = RMSNormFwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, store_rstd, contiguous)
+    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+    if keep_ptx:  # the files go to a temporary folder, the text to fn.__ptx__
+        import tempfile
+        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
+    fn = cute.compile(kernel, mX, mW, mY, mR, cutlass.Float32(1e-6), cutlass.Float32(0.0),
+                      make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
+    COMPILE_COUNT[0] += 1
+    _COMPILED[key] = fn
+    return fn
+
+
+# ================================================================================================
+# What the mode takes
+# ================================================================================================
+def unsupported(N: int, dtype: torch.dtype, row_stride: int, M: int, data_ptr: int) -> str | None:
+    """None when the mode takes rows of N `dtype` elements at `row_stride` starting at `data_ptr`,
+    else why not (the bulk copies' 16-byte rule, or N too long)."""
+    eb = dtype.itemsize
+    vec = 16 // eb
+    if N % vec:
+        return (f"tma_smem_cached moves rows with 16-byte bulk copies: N must be a multiple of {vec} for "
+                f"{str(dtype).removeprefix('torch.')}, got N={N}")
+    if M > 1 and row_stride % vec:
+        return (f"tma_smem_cached needs x's row stride to be a multiple of {vec} elements (16 bytes), "
+                f"got {row_stride}")
+    if data_ptr % 16:
+        return "tma_smem_cached needs x's data 16-byte aligned (a view starting mid-row is not)"
+    if analytic_config(N, eb) is None:
+        return f"tma_smem_cached keeps a row in the shared memory of at most 8 CTAs: N={N} is too long"
+    return None
+
+
+# ================================================================================================
+# Launch
+# ================================================================================================
+_DUMMY: dict = {}
+
+
+def _dummy_rstd(device: torch.device) -> torch.Tensor:
+    t = _DUMMY.get(device)
+    if t is None:
+        t = _DUMMY[device] = torch.empty(1, dtype=torch.float32, device=device)
+    return t
+
+
+def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+           store_rstd: bool, out: tuple | None = None, out_shape=None):
+    """(y contiguous in x's dtype, [M, N] or `out_shape`; rstd [M] fp32 or None) for a 2-D x with unit
+    column stride that `unsupported` accepts, M >= 1. The API layer has validated everything.
+    `out`: (y, rstd) to write into."""
+    M, N = x2d.shape
+    contiguous = M == 1 or x2d.stride(0) == N
+    if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
+        x2d = x2d.as_strided((M, N), (N, 1))
+    if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
+        weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+    if out is None:
+        y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=x2d.dtype, device=x2d.device)
+        rstd = torch.empty(M, dtype=torch.float32, device=x2d.device) if store_rstd else None
+    else:
+        y, rstd = out
+    y2d = y.view(M, N)
+    fn = compile_forward(x2d.dtype, None if weight is None else weight.dtype, N, cfg, store_rstd, contiguous)
+    fn(x2d, weight if weight is not None else y2d[0], y2d, rstd if store_rstd else _dummy_rstd(x2d.device),
+       eps, offset)
+    return y, rstd
+
+
+# ================================================================================================
+# The backend
+# ================================================================================================
+@dataclass(frozen=True)
+class TmaSmemCachedForward:
+    mode: str = "tma_smem_cached"
+
+    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> FwdConfig | None:
+        return analytic_config(N, dtype.itemsize)
+
+    def unsupported(self, x2d: torch.Tensor) -> str | None:
+        M, N = x2d.shape
+        return unsupported(N, x2d.dtype, x2d.stride(0), M, x2d.data_ptr())
+
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
+        cfg = self.config(N, dtype, dev)
+        if cfg is None:
+            return f"CuTe DSL RMSNormFwdTmaSmem: none (N={N} too long)"
+        tiles = -(-M // cfg.rows)
+        return (f"CuTe DSL RMSNormFwdTmaSmem, grid ({tiles * cfg.cluster_n},), {cfg.short()}; "
+                f"config: analytic (N, dtype)")
+
+    def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
+                out: tuple | None = None, out_shape=None):
+        why = self.unsupported(x2d)
+        if why:  # the API layer routes around it; a direct caller hears why
+            raise ValueError(why)
+        cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
+        return launch(cfg, x2d, weight, eps, offset, store_rstd, out, out_shape)
+
+
+TMA_SMEM_CACHED = TmaSmemCachedForward()

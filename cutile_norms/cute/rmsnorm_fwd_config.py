@@ -1,0 +1,94 @@
+"""Launch configs of the tma_smem_cached forward and the analytic heuristic that picks them."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    rows: int        # rows per CTA tile (a multiple of rpg)
+    rpg: int         # rows per group: rows one pass of the CTA's threads covers
+    tpr: int         # threads per row (power of two; > 32 only with rpg == 1)
+    nvb: int         # 16-byte vectors per thread per row
+    cluster_n: int   # CTAs per row (a cluster), 1 = none
+    vec: int         # elements per 16-byte vector
+
+    @property
+    def threads(self) -> int:
+        return self.tpr * self.rpg
+
+    @property
+    def warps_per_row(self) -> int:
+        return max(1, self.tpr // 32)
+
+    @property
+    def tile_cols(self) -> int:
+        return self.vec * self.tpr * self.nvb
+
+    def smem_row_stride(self, N: int) -> int:
+        return N if self.cluster_n == 1 else self.tile_cols
+
+    def smem_bytes(self, elem_bytes: int, N: int) -> int:
+        s = self.smem_row_stride(N)
+        tile = ((self.rows - 1) * s + self.tile_cols) * elem_bytes
+        groups = self.rows // self.rpg
+        return -(-tile // 128) * 128 + 16 + 4 * groups * self.warps_per_row + 16 + 4 * self.cluster_n + 64
+
+    def short(self) -> str:
+        return (f"rows={self.rows} threads={self.threads} (tpr={self.tpr}) vectors/thread={self.nvb} "
+                f"cluster={self.cluster_n}")
+
+
+# The analytic heuristic. The reasons (bench/NOTES.md, "The CuTe DSL mode"):
+#   * a CTA's tile is its rows' slices, loaded by one bulk copy per row (one per tile when rows are
+#     contiguous) and kept in shared memory: registers stay flat as N grows;
+#   * TILE_BYTES per CTA for narrow rows (several rows per tile), so that a few CTAs per SM keep
+#     enough bytes in flight while others reduce and store;
+#   * rows wider than SLICE_BYTES are split over a cluster of CTAs (at most CLUSTER_MAX, Hopper's
+#     portable limit) that exchange their partial sums through distributed shared memory;
+#   * VECS_PER_THREAD 16-byte vectors per thread and row (64 values of a 16-bit row), half that in
+#     clusters of 2-8 CTAs (256 threads per 16 KiB slice: 1.003 / 0.993 against 0.995 / 0.987 at
+#     N = 32768 / 65536, bf16, H100), not in clusters of 16 (0.972 against 0.991 at 131072).
+TILE_BYTES = 16 * 1024
+SLICE_BYTES = 16 * 1024
+CLUSTER_MAX = 16
+VECS_PER_THREAD = 8
+MAX_THREADS = 1024
+MAX_GROUPS = 16  # row groups per tile (unrolled in the kernel)
+SMEM_MAX = 227 * 1024  # a Hopper CTA's shared memory
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=4096)
+def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice_bytes: int = SLICE_BYTES,
+                    vecs_per_thread: int = VECS_PER_THREAD, min_threads: int = 128,
+                    cluster_max: int = CLUSTER_MAX) -> FwdConfig | None:
+    """The config for rows of N elements of `elem_bytes`; None where no config fits (N too long for
+    CLUSTER_MAX CTAs' shared memory)."""
+    vec = 16 // elem_bytes
+    row_bytes = N * elem_bytes
+    cluster_n = min(cluster_max, _pow2_ceil(-(-row_bytes // slice_bytes)))
+    if vecs_per_thread == VECS_PER_THREAD and 1 < cluster_n < 16:
+        vecs_per_thread //= 2
+    vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
+    tpr = _pow2_ceil(-(-vectors // vecs_per_thread))
+    if tpr <= 32:  # narrow rows: a row per tpr lanes, several row groups per tile
+        tpr = min(32, max(tpr, _pow2_ceil(-(-vectors // 4)) if vectors > 4 else tpr))
+        rpg = max(1, min_threads // tpr)
+    else:
+        tpr = min(MAX_THREADS, max(tpr, min_threads))
+        rpg = 1
+    nvb = -(-vectors // tpr)
+    if cluster_n > 1:  # slices rounded up to whole vectors per thread: the last CTAs may need none
+        cluster_n = -(-N // (vec * tpr * nvb))
+    cfg = FwdConfig(rows=rpg, rpg=rpg, tpr=tpr, nvb=nvb, cluster_n=cluster_n, vec=vec)
+    if cluster_n == 1:
+        groups = max(1, min(MAX_GROUPS, tile_bytes // (rpg * row_bytes)))
+        cfg = FwdConfig(rows=rpg * groups, rpg=rpg, tpr=tpr, nvb=nvb, cluster_n=1, vec=vec)
+    if cfg.smem_bytes(elem_bytes, N) > SMEM_MAX:
+        return None
+    return cfg

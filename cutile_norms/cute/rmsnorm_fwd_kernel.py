@@ -1,0 +1,234 @@
+"""The tma_smem_cached forward kernel (CuTe DSL): row tiles brought into shared memory by the TMA
+engine's bulk copy (`cp.async.bulk`, completed on an mbarrier), reduced with warp shuffles (+ shared
+memory across warps, + distributed shared memory across the CTAs of a cluster for long rows), and
+normalised from shared memory with 128-bit stores.
+
+Names follow CuTe's convention: m* whole tensors in global memory, g* a CTA's tile of them, s* shared
+memory, t?r?/t?s?/t?g? a thread's partition (in registers, shared, global).
+
+The kernel does not validate; rmsnorm_fwd.py (`unsupported`) and the API layer do. What it assumes: rows of N elements
+whose starts are 16-byte aligned (N and x's row stride multiples of 16 bytes / element size, x's base
+16-byte aligned), a 16-byte-aligned weight with unit stride, y contiguous.
+"""
+from __future__ import annotations
+
+import operator
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.memory.smem import SmemAllocator
+
+from .rmsnorm_fwd_config import FwdConfig
+
+
+@dsl_user_op
+def bulk_copy_g2s(smem_addr: Int32, gmem_addr: Int64, nbytes: Int32, mbar_addr: Int32, *, loc=None, ip=None):
+    """One TMA bulk copy of `nbytes` (a multiple of 16) from global to this CTA's shared memory; its
+    bytes complete on the mbarrier's transaction count."""
+    llvm.inline_asm(
+        None,
+        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+         Int32(nbytes).ir_value(loc=loc, ip=ip), Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def store_f32_to_peer(smem_ptr: cute.Pointer, val: Float32, mbar_ptr: cute.Pointer, peer: Int32, *, loc=None, ip=None):
+    """st.async of one fp32 into CTA `peer`'s shared memory at this CTA's address of `smem_ptr`,
+    completing 4 bytes on the peer's mbarrier (the peer's copy of `mbar_ptr`)."""
+    cute.arch.store_async_dsmem(smem_ptr, _f32_bits(val, loc=loc, ip=ip), mbar_ptr, peer, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _f32_bits(val: Float32, *, loc=None, ip=None) -> Int32:
+    return Int32(llvm.bitcast(Int32.mlir_type, Float32(val).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@cute.jit
+def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit: Int32) -> cute.Tensor:
+    """One flag per 16-byte copy of a thread's partition (coordinates `tXcX`, (row, col)): its
+    column < limit. Vectors never straddle the limit (it is a multiple of the vector)."""
+    n = cute.size(tXcX, mode=[0]) // atom_vals
+    m1, m2 = cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])
+    pred = cute.make_rmem_tensor(cute.make_layout((n, m1, m2)), cutlass.Boolean)
+    for i in cutlass.range_constexpr(n):
+        for j in cutlass.range_constexpr(m1):
+            for k in cutlass.range_constexpr(m2):
+                pred[i, j, k] = tXcX[i * atom_vals, j, k][1] < limit
+    return pred
+
+
+class RMSNormFwdTmaSmem:
+    """y = x * rsqrt(mean(x^2) + eps) * (offset + w) over rows of N, one row tile per CTA (a cluster of
+    CTAs per row when cfg.cluster_n > 1). Compile-time: dtypes, N, the config, weight or not, rstd or not,
+    contiguous rows or not; runtime: M, x's row stride, eps, offset."""
+
+    def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, has_weight: bool, store_rstd: bool,
+                 contiguous: bool):
+        self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
+        self.has_weight = has_weight
+        self.store_rstd, self.contiguous = store_rstd, contiguous
+        self.vec = 128 // x_dtype.width
+        self.elem_bytes = x_dtype.width // 8
+
+    # ---- host side ----------------------------------------------------------------------------
+    def _tv_layout(self):
+        c = self.cfg
+        # thread (t0 in a row, t1 = row of the group) -> row t1, column t0*vec; value (v, k) -> column
+        # v + k*vec*tpr: each thread owns 16-byte vectors, a row's threads cover it contiguously
+        return cute.make_layout(((c.tpr, c.rpg), (self.vec, c.nvb)),
+                                stride=((self.vec * c.rpg, 1), (c.rpg, c.rpg * self.vec * c.tpr)))
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW, mY: cute.Tensor, mRstd, eps: Float32, offset: Float32,
+                 stream):
+        c = self.cfg
+        M = mX.shape[0]
+        tiles = cute.ceil_div(M, c.rows)
+        self.kernel(mX, mW, mY, mRstd, eps, offset, self._tv_layout()).launch(
+            grid=[tiles * c.cluster_n, 1, 1], block=[c.threads, 1, 1],
+            cluster=[c.cluster_n, 1, 1] if cutlass.const_expr(c.cluster_n > 1) else None,
+            smem=c.smem_bytes(self.elem_bytes, self.N), stream=stream)
+
+    # ---- device side --------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mW, mY: cute.Tensor, mRstd, eps: Float32, offset: Float32,
+               tv_layout: cute.Layout):
+        c = self.cfg
+        N, vec, eb = self.N, self.vec, self.elem_bytes
+        cn = c.cluster_n
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        if cutlass.const_expr(cn > 1):
+            rank = cute.arch.block_idx_in_cluster()
+            tile = bidx // cn
+        else:
+            rank = Int32(0)
+            tile = bidx
+        M = mX.shape[0]
+        width = c.tile_cols  # columns of one CTA's tile (>= its valid columns)
+        row_stride_s = c.smem_row_stride(N)
+
+        # ---- shared memory: the tile, the load barrier, the reduction slots ----
+        smem = SmemAllocator()
+        sX = smem.allocate_tensor(self.x_dtype, cute.make_layout((c.rows, width), stride=(row_stride_s, 1)),
+                                  byte_alignment=128)
+        mbar = smem.allocate_array(Int64, num_elems=2, byte_alignment=8)
+        groups = c.rows // c.rpg
+        sRed = smem.allocate_tensor(Float32, cute.make_layout((groups, c.warps_per_row)), byte_alignment=16)
+        sPeer = smem.allocate_tensor(Float32, cute.make_layout((cn,)), byte_alignment=16)
+
+        if tidx == 0:
+            cute.arch.mbarrier_init(mbar, 1)
+            cute.arch.mbarrier_init(mbar + 1, 1)
+        cute.arch.mbarrier_init_fence()
+        if cutlass.const_expr(cn > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.barrier()
+
+        # ---- TMA bulk loads of the tile (warp 0 issues them) ----
+        row0 = tile * c.rows
+        rows_valid = cutlass.min(M - row0, c.rows)
+        col0 = rank * width
+        cols_valid = cutlass.max(cutlass.min(N - col0, width), 0) if cutlass.const_expr(cn > 1) else Int32(N)
+        if warp == 0:
+            if lane == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, rows_valid * cols_valid * eb)
+            cute.arch.sync_warp()
+            s_base = sX.iterator.toint()
+            x_base = mX.iterator.toint()
+            mbar_addr = mbar.toint()
+            if cutlass.const_expr(self.contiguous and cn == 1):
+                if lane == 0:
+                    bulk_copy_g2s(s_base, x_base + Int64(row0) * (N * eb), rows_valid * (N * eb), mbar_addr)
+            else:
+                stride = Int64(mX.stride[0]) * eb
+                for r in cutlass.range(lane, rows_valid, 32):
+                    bulk_copy_g2s(s_base + r * (row_stride_s * eb), x_base + Int64(row0 + r) * stride + Int64(col0) * eb,
+                                  cols_valid * eb, mbar_addr)
+
+        # ---- copies: shared -> registers, registers -> global, 128 bits each ----
+        tiler = (c.rpg, width)
+        copy_s2r = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
+                                                            num_bits_per_copy=128), tv_layout, tiler)
+        copy_r2g = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
+                                                            num_bits_per_copy=128), tv_layout, tiler)
+        thr_s2r = copy_s2r.get_slice(tidx)
+        thr_r2g = copy_r2g.get_slice(tidx)
+
+        cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column in the CTA's tile)
+        tXcX = thr_s2r.partition_S(cT)
+        tXpX = column_predicate(tXcX, vec, cols_valid)
+        row_in_group = tXcX[0][0]
+
+        # the weight (+ offset), loaded while the bulk copies fly
+        if cutlass.const_expr(self.has_weight):
+            mW2 = cute.make_tensor(mW.iterator, cute.prepend(mW.layout, cute.make_layout((c.rpg,), stride=(0,))))
+            gW = cute.local_tile(mW2, tiler, (0, rank))
+            copy_w = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
+                                                              num_bits_per_copy=128), tv_layout, tiler)
+            tWgW = copy_w.get_slice(tidx).partition_S(gW)
+            tWrW = cute.make_fragment_like(tWgW)
+            tWrW.fill(0)
+            tWcW = copy_w.get_slice(tidx).partition_S(cT)
+            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, 128 // self.w_dtype.width, cols_valid))
+            # the weight's registers seen in x's fragment layout (the same values in the same order:
+            # a 16-bit x with an fp32 weight splits each 16-byte vector of x into two of the weight)
+            frag = cute.make_fragment_like(thr_s2r.partition_S(cute.local_tile(sX, tiler, (0, 0))))
+            w = cute.make_tensor(tWrW.iterator, frag.layout).load().to(Float32) + offset
+
+        cute.arch.mbarrier_wait(mbar, 0)
+
+        for g in cutlass.range_constexpr(groups):
+            sXg = cute.local_tile(sX, tiler, (g, 0))
+            tXsX = thr_s2r.partition_S(sXg)
+            tXrX = cute.make_fragment_like(tXsX)
+            # pass 1: the sum of squares of the thread's values
+            tXrX.fill(0)
+            cute.copy(copy_s2r, tXsX, tXrX, pred=tXpX)
+            x = tXrX.load().to(Float32)
+            ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+            ss = cute.arch.warp_reduction(ss, operator.add, threads_in_group=min(c.tpr, 32))
+            if cutlass.const_expr(c.warps_per_row > 1):  # one row per CTA: across its warps
+                if lane == 0:
+                    sRed[g, warp] = ss  # a slot per group: no barrier needed before the next group writes
+                cute.arch.barrier()
+                ss = Float32(0.0)
+                for i in cutlass.range_constexpr(c.warps_per_row):
+                    ss = ss + sRed[g, i]
+            if cutlass.const_expr(cn > 1):  # across the cluster: every CTA's sum to every CTA
+                if tidx == 0:
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar + 1, cn * 4)
+                if warp == 0:
+                    if lane < cn:
+                        store_f32_to_peer(sPeer.iterator + rank, ss, mbar + 1, lane)
+                cute.arch.mbarrier_wait(mbar + 1, 0)
+                ss = Float32(0.0)
+                for i in cutlass.range_constexpr(cn):
+                    ss = ss + sPeer[i]
+            rstd = cute.math.rsqrt(ss / N + eps, fastmath=False)
+            row = row0 + g * c.rpg + row_in_group
+            if cutlass.const_expr(self.store_rstd):
+                if tXcX[0][1] == 0 and rank == 0 and row < M:
+                    mRstd[row] = rstd
+            # pass 2: normalise from shared memory, 128-bit stores of y
+            cute.copy(copy_s2r, tXsX, tXrX, pred=tXpX)
+            y = tXrX.load().to(Float32) * rstd
+            if cutlass.const_expr(self.has_weight):
+                y = y * w
+            tYrY = cute.make_fragment_like(tXrX, self.x_dtype)
+            tYrY.store(y.to(self.x_dtype))
+            gY = cute.local_tile(mY, tiler, (tile * groups + g, rank))
+            tYgY = thr_r2g.partition_D(gY)
+            if row < M:
+                cute.copy(copy_r2g, tYrY, tYgY, pred=tXpX)

@@ -1,0 +1,80 @@
+"""Compile checks (CPU only, no GPU): every tma_smem_cached forward variant the library can launch is
+built to a real sm_90a and sm_100a cubin by `cute.compile` over fake tensors (CUTE_DSL_ARCH), and the
+PTX of one build per path shows what the kernel is meant to do (bulk copies on an mbarrier, 128-bit
+shared loads and global stores, the cluster exchange through distributed shared memory).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cutile_norms.cute.rmsnorm_fwd import compile_forward
+from cutile_norms.cute.rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX, analytic_config
+
+ARCHS = ["sm_90a", "sm_100a"]
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
+WIDTHS = [8, 128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+
+
+def _cfg(N, x_dtype):
+    cfg = analytic_config(N, DT[x_dtype].itemsize)
+    assert cfg is not None, N
+    return cfg
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N", WIDTHS)
+def test_compiles(N, x_dtype, w_dtype, arch):
+    """The picked config for (N, dtype), as a training forward (weight, rstd), contiguous rows."""
+    if N % (16 // DT[x_dtype].itemsize):
+        pytest.skip("not a width the mode takes")
+    assert compile_forward(DT[x_dtype], DT[w_dtype], N, _cfg(N, x_dtype), True, True, arch) is not None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("has_w,store_rstd,contiguous", [(False, False, True), (True, False, False),
+                                                         (False, True, False), (True, True, False)])
+@pytest.mark.parametrize("N", [128, 2880, 4096, 65536])
+def test_compiles_strided_inference_and_no_weight_variants(N, has_w, store_rstd, contiguous, arch):
+    w = torch.bfloat16 if has_w else None
+    assert compile_forward(torch.bfloat16, w, N, _cfg(N, "bfloat16"), store_rstd, contiguous, arch) is not None
+
+
+@pytest.mark.parametrize("N", [8, 64, 1000, 2880, 4104, 16392, 40000, 262144, 524288])
+@pytest.mark.parametrize("e", [2, 4])
+def test_config_covers_the_row(N, e):
+    cfg = analytic_config(N, e)
+    if N % (16 // e):
+        return  # the mode refuses these widths (tests/cute/test_rmsnorm_fwd.py)
+    if cfg is None:  # too long for CLUSTER_MAX CTAs' shared memory
+        assert N * e > CLUSTER_MAX * 64 * 1024
+        return
+    assert cfg.tile_cols * cfg.cluster_n >= N and (cfg.cluster_n - 1) * cfg.tile_cols < N
+    assert cfg.threads <= 1024 and cfg.rows % cfg.rpg == 0 and cfg.tpr & (cfg.tpr - 1) == 0
+    assert cfg.tpr <= 32 or cfg.rpg == 1  # a row over several warps: one row per group
+    assert cfg.cluster_n == 1 or cfg.rows == 1  # a cluster's exchange serves one row
+    assert cfg.smem_bytes(e, N) <= SMEM_MAX
+
+
+def _ptx(N, dtype, w_dtype, contiguous):
+    ptx = compile_forward(dtype, w_dtype, N, analytic_config(N, dtype.itemsize), True, contiguous, "sm_90a",
+                          keep_ptx=True).__ptx__
+    assert ptx and ".target sm_90a" in ptx
+    return ptx
+
+
+def test_ptx_narrow_rows():
+    ptx = _ptx(4096, torch.bfloat16, torch.float32, True)
+    assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") == 1  # one per tile
+    assert "ld.shared.v4" in ptx and "st.global.v4" in ptx  # 128-bit reads of the tile, 128-bit stores of y
+    assert "ld.global.v2.b64" in ptx or "ld.global.v4" in ptx  # the fp32 weight at 128 bits too
+    assert "st.async" not in ptx  # no cluster
+
+
+def test_ptx_cluster_rows():
+    ptx = _ptx(131072, torch.bfloat16, torch.bfloat16, False)
+    assert "cp.async.bulk.shared::cluster.global" in ptx
+    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx and "mapa.shared::cluster" in ptx
+    assert "barrier.cluster.wait" in ptx and "st.global.v4" in ptx
