@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .._platform import DeviceInfo
-from .rmsnorm_fwd_config import FwdConfig, analytic_config
+from .rmsnorm_fwd_config import CLUSTER_MAX, FwdConfig, analytic_config
 
 _CUTLASS_DTYPES: dict = {}
 
@@ -91,7 +91,8 @@ def unsupported(N: int, dtype: torch.dtype, row_stride: int, M: int, data_ptr: i
     if data_ptr % 16:
         return "tma_smem_cached needs x's data 16-byte aligned (a view starting mid-row is not)"
     if analytic_config(N, eb) is None:
-        return f"tma_smem_cached keeps a row in the shared memory of at most 8 CTAs: N={N} is too long"
+        return (f"tma_smem_cached keeps a row in the shared memory of at most {CLUSTER_MAX} CTAs: "
+                f"N={N} is too long")
     return None
 
 
@@ -155,9 +156,8 @@ class TmaSmemCachedForward:
 
     def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
                 out: tuple | None = None, out_shape=None):
-        why = self.unsupported(x2d)
-        if why:  # the API layer routes around it; a direct caller hears why
-            raise ValueError(why)
+        """x2d as `unsupported` accepts it: the API layer checked that once per call signature
+        (rmsnorm._plan) and raises or routes around it there."""
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
         return launch(cfg, x2d, weight, eps, offset, store_rstd, out, out_shape)
 

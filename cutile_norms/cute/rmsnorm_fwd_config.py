@@ -45,8 +45,9 @@ class FwdConfig:
 #     contiguous) and kept in shared memory: registers stay flat as N grows;
 #   * TILE_BYTES per CTA for narrow rows (several rows per tile), so that a few CTAs per SM keep
 #     enough bytes in flight while others reduce and store;
-#   * rows wider than SLICE_BYTES are split over a cluster of CTAs (at most CLUSTER_MAX, Hopper's
-#     portable limit) that exchange their partial sums through distributed shared memory;
+#   * rows wider than SLICE_BYTES are split over a cluster of CTAs (at most CLUSTER_MAX: 16 is past
+#     Hopper's portable 8, and CuTe DSL allows the non-portable size on every kernel it loads) that
+#     exchange their partial sums through distributed shared memory;
 #   * VECS_PER_THREAD 16-byte vectors per thread and row (64 values of a 16-bit row), half that in
 #     clusters of 2-8 CTAs (256 threads per 16 KiB slice: 1.003 / 0.993 against 0.995 / 0.987 at
 #     N = 32768 / 65536, bf16, H100), not in clusters of 16 (0.972 against 0.991 at 131072).

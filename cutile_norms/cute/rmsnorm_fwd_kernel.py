@@ -157,19 +157,18 @@ class RMSNormFwdTmaSmem:
                     bulk_copy_g2s(s_base + r * (row_stride_s * eb), x_base + Int64(row0 + r) * stride + Int64(col0) * eb,
                                   cols_valid * eb, mbar_addr)
 
-        # ---- copies: shared -> registers, registers -> global, 128 bits each ----
+        # ---- one 128-bit copy for shared -> registers and registers -> global ----
         tiler = (c.rpg, width)
-        copy_s2r = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
-                                                            num_bits_per_copy=128), tv_layout, tiler)
-        copy_r2g = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
-                                                            num_bits_per_copy=128), tv_layout, tiler)
-        thr_s2r = copy_s2r.get_slice(tidx)
-        thr_r2g = copy_r2g.get_slice(tidx)
+        copy_x = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
+                                                          num_bits_per_copy=128), tv_layout, tiler)
+        thr_x = copy_x.get_slice(tidx)
 
         cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column in the CTA's tile)
-        tXcX = thr_s2r.partition_S(cT)
+        tXcX = thr_x.partition_S(cT)
         tXpX = column_predicate(tXcX, vec, cols_valid)
         row_in_group = tXcX[0][0]
+        # the thread's values of one row group, in registers (every group has the same layout)
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
 
         # the weight (+ offset), loaded while the bulk copies fly
         if cutlass.const_expr(self.has_weight):
@@ -184,18 +183,16 @@ class RMSNormFwdTmaSmem:
             cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, 128 // self.w_dtype.width, cols_valid))
             # the weight's registers seen in x's fragment layout (the same values in the same order:
             # a 16-bit x with an fp32 weight splits each 16-byte vector of x into two of the weight)
-            frag = cute.make_fragment_like(thr_s2r.partition_S(cute.local_tile(sX, tiler, (0, 0))))
-            w = cute.make_tensor(tWrW.iterator, frag.layout).load().to(Float32) + offset
+            w = cute.make_tensor(tWrW.iterator, tXrX.layout).load().to(Float32) + offset
 
         cute.arch.mbarrier_wait(mbar, 0)
 
         for g in cutlass.range_constexpr(groups):
             sXg = cute.local_tile(sX, tiler, (g, 0))
-            tXsX = thr_s2r.partition_S(sXg)
-            tXrX = cute.make_fragment_like(tXsX)
+            tXsX = thr_x.partition_S(sXg)
             # pass 1: the sum of squares of the thread's values
             tXrX.fill(0)
-            cute.copy(copy_s2r, tXsX, tXrX, pred=tXpX)
+            cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
             x = tXrX.load().to(Float32)
             ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             ss = cute.arch.warp_reduction(ss, operator.add, threads_in_group=min(c.tpr, 32))
@@ -222,13 +219,13 @@ class RMSNormFwdTmaSmem:
                 if tXcX[0][1] == 0 and rank == 0 and row < M:
                     mRstd[row] = rstd
             # pass 2: normalise from shared memory, 128-bit stores of y
-            cute.copy(copy_s2r, tXsX, tXrX, pred=tXpX)
+            cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
             y = tXrX.load().to(Float32) * rstd
             if cutlass.const_expr(self.has_weight):
                 y = y * w
             tYrY = cute.make_fragment_like(tXrX, self.x_dtype)
             tYrY.store(y.to(self.x_dtype))
             gY = cute.local_tile(mY, tiler, (tile * groups + g, rank))
-            tYgY = thr_r2g.partition_D(gY)
+            tYgY = thr_x.partition_D(gY)
             if row < M:
-                cute.copy(copy_r2g, tYrY, tYgY, pred=tXpX)
+                cute.copy(copy_x, tYrY, tYgY, pred=tXpX)
