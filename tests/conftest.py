@@ -116,6 +116,14 @@ def assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dt
                             f"worst abs err {err.max().item():.3g} [seed {seed}]")
 
 
+def poisoned(t):
+    """t (or None) filled with NaN bytes in every float type, padding included: an element a kernel
+    does not write fails the comparison."""
+    if t is not None:
+        t.untyped_storage().fill_(0xFF)
+    return t
+
+
 def check_forward(x, w, eps, offset, y, rstd, what, seed):
     """A forward kernel's y (and rstd, unless None) against the fp64 reference."""
     ey, er = reference64(x, w, eps, offset)
@@ -153,6 +161,6 @@ def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
                             f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
 
 
-__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "check_forward",
+__all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "poisoned", "check_forward",
            "reference_bwd64",
            "assert_grad_close", "rms_norm_reference"]

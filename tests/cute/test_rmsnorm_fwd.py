@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import cutile_norms as cn
-from tests.conftest import assert_grad_close, check_forward, random_rows, random_weight, reference_bwd64
+from tests.conftest import (assert_grad_close, check_forward, poisoned, random_rows, random_weight,
+                            reference_bwd64)
 
 pytestmark = pytest.mark.gpu
 
@@ -24,18 +25,12 @@ def _dev():
     return device_info("cuda")
 
 
-def _poisoned(t):
-    if t is not None:
-        t.untyped_storage().fill_(0xFF)  # NaN in every float type
-    return t
-
-
 def _run(x, w, offset, store_rstd=True):
     from cutile_norms.cute.rmsnorm_fwd import TMA_SMEM_CACHED
 
     M, N = x.shape
-    y = _poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device))
-    rstd = _poisoned(torch.empty(M, dtype=torch.float32, device=x.device)) if store_rstd else None
+    y = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device))
+    rstd = poisoned(torch.empty(M, dtype=torch.float32, device=x.device)) if store_rstd else None
     out = TMA_SMEM_CACHED.forward(x, w, EPS, offset, store_rstd, _dev(), out=(y, rstd))
     torch.cuda.synchronize()
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_grad_close, random_rows, random_weight, reference_bwd64
+from tests.conftest import assert_grad_close, poisoned, random_rows, random_weight, reference_bwd64
 
 MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -62,12 +62,6 @@ def _device_info():
     return device_info("cuda")
 
 
-def _poisoned(t):
-    if t is not None:
-        t.untyped_storage().fill_(0xFF)  # NaN in every float type, padding included
-    return t
-
-
 def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
     """rstd from the library's forward, then the backward backend (its own config, or `cfg`) on
     poisoned dx / dw buffers. Returns (dx, dw)."""
@@ -78,8 +72,8 @@ def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
     M, N = x.shape
     _, rstd = dispatch.backend("multi_wave_cached").forward(x, w, EPS, offset, True, dev)
     cfg = cfg or PERSISTENT_BACKWARD.config(N, x.dtype, dev, w.dtype if w is not None else None)
-    dx = _poisoned(dx_buffer(cfg, M, N, x.dtype, x.device)) if need_dx else None
-    dw = _poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
+    dx = poisoned(dx_buffer(cfg, M, N, x.dtype, x.device)) if need_dx else None
+    dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
     out = PERSISTENT_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, dev, cfg=cfg, out=(dx, dw))
     torch.cuda.synchronize()
     return out

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_close, check_forward, random_rows, random_weight, reference64
-from tests.triton._util import DEVICES, device_for, poisoned, sync
+from tests.conftest import assert_close, check_forward, poisoned, random_rows, random_weight, reference64
+from tests.triton._util import DEVICES, device_for, sync
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32"), ("bfloat16", None)]
