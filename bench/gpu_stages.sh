@@ -16,6 +16,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}; KEEP=${KEEP:-/tmp/cutile_norms_tuning}
 mkdir -p "$OUT" "$KEEP" cutile_norms/tuning
 cp "$KEEP"/*.json cutile_norms/tuning/ 2>/dev/null
+# the bench log's tables whose titles match $1 (a title, a blank line, then the table's rows)
+tables() { awk -v pat="$1" '$0 ~ "^(" pat ")" {p = 1; print; next} p && /^\|/ {print; t = 1; next} t && !/^\|/ {p = t = 0; print ""}' "$2"; }
 keep() { cp cutile_norms/tuning/*.json "$KEEP"/ 2>/dev/null; cp cutile_norms/tuning/*.json "$OUT"/ 2>/dev/null; true; }
 export PYTHONUNBUFFERED=1
 case "${1:-}" in
@@ -40,7 +42,7 @@ case "${1:-}" in
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/ > "$OUT/gpu_tests.log" 2>&1; tail -3 "$OUT/gpu_tests.log"
     for dt in float16 float32; do
       python3 bench/rmsnorm.py --dtype $dt --anchors quack --no-backward --out "$OUT" > "$OUT/bench_$dt.log" 2>&1
-      sed -n '/^Forward/,/^$/p;/^Small M/,/^$/p' "$OUT/bench_$dt.log" | head -40
+      tables "Forward|Small M" "$OUT/bench_$dt.log" | head -40
     done ;;
   suite)
     timeout ${SUITE_TIMEOUT:-540} python3 tests/run_sharded.py --shards ${SHARDS:-10} --timeout ${SHARD_TIMEOUT:-480} --logs "$OUT" -- -m gpu ${SUITE_ARGS:-tests/} ;;
@@ -53,17 +55,17 @@ case "${1:-}" in
     for dt in ${DTYPES:-bfloat16 float16 float32}; do
       python3 bench/rmsnorm.py --dtype $dt --modes multi_wave_cached --anchors ${ANCHORS:-quack,torch_compile,torch_eager} \
         --no-forward --out "$OUT/bwd_$dt" ${BENCH_ARGS:-} > "$OUT/bwd_bench_$dt.log" 2>&1 || echo "bench $dt failed"
-      sed -n '/^Backward/,/^$/p;/^Small M, forward + backward/,/^$/p;/^Small M, GPU/,/^$/p' "$OUT/bwd_bench_$dt.log"
+      tables "Backward|Small M, forward \\+ backward|Small M, GPU" "$OUT/bwd_bench_$dt.log"
     done ;;
   triton)
     timeout ${TEST_TIMEOUT:-240} python3 -m pytest -m "gpu and not big" -x -q -p no:cacheprovider tests/triton \
       > "$OUT/triton_tests.log" 2>&1; tail -3 "$OUT/triton_tests.log"
     python3 bench/rmsnorm.py --modes triton --anchors ${ANCHORS:-liger} ${BENCH_ARGS:-} --out "$OUT/triton" \
       > "$OUT/triton_bench.log" 2>&1 || echo "triton bench failed"
-    sed -n '/^Forward/,/^$/p;/^Backward/,/^$/p' "$OUT/triton_bench.log" ;;
+    tables "Forward|Backward" "$OUT/triton_bench.log" ;;
   figure)
     python3 bench/rmsnorm.py --modes ${MODES:-multi_wave_cached,triton} --anchors ${ANCHORS:-quack,liger,torch_compile} \
       ${BENCH_ARGS:-} --out "$OUT/figure" > "$OUT/figure.log" 2>&1 || echo "figure bench failed"
-    sed -n '/^Forward/,/^$/p;/^Backward/,/^$/p;/^Small M/,/^$/p' "$OUT/figure.log" ;;
+    tables "Forward|Backward|Small M" "$OUT/figure.log" ;;
   *) echo "usage: $0 tune|table|bench|check|suite|bwd-tune|bwd-bench|triton|figure" >&2; exit 2 ;;
 esac

@@ -8,7 +8,8 @@ Kernels assume valid input; every check lives here. Contract:
     (e.g. a transposed view) is copied to contiguous first.
   * Autograd: differentiable in x and weight. The GPU kernels save rstd (fp32) for the backward,
     which runs the mode's backward kernel (`dispatch.backward_backend`; the persistent cuTile kernel
-    for every cuTile mode); mode="torch" differentiates the reference's ops.
+    for every cuTile mode, and for mode=None wherever it can run); mode="torch" differentiates the
+    reference's ops.
 """
 from __future__ import annotations
 
@@ -75,12 +76,13 @@ class _RMSNormFunction(torch.autograd.Function):
     """The kernel forward (saving x's rows, the weight and rstd in fp32) and the mode's backward kernel."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, eps, offset, mode, dev, run=None):
-        # run: the plan's prepared launch (x2d, weight, eps, offset, out_shape) -> (y, rstd), if any
+    def forward(ctx, x2d, weight, eps, offset, mode, bwd_mode, dev, run=None):
+        # run: the plan's prepared launch (x2d, weight, eps, offset, out_shape) -> (y, rstd), if any;
+        # bwd_mode: the mode whose backward kernel runs (dispatch.Choice.backward_mode)
         y, rstd = (run(x2d, weight, eps, offset, None) if run is not None else
                    dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev))
         ctx.save_for_backward(x2d, weight, rstd)
-        ctx.offset, ctx.mode, ctx.dev = offset, mode, dev
+        ctx.offset, ctx.bwd_mode, ctx.dev = offset, bwd_mode, dev
         return y
 
     @staticmethod
@@ -88,9 +90,9 @@ class _RMSNormFunction(torch.autograd.Function):
         x2d, weight, rstd = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
         need_dw = weight is not None and ctx.needs_input_grad[1]
-        dx, dw = dispatch.backward_backend(ctx.mode).backward(
+        dx, dw = dispatch.backward_backend(ctx.bwd_mode).backward(
             _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, ctx.offset, need_dx, need_dw, ctx.dev)
-        return dx, dw, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None
 
 
 def _grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
@@ -148,7 +150,7 @@ def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd
     if choice.mode == "torch" or x.numel() == 0:
         dx, dw = rms_norm_backward(_grad_rows(dy, x2d), x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
     else:
-        dx, dw = dispatch.backward_backend(choice.mode).backward(
+        dx, dw = dispatch.backward_backend(choice.backward_mode).backward(
             _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, offset, need_dx, need_dw, dev)
     return (dx.view(x.shape) if need_dx else x.new_empty(0),
             dw if need_dw else x.new_empty(0))
@@ -261,12 +263,13 @@ def _call_plan(x, weight, eps, offset, mode, grad: bool):
         return lambda x, w: rms_norm_reference(x, w, eps, offset)[0].contiguous()  # y contiguous, as documented
     backend = dispatch.backend(choice.mode)
     x2d = _as_rows(x)
-    shape, N, mode_name = x.shape, x.shape[-1], choice.mode
+    shape, N, mode_name, bwd_mode = x.shape, x.shape[-1], choice.mode, choice.backward_mode
     w_dtype = None if weight is None else weight.dtype
     launcher = getattr(backend, "launcher", None)
     if grad:
         run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, True, dev) if launcher else None
-        return lambda x, w: _RMSNormFunction.apply(_as_rows(x), w, eps, offset, mode_name, dev, run).view(shape)
+        return lambda x, w: _RMSNormFunction.apply(_as_rows(x), w, eps, offset, mode_name, bwd_mode, dev,
+                                                   run).view(shape)
     if launcher is None:
         return lambda x, w: backend.forward(_as_rows(x), w, eps, offset, False, dev, out_shape=shape)[0]
     run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, False, dev)
@@ -297,7 +300,7 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
         lines.append("backward: autograd through the reference's ops")
     else:
         lines.append("kernel: " + dispatch.backend(choice.mode).describe(M, N, x.dtype, dev))
-        lines.append("backward: " + dispatch.backward_backend(choice.mode).describe(
+        lines.append("backward: " + dispatch.backward_backend(choice.backward_mode).describe(
             M, N, x.dtype, dev, weight.dtype if weight is not None else None))
     return "\n".join(lines)
 

@@ -135,6 +135,20 @@ def test_mode_none_follows_the_measured_table(fake_table):
     assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 4096, 4096).mode == "multi_wave_cached"
 
 
+def test_mode_none_runs_the_cutile_backward_behind_a_triton_forward(fake_table, monkeypatch):
+    rows = FAKE_TABLE["tables"]["sm_90"]["bfloat16"] + [
+        {"n_min": 2 ** 20 + 1, "n_max": 2 ** 21, "m_min": 1, "m_max": 2 ** 31, "mode": "triton", "evidence": "1.0x"}]
+    monkeypatch.setitem(FAKE_TABLE["tables"]["sm_90"], "bfloat16", rows)
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 4, 2 ** 21)
+    assert (c.mode, c.backward_mode) == ("triton", "multi_wave_cached") and "cuTile persistent" in c.reason
+    c = dispatch.resolve(None, H100, NO_CUTILE, torch.bfloat16, 4, 2 ** 21)  # no cuTile: Triton's own backward
+    assert (c.mode, c.backward_mode) == ("triton", "triton")
+    c = dispatch.resolve("triton", H100, ALL_TOOLS, torch.bfloat16, 4, 2 ** 21)  # asked for: its own backward
+    assert (c.mode, c.backward_mode) == ("triton", "triton")
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 4, 4096)
+    assert (c.mode, c.backward_mode) == ("multi_wave_cached", "multi_wave_cached")
+
+
 def test_mode_none_never_picks_an_experimental_kernel(fake_table):
     c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 64, 65536)
     assert c.mode == "triton" and "experimental_one row cannot run here" in c.reason

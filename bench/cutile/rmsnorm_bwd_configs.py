@@ -49,14 +49,17 @@ def candidates(N: int) -> list[BwdConfig]:
         for tm in (1, 2, 4, 8, 16, 32, 64):
             if 512 <= tm * N <= 8192:
                 for bps in (2, 3, 4):
-                    add(tile_m=tm, blocks_per_sm=bps, num_worker_warps=8 if tm * N >= 2048 else 4)
+                    for prefetch in ((False, True) if tm == 1 else (False,)):
+                        add(tile_m=tm, blocks_per_sm=bps, num_worker_warps=8 if tm * N >= 2048 else 4,
+                            prefetch=prefetch)
     else:
         base_split = max(1, 1 << ((N - 1) // 4096).bit_length()) if N > 5120 else 1
         for split in sorted({max(1, base_split // 2), base_split, min(MAX_SPLIT, base_split * 2)}):
             if split == 1 and N > 8192:
                 continue
             for bps in (1, 2, 3):
-                add(split=split, blocks_per_sm=bps, num_worker_warps=8)
+                for prefetch in (False, True):
+                    add(split=split, blocks_per_sm=bps, num_worker_warps=8, prefetch=prefetch)
     out.append(analytical_config(N, 2))
     seen, uniq = set(), []
     for c in out:

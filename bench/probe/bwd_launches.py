@@ -5,7 +5,7 @@
         python3 bench/probe/bwd_launches.py 2880:46603:dw 2880:46603:nodw > run.csv
     python3 bench/probe/ncu_table.py run.csv --every 3 --offset 2
 
-A case is N:M:dw|nodw[:split:blocks_per_sm:tile_m]; the config is the library's unless given.
+A case is N:M:dw|nodw[:split:blocks_per_sm:tile_m[:pf]]; the config is the library's unless given.
 UNDER_NCU=1: launch each case three times, time nothing.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ def main(argv) -> int:
         N, M, need_dw = int(parts[0]), int(parts[1]), parts[2] == "dw"
         cfg = B.default_config(N, 2, dev, "bfloat16")
         if len(parts) > 3:
-            cfg = dataclasses.replace(cfg, split=int(parts[3]), blocks_per_sm=int(parts[4]), tile_m=int(parts[5]))
+            cfg = dataclasses.replace(cfg, split=int(parts[3]), blocks_per_sm=int(parts[4]), tile_m=int(parts[5]),
+                                      prefetch=parts[6:7] == ["pf"])
             cfg = dataclasses.replace(cfg, piece_min=B.cached_piece_min(B.part_of(cfg, N)))
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16)

@@ -14,6 +14,10 @@ b // SPLIT, b // SPLIT + R, ...):
     sums of g * xhat through global memory (a software cluster, as the forward's split kernel does),
     each in an int64 slot of the row: the fp32 bits in the low word, in the high word a flag that
     every launch flips, so the slots never need clearing and a replayed CUDA graph flips them too.
+  * PREFETCH (one-row tiles): the next row's x, dy and rstd, and for split rows the old value of its
+    exchange slot, are loaded before this row's reduction, so one row's DRAM round trip overlaps the
+    previous row's reduction and exchange (H100 bf16: 2880 0.79 -> 0.98 x copy, 8192 0.87 -> 0.96,
+    262144 0.60 -> 0.80; bench/NOTES.md, "The backward, second round").
   * dw: with one row group (small M) each block stores its columns of dw directly. Otherwise every
     block stores its fp32 partial (its part of one row of an R x N buffer, which the caller never
     sees) and takes a ticket (an atomic add with release semantics). The last NRED blocks to arrive
@@ -69,11 +73,20 @@ def _piece_cols(off, size, TILE_M):
     return cols
 
 
-def _exchange(mSync, t, s, dot, SPLIT):
-    """The sum over the SPLIT blocks of row t of their partial `dot`, every block getting the same
-    bits (the slots summed in one fixed order). Slot t * SPLIT + s is this block's: its flag (the
-    high word) is what the last launch over this row left; this launch writes the other one and
-    waits until every slot of the row shows it.
+def _publish(mSync, t, s, dot, SPLIT, prev):
+    """Write this block's partial `dot` of row t into its slot (t * SPLIT + s) with the flag this
+    launch uses for the slot; returns the flag. The flag (the high word) is the opposite of what the
+    last launch over this row left (`prev`: the slot as read before, by this block, the only one
+    that writes it), so the slots never need clearing and a replayed CUDA graph flips them too."""
+    flag = 1 - (prev >> 32)
+    lo = ct.astype(ct.bitcast(dot, ct.uint32), ct.int64)
+    ct.atomic_xchg(mSync, t * SPLIT + s, (flag << 32) | lo, memory_order=ct.MemoryOrder.RELAXED)
+    return flag
+
+
+def _collect(mSync, t, SPLIT, flag):
+    """The sum of the SPLIT partials of row t once every slot shows `flag`, summed in one fixed order
+    (every block of the row gets the same bits).
 
     The wait polls with atomics (adding 0), not loads: cuTile performs an atomic once per element
     and hands the result to the block, so every warp leaves the loop in the same iteration. A
@@ -81,10 +94,6 @@ def _exchange(mSync, t, s, dot, SPLIT):
     and one that had left paired its next block barrier (in the next row's reduction) with a barrier
     of the loop's in another warp: wrong sums, nondeterministically (H100, split rows, 3 blocks of
     3 rows or more)."""
-    prev = ct.gather(mSync, t * SPLIT + s, check_bounds=False)  # only this block writes it, after this read
-    flag = 1 - (prev >> 32)
-    lo = ct.astype(ct.bitcast(dot, ct.uint32), ct.int64)
-    ct.atomic_xchg(mSync, t * SPLIT + s, (flag << 32) | lo, memory_order=ct.MemoryOrder.RELAXED)
     idx = ct.arange(SPLIT, dtype=ct.int32) + t * SPLIT
     ok = 0
     total = 0.0
@@ -94,6 +103,12 @@ def _exchange(mSync, t, s, dot, SPLIT):
         ok = ct.min(ct.where((slots >> 32) == flag, 1, 0))
         total = ct.sum(ct.bitcast(ct.astype(slots & 0xFFFFFFFF, ct.uint32), ct.float32))
     return total
+
+
+def _exchange(mSync, t, s, dot, SPLIT):
+    """The sum over the SPLIT blocks of row t of their partial `dot` (publish, then wait for all)."""
+    prev = ct.gather(mSync, t * SPLIT + s, check_bounds=False)
+    return _collect(mSync, t, SPLIT, _publish(mSync, t, s, dot, SPLIT, prev))
 
 
 def _reduce_dw(mDWp, mDW, j, R, NRED, N, NPAD, RED_ROWS, RED_COLS):
@@ -118,13 +133,26 @@ def _reduce_dw(mDWp, mDW, j, R, NRED, N, NPAD, RED_ROWS, RED_COLS):
             ct.scatter(mDW, cols, dw, check_bounds=False)
 
 
+def _load_part(mX, mDY, t, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN, LATENCY):
+    """Row t's x and dy over this block's part (columns c0 + [0, lim)), as tuples of its pieces."""
+    xbase = ct.assume_divisible_by(t * sx + c0, X_ALIGN)
+    dybase = ct.assume_divisible_by(t * sdy + c0, DY_ALIGN)
+    tX = ()
+    tDY = ()
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        masked = ct.static_eval(MASK_N or off + size > PART)
+        tX += (_gather_masked(mX, xbase, off, size, lim, masked, LATENCY),)
+        tDY += (_gather_masked(mDY, dybase, off, size, lim, masked, LATENCY),)
+    return tX, tDY
+
+
 @ct.kernel
 def rms_norm_bwd_kernel(
         mX, mDY, mW, mRstd, mDX, mDW, mDWp, mTicket, mSync,
         M: int, stride_x: int, stride_dy: int, offset: float, R: int, NRED: int,
         N: ConstInt, TILE_M: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt,
         X_ALIGN: ConstInt, DY_ALIGN: ConstInt, HAS_W: ConstBool, NEED_DX: ConstBool, NEED_DW: ConstBool,
-        RED_ROWS: ConstInt, RED_COLS: ConstInt, LATENCY: ConstInt, DX_2D: ConstBool):
+        RED_ROWS: ConstInt, RED_COLS: ConstInt, LATENCY: ConstInt, DX_2D: ConstBool, PREFETCH: ConstBool):
     """Block b owns column part s = b % SPLIT (PART columns from s * PART) of the row tiles
     r = b // SPLIT, r + R, ... (TILE_M rows each; SPLIT > 1 only with TILE_M == 1). The part is held
     in power-of-two pieces (`row_pieces`: 2880 = 2048 + 1024 with the last piece masked) so no
@@ -157,12 +185,32 @@ def rms_norm_bwd_kernel(
         if HAS_W and NEED_DW:
             tDW += (ct.zeros((size,) if TILE_M == 1 else (TILE_M, size), dtype=ct.float32),)
 
-    for t in range(r, ct.cdiv(M, TILE_M), R):
+    ntiles = ct.cdiv(M, TILE_M)
+    if PREFETCH:  # the first row's x, dy and rstd (r < ntiles: the grid has at most one block per row tile)
+        tPX, tPDY = _load_part(mX, mDY, r, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN, LATENCY)
+        tPR = ct.gather(mRstd, r, check_bounds=False)
+        tPS = ct.gather(mSync, r * SPLIT + s, check_bounds=False) if SPLIT > 1 else 0  # the row's slot
+    else:
+        tPX, tPDY, tPR, tPS = (), (), 0.0, 0
+    for t in range(r, ntiles, R):
         if TILE_M == 1:
-            xbase = ct.assume_divisible_by(t * sx + c0, X_ALIGN)
-            dybase = ct.assume_divisible_by(t * sdy + c0, DY_ALIGN)
             dxbase = t * N + c0
-            rstd = ct.gather(mRstd, t, check_bounds=False)
+            if PREFETCH:
+                # the next row's loads go out before this row's reduction, exchange and stores, so they
+                # are in flight through all three (a block's last iteration re-reads the last row: an L2
+                # hit, not a branch around the loads)
+                tn = ct.minimum(t + R, ntiles - 1)
+                tNX, tNDY = _load_part(mX, mDY, tn, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN,
+                                       LATENCY)
+                tNR = ct.gather(mRstd, tn, check_bounds=False)
+                # the exchange slot's last value too, off the exchange's path (a load's round trip)
+                tNS = ct.gather(mSync, tn * SPLIT + s, check_bounds=False) if SPLIT > 1 else 0
+                tRX, tRDY, rstd, slot = tPX, tPDY, tPR, tPS
+                tPX, tPDY, tPR, tPS = tNX, tNDY, tNR, tNS
+            else:
+                tRX, tRDY = _load_part(mX, mDY, t, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN,
+                                       LATENCY)
+                rstd = ct.gather(mRstd, t, check_bounds=False)
         else:
             rows = t * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
             row_ok = ct.reshape(rows < M, (TILE_M, 1))
@@ -177,9 +225,8 @@ def rms_norm_bwd_kernel(
         i = 0
         for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
             if TILE_M == 1:
-                masked = ct.static_eval(MASK_N or off + size > PART)
-                x = _gather_masked(mX, xbase, off, size, lim, masked, LATENCY)
-                dy = _gather_masked(mDY, dybase, off, size, lim, masked, LATENCY)
+                x = tRX[i]
+                dy = tRDY[i]
             else:
                 rcols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
                 mask = row_ok & (rcols < N) if ct.static_eval(off + size > N) else row_ok
@@ -204,7 +251,9 @@ def rms_norm_bwd_kernel(
         if HAS_W and NEED_DW:
             tDW = tDWn
         if NEED_DX:
-            if SPLIT > 1:
+            if SPLIT > 1 and PREFETCH:
+                dot = _collect(mSync, t, SPLIT, _publish(mSync, t, s, dot, SPLIT, slot))
+            elif SPLIT > 1:
                 dot = _exchange(mSync, t, s, dot, SPLIT)
             c = dot * ct.static_eval(1.0 / N)
             i = 0
@@ -266,6 +315,7 @@ class BwdConfig:
     blocks_per_sm: int = 2  # the persistent grid: blocks_per_sm x SMs (also the occupancy hint)
     num_worker_warps: int | None = None
     latency: int = 1  # ct.gather/scatter DRAM latency hint
+    prefetch: bool = False  # one row per tile: the next row's loads issued before this row's reduction
 
     def __post_init__(self):
         if self.split < 1 or self.split & (self.split - 1):
@@ -274,6 +324,8 @@ class BwdConfig:
             raise ValueError(f"tile_m must be a power of two, got {self.tile_m}")
         if self.split > 1 and self.tile_m > 1:
             raise ValueError("a split row is one row per tile: tile_m=1 with split > 1")
+        if self.prefetch and self.tile_m > 1:
+            raise ValueError("prefetch is for one row per tile (tile_m=1)")
 
     def hints(self) -> dict:
         return {k: v for k, v in (("num_worker_warps", self.num_worker_warps),
@@ -288,6 +340,8 @@ class BwdConfig:
         if self.num_worker_warps:
             parts.append(f"num_worker_warps={self.num_worker_warps}")
         parts.append(f"latency={self.latency}")
+        if self.prefetch:
+            parts.append("prefetch")
         return " ".join(parts)
 
 
@@ -417,7 +471,7 @@ def constants(cfg: BwdConfig, N: int, x_align: int, dy_align: int, has_w: bool, 
               sm_count: int) -> tuple:
     part = part_of(cfg, N)
     return (N, cfg.tile_m, cfg.split, part, _piece_min(cfg, N), x_align, dy_align, has_w, need_dx, need_dw,
-            *red_tile(N, sm_count), cfg.latency, dx_2d(cfg, N))
+            *red_tile(N, sm_count), cfg.latency, dx_2d(cfg, N), cfg.prefetch)
 
 
 @functools.lru_cache(maxsize=None)

@@ -213,20 +213,6 @@ def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
     return _w_from_bits(_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base), W_PLANES) + offset
 
 
-def _gather_chunk(mA, idx, cols, N, CHUNK, LATENCY):
-    """A reload chunk at flat indices idx; masked past N only when N is not a multiple of CHUNK."""
-    if ct.static_eval(N % CHUNK == 0):
-        return ct.gather(mA, idx, check_bounds=False, latency=LATENCY)
-    return ct.gather(mA, idx, mask=cols < N, check_bounds=False, latency=LATENCY)
-
-
-def _scatter_chunk(mA, idx, cols, N, CHUNK, tile, LATENCY):
-    if ct.static_eval(N % CHUNK == 0):
-        ct.scatter(mA, idx, tile, check_bounds=False, latency=LATENCY)
-    else:
-        ct.scatter(mA, idx, tile, mask=cols < N, check_bounds=False, latency=LATENCY)
-
-
 def _widen_again(x, zero):
     """x in fp32, by an op chain the compiler does not merge with the first ct.astype of the same
     tile: only the 16-bit tile then stays live between the two uses (half the registers).
@@ -361,29 +347,52 @@ def rms_norm_fwd_cached_kernel(
                      N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_TIED)
 
 
+def _reload_store_tail(mX, mW, mY, xbase, ybase, cols, rstd, offset, N, HAS_W, LATENCY, W_PLANES):
+    """The reload kernel's second pass over its partial last chunk (columns `cols`, masked at N)."""
+    ok = cols < N
+    y = ct.astype(ct.gather(mX, xbase + cols, mask=ok, check_bounds=False, latency=LATENCY), ct.float32) * rstd
+    if HAS_W:
+        y = y * (_gather_w(mW, cols, ok, LATENCY, W_PLANES) + offset)
+    ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=ok, check_bounds=False, latency=LATENCY)
+
+
 def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
                  N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES):
     """One row tile of the two-pass kernel (inlined; called once or from the persistent loop)."""
     num_chunks = ct.static_eval(_chunks(N, CHUNK))
     if TILE_M == 1:
+        # the full chunks unmasked in a loop, the partial last one (N % CHUNK columns) masked outside
+        # it: with the mask inside the loop the compiler ran for minutes at N = 262145 and 131073
+        # with 2048-column chunks (bench/NOTES.md, "The reload kernel's tail")
+        full = ct.static_eval(N // CHUNK)
+        TAIL = ct.static_eval(N % CHUNK != 0)
         xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
         ybase = tile * N
         cols0 = ct.arange(CHUNK, dtype=ct.int32)
+        tcols = cols0 + full * CHUNK
         acc = ct.zeros((CHUNK,), dtype=ct.float32)
-        for c in range(num_chunks):
+        for c in range(full):
             cols = cols0 + c * CHUNK
-            x = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32)
+            x = ct.astype(ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY), ct.float32)
             acc = acc + x * x
+        if TAIL:
+            xt = ct.astype(ct.gather(mX, xbase + tcols, mask=tcols < N, check_bounds=False, latency=LATENCY),
+                           ct.float32)
+            acc = acc + xt * xt
         rstd = ct.rsqrt(ct.sum(acc) * ct.static_eval(1.0 / N) + eps)
         if STORE_RSTD:
             ct.scatter(mRstd, tile, rstd, check_bounds=False)
-        for i in range(num_chunks):
-            c = num_chunks - 1 - i if REVERSE else i
+        if TAIL and REVERSE:  # the most recently read chunk first
+            _reload_store_tail(mX, mW, mY, xbase, ybase, tcols, rstd, offset, N, HAS_W, LATENCY, W_PLANES)
+        for i in range(full):
+            c = full - 1 - i if REVERSE else i
             cols = cols0 + c * CHUNK
-            y = ct.astype(_gather_chunk(mX, xbase + cols, cols, N, CHUNK, LATENCY), ct.float32) * rstd
+            y = ct.astype(ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY), ct.float32) * rstd
             if HAS_W:
-                y = y * (_gather_w(mW, cols, None if N % CHUNK == 0 else cols < N, LATENCY, W_PLANES) + offset)
-            _scatter_chunk(mY, ybase + cols, cols, N, CHUNK, ct.astype(y, mY.dtype), LATENCY)
+                y = y * (_gather_w(mW, cols, None, LATENCY, W_PLANES) + offset)
+            ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), check_bounds=False, latency=LATENCY)
+        if TAIL and not REVERSE:
+            _reload_store_tail(mX, mW, mY, xbase, ybase, tcols, rstd, offset, N, HAS_W, LATENCY, W_PLANES)
     else:
         rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
         row_ok = ct.reshape(rows < M, (TILE_M, 1))

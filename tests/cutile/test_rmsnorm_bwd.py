@@ -8,6 +8,8 @@ CPU tests: the config rules. The compile checks for sm_90/sm_100 live in test_rm
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -133,25 +135,27 @@ def test_full_size_bf16(seed, N):
     _check(x, w, dy, 0.0, dx, dw, f"full size N={N}", seed)
 
 
-# (tile_m, split, blocks_per_sm, N): configs the heuristic may not pick: one row per tile for narrow
-# rows, several rows for 1000, splits that do not divide the row (a short last part; ct.scatter for
-# dx because the part is not a multiple of its pieces), many reducers, one block per SM
-CONFIG_CASES = [(1, 1, 4, 128), (8, 1, 2, 1000), (1, 2, 2, 2880), (1, 8, 2, 40000), (1, 4, 1, 100003),
-                (1, 32, 2, 262144), (2, 1, 3, 4097), (1, 1, 1, 8192)]
+# (tile_m, split, blocks_per_sm, N, prefetch): configs the heuristic may not pick: one row per
+# tile for narrow rows, several rows for 1000, splits that do not divide the row (a short last part;
+# ct.scatter for dx because the part is not a multiple of its pieces), many reducers, one block per
+# SM, the next row prefetched (narrow rows and split ones)
+CONFIG_CASES = [(1, 1, 4, 128, False), (8, 1, 2, 1000, False), (1, 2, 2, 2880, False), (1, 8, 2, 40000, False),
+                (1, 4, 1, 100003, False), (1, 32, 2, 262144, False), (2, 1, 3, 4097, False), (1, 1, 1, 8192, False),
+                (1, 1, 3, 2880, True), (1, 1, 2, 4097, True), (1, 2, 2, 7168, True), (1, 8, 2, 40000, True),
+                (1, 64, 2, 262144, True), (1, 4, 2, 16384, True), (1, 32, 2, 100003, True)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile_m,split,bps,N", CONFIG_CASES)
+@pytest.mark.parametrize("tile_m,split,bps,N,prefetch", CONFIG_CASES)
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32"), ("float16", "float32")])
 @pytest.mark.parametrize("M", [1, 5, "many"])
-def test_configs_match_reference(seed, tile_m, split, bps, N, x_dtype, w_dtype, M):
+def test_configs_match_reference(seed, tile_m, split, bps, N, prefetch, x_dtype, w_dtype, M):
     """"many": every block loops (1000 rows; 120 for the widest rows, enough for 4+ rows per block)."""
     from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, cached_piece_min, part_of
 
     M = (1000 if N <= 8192 else 120) if M == "many" else M
-    cfg = BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8)
-    cfg = BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
-                    piece_min=cached_piece_min(part_of(cfg, N)))
+    cfg = BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8, prefetch=prefetch)
+    cfg = dataclasses.replace(cfg, piece_min=cached_piece_min(part_of(cfg, N)))
     x = random_rows((M, N), DT[x_dtype], "cuda")
     w = random_weight(N, DT[w_dtype], "cuda")
     dy = torch.randn(M, N, device="cuda").to(DT[x_dtype])

@@ -4,6 +4,7 @@ are re-assembled with `ptxas -v` to check that a block fits the register file wi
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -62,16 +63,19 @@ def test_compiles_weight_none_and_one_grad(N, has_w, need_dx, need_dw, arch):
 
 # configs the heuristic may not pick (the GPU suite's CONFIG_CASES): one row per tile for narrow rows,
 # several rows for 1000, splits with a short last part and a part that is no multiple of its pieces
-CONFIG_CASES = [(1, 1, 4, 128), (8, 1, 2, 1000), (1, 2, 2, 2880), (1, 8, 2, 40000), (1, 4, 1, 100003),
-                (1, 32, 2, 262144), (2, 1, 3, 4097), (1, 1, 1, 8192)]
+# (tile_m, split, blocks_per_sm, N, prefetch)
+CONFIG_CASES = [(1, 1, 4, 128, False), (8, 1, 2, 1000, False), (1, 2, 2, 2880, False), (1, 8, 2, 40000, False),
+                (1, 4, 1, 100003, False), (1, 32, 2, 262144, False), (2, 1, 3, 4097, False), (1, 1, 1, 8192, False),
+                (1, 1, 3, 2880, True), (1, 1, 2, 4097, True), (1, 2, 2, 7168, True), (1, 8, 2, 40000, True),
+                (1, 64, 2, 262144, True), (1, 4, 2, 16384, True), (1, 32, 2, 100003, True)]
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("tile_m,split,bps,N", CONFIG_CASES)
-def test_configs_compile(tile_m, split, bps, N, arch):
-    base = rmsnorm_bwd.BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8)
-    cfg = rmsnorm_bwd.BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
-                                piece_min=rmsnorm_bwd.cached_piece_min(rmsnorm_bwd.part_of(base, N)))
+@pytest.mark.parametrize("tile_m,split,bps,N,prefetch", CONFIG_CASES)
+def test_configs_compile(tile_m, split, bps, N, prefetch, arch):
+    base = rmsnorm_bwd.BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
+                                 prefetch=prefetch)
+    cfg = dataclasses.replace(base, piece_min=rmsnorm_bwd.cached_piece_min(rmsnorm_bwd.part_of(base, N)))
     assert compile_bwd(cfg, N, "bfloat16", "bfloat16", arch)[:4] == b"\x7fELF"
 
 

@@ -36,6 +36,17 @@ def test_compiles(mode, N, x_dtype, w_dtype, arch):
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 1000
 
 
+@pytest.mark.parametrize("N", [4097, 131073, 262145])
+@pytest.mark.parametrize("mode", MODES)
+def test_compiles_wide_widths_past_a_power_of_two(mode, N):
+    """2^k + 1: the picked config's last chunk or piece holds one column. static_persistent's reload
+    kernel (2048-column chunks) once masked every chunk at these widths and its compile ran for
+    minutes (a hang in the GPU fuzz); the tail is now a chunk of its own."""
+    cubin = compile_cubin(_config(mode, N, "bfloat16", "sm_90"), N, "bfloat16", "bfloat16", has_w=True,
+                          store_rstd=True, arch="sm_90")
+    assert cubin[:4] == b"\x7fELF"
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("has_w,store_rstd", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("N", [128, 2880, 4096, 65536])
