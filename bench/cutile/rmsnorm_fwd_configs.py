@@ -261,7 +261,7 @@ def write_configs(results: dict, e: int, argv: str) -> str:
     """Best measured config per (mode family, row size) into the package's tuning table (this arch)."""
     import datetime
 
-    from cutile_norms.cutile.rmsnorm_fwd import CONFIG_TABLE
+    from cutile_norms.cutile.rmsnorm_fwd_config import CONFIG_TABLE
 
     dev = device_info("cuda")
     table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}

@@ -40,17 +40,9 @@ import cuda.tile as ct
 import torch
 
 from .._platform import DeviceInfo, table_arch
-from .rmsnorm_fwd import (
-    _align_elems,
-    _flat,
-    _gather_masked,
-    _raw_stream,
-    _round16,
-    _scatter_masked,
-    cached_piece_min,
-    row_pieces,
-    split_part,
-)
+from .rmsnorm_fwd import _align_elems, _flat, _raw_stream, _round16
+from .rmsnorm_fwd_config import cached_piece_min, split_part
+from .rmsnorm_fwd_kernel import _gather_masked, _scatter_masked, row_pieces
 from .._workspace import workspace
 
 ConstInt = ct.Constant[int]

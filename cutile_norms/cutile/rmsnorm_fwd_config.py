@@ -1,0 +1,177 @@
+"""RMSNorm forward in cuTile: the launch configs (a frozen dataclass), the measured config table and
+the analytical heuristic behind it."""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+
+from .._platform import DeviceInfo, table_arch
+from .rmsnorm_fwd_kernel import row_pieces
+
+# ================================================================================================
+# Launch configs
+# ================================================================================================
+@dataclass(frozen=True)
+class FwdConfig:
+    """One launch of one kernel. Everything here is a compile-time constant or a compiler hint."""
+
+    kernel: str  # "cached" | "reload" | "split" | "stream"
+    tile_m: int = 1  # rows per tile block
+    piece_min: int = 1 << 30  # cached/split: smallest power-of-two piece before the padded tail
+    split: int = 1  # split: blocks per row (each keeps split_part(N, split) columns on chip)
+    packed: bool = False  # cached (one row per tile), split, stream: keep 16-bit x as loaded between its two uses
+    chunk: int = 2048  # reload: columns per chunk
+    reverse: bool = True  # reload: second pass walks the chunks backwards
+    persistent: bool = False  # a persistent grid of blocks_per_sm x SMs (occupancy hint = blocks_per_sm); stream: always
+    blocks_per_sm: int = 1
+    hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
+    latency: int = 1  # ct.gather/scatter DRAM latency hint
+    w_early: bool = False  # split, cached: the weight never delays x's loads (NOTES items 16, 17)
+    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_zero_of, NOTES items 19, 20)
+    num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
+    num_ctas: int | None = None
+    occupancy: int | None = None
+
+    def __post_init__(self):
+        if self.split < 1 or self.split & (self.split - 1):
+            raise ValueError(f"split must be a power of two (the partial sums are one tile), got {self.split}")
+        if self.kernel == "stream" and not self.persistent:
+            raise ValueError("the stream kernel is a persistent grid: persistent=True")
+        if self.tie_slot and self.kernel != "split":
+            raise ValueError("tie_slot is a split-kernel field (the other kernels have no workspace)")
+
+    def hints(self) -> dict:
+        # a persistent grid sizes itself to blocks_per_sm: tell the compiler that many CTAs must fit
+        occupancy = self.blocks_per_sm if self.persistent else self.occupancy
+        return {k: v for k, v in (("num_worker_warps", self.num_worker_warps), ("num_ctas", self.num_ctas),
+                                  ("occupancy", occupancy)) if v is not None}
+
+    def short(self) -> str:
+        parts = [self.kernel, f"tile_m={self.tile_m}"]
+        if self.kernel == "split":
+            parts.append(f"split={self.split}")
+        if self.kernel in ("cached", "split", "stream"):
+            parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
+            if self.packed:
+                parts.append("packed")
+            if self.w_early:
+                parts.append("w_early")
+            if self.tie_slot:
+                parts.append("tie_slot")
+        else:
+            parts.append(f"chunk={self.chunk}" + (" reverse" if self.reverse else ""))
+        if self.persistent:
+            parts.append(f"persistent x{self.blocks_per_sm}/SM" + (" hoist_w" if self.hoist_w else ""))
+        parts.append(f"latency={self.latency}")
+        parts += [f"{k}={v}" for k, v in self.hints().items() if not (k == "occupancy" and self.persistent)]
+        return " ".join(parts)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+def _pieces_waste(n: int, piece_min: int) -> float:
+    return sum(s for _, s in row_pieces(n, piece_min)) / n - 1.0
+
+
+def split_part(n: int, split: int) -> int:
+    """Columns per block of a row split over `split` blocks: a multiple of 16 elements, so every
+    block's columns start 16-byte aligned; the last block's part is short when split does not divide n."""
+    return -(-n // (16 * split)) * 16
+
+
+def cached_piece_min(n: int) -> int:
+    """One padded tile when it wastes <= 1/8 of the lanes, else the fewest pieces that do."""
+    pm = _pow2_ceil(n)
+    while pm > 64 and _pieces_waste(n, pm) > 0.125:
+        pm //= 2
+    return pm
+
+
+CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning",
+                            "rmsnorm_fwd_configs.json")
+FAMILIES = {  # which configs implement each mode's idea
+    "multi_wave_cached": lambda c: c.kernel in ("cached", "split") and not c.persistent,
+    "static_persistent": lambda c: c.persistent,
+    "multi_wave_reload": lambda c: c.kernel == "reload" and not c.persistent,
+}
+
+
+def _table_config(fields: dict) -> FwdConfig:
+    """A table entry's config. Entries swept before w_early existed have no such field: a one-row
+    multi-wave cached tile takes it, the others keep their measured loads. Measured on the H200
+    with the table's configs, off / on (bench/probe/w_early_both_ends.py, bench/NOTES.md item 17):
+    without it the weight's loads wait for x's sum of squares (SASS), a second DRAM round trip in
+    series that nothing hides when a launch has fewer blocks than SMs: bf16 N = 4096, M = 1
+    5.4 -> 5.1 us (copy 4.6), fp32 4096 5.9 -> 5.3; at full size a tie or better (bf16 4096
+    0.975 -> 0.984, fp16 2048 0.982 -> 0.991, fp32 1024-4096 within +0.3 %). Multi-row tiles and a
+    weight held across a persistent loop lost 1-7 % at full size with it (their ties cost per element)."""
+    if "w_early" not in fields:
+        fields = dict(fields, w_early=fields["kernel"] == "cached" and fields.get("tile_m", 1) == 1
+                      and not fields.get("persistent", False))
+    return FwdConfig(**fields)
+
+
+@functools.lru_cache(maxsize=None)
+def measured_configs() -> dict:
+    """{arch: {mode: [(row_bytes, FwdConfig, ratio_to_copy, dtype), ...]}} from the sweep's table."""
+    try:
+        with open(CONFIG_TABLE) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for arch, modes in table.get("configs", {}).items():
+        for mode, entries in modes.items():
+            out.setdefault(arch, {})[mode] = sorted(
+                ((e["row_bytes"], _table_config(e["config"]), e["vs_copy"], e.get("dtype", "")) for e in entries),
+                key=lambda t: (t[0], t[3]))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "") -> FwdConfig:
+    """The launch config of `mode` for rows of N elements of `dtype` ("bfloat16", ...): the config
+    measured best for the nearest row size (bytes) on this arch, among the entries measured in this
+    dtype if there are any (tuning/rmsnorm_fwd_configs.json, written by
+    bench/cutile/rmsnorm_fwd_configs.py --dtype D --write-configs), else the analytical rule below."""
+    tables = measured_configs()
+    entries = tables.get(table_arch(dev, tables) or "", {}).get(mode)  # an unmeasured arch: the nearest
+    if entries:
+        same = [e for e in entries if e[3] == dtype] or entries
+        rb = N * elem_bytes
+        return min(same, key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))[1]
+    return analytical_config(mode, N, elem_bytes)
+
+
+SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (bench/NOTES.md items 7 and 12)
+
+
+def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
+    """Rules for an arch without measurements (from the sm_90 sweeps, bench/NOTES.md)."""
+    row_bytes = N * elem_bytes
+    # rows per tile so one tile moves >= ~8 KiB (narrow rows: one row per block is too little work)
+    tile_m = 1 if row_bytes >= 4096 else min(64, _pow2_ceil(8192 // row_bytes))
+    nww = 8 if row_bytes >= 8192 else None  # 8 warps: half the registers per thread for long rows
+    if mode == "multi_wave_cached":
+        if row_bytes > SPLIT_ROW_BYTES:
+            # the H200 sweeps' optimum: 16 KiB of 16-bit x per block kept packed with 8 blocks per SM,
+            # 32 KiB of fp32 with 4 (bench/NOTES.md item 12)
+            part_bytes, occupancy = (16384, 8) if elem_bytes == 2 else (32768, 4)
+            split = min(64, _pow2_ceil(-(-row_bytes // part_bytes)))
+            return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)),
+                             packed=elem_bytes == 2, occupancy=occupancy)
+        return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww,
+                         w_early=tile_m == 1)  # the weight's loads with x's (_table_config)
+    if mode == "static_persistent":
+        return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), persistent=True,
+                         blocks_per_sm=8 if row_bytes * tile_m <= 16384 else 2, hoist_w=row_bytes <= 4096,
+                         latency=1 if row_bytes <= 4096 else 10, num_worker_warps=nww)
+    if mode == "multi_wave_reload":
+        chunk = min(_pow2_ceil(N), 8192 // elem_bytes)
+        return FwdConfig("reload", tile_m=tile_m, chunk=chunk, latency=1 if row_bytes <= 65536 else 10)
+    raise ValueError(mode)

@@ -1,0 +1,612 @@
+"""RMSNorm forward in cuTile: the kernels and their compile-time helpers (launch configs in
+rmsnorm_fwd_config.py, launch wrappers and the mode backends in rmsnorm_fwd.py).
+
+Conventions shared by the kernels (names follow CuTe's: `mX` a global array, `tXrX` a tile):
+  * x, y and rstd reach the kernel as flat 1-D arrays. A cuTile launch specialises every array dim on
+    "divisible by 16" and "== 1", so a 2-D (M, N) x would compile again when M changes parity class;
+    the flat length (M-1)*stride + N is divisible by 16 for every M when N and the stride are (y is
+    allocated with its length rounded up to 16, rstd with its rows rounded up to 16).
+  * N is a compile-time constant; M, the row stride, eps and offset are runtime scalars. The compiled
+    kernel cache is keyed by (dtypes, N, config) with M symbolic.
+  * Rows are read with `ct.gather` over `arange` column indices: it lowers to 16-byte `ld.global.v4`
+    per thread. A tiled `ct.load` from a per-row `Array.slice` lowers to TMA with a tensor map rebuilt
+    in every block (seen in the sm_90 PTX), which is why the whole-row `ct.load` measured 0.53x copy.
+  * A row is split in power-of-two pieces (`row_pieces`): a row of 2880 is 2048 + 1024 (the last
+    piece masked past N) instead of one 4096 tile that leaves 30 % of the threads idle.
+"""
+from __future__ import annotations
+
+import cuda.tile as ct
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+# ================================================================================================
+# Compile-time helpers (evaluated by ct.static_iter inside the kernels)
+# ================================================================================================
+def row_pieces(n: int, piece_min: int) -> tuple[tuple[int, int], ...]:
+    """Split [0, n) into power-of-two pieces (offset, size), largest first, each offset a multiple
+    of its size; what is left below `piece_min` becomes one last piece padded to a power of two."""
+    pieces, off = [], 0
+    size = 1 << (n.bit_length() - 1)
+    while size >= max(piece_min, 1):
+        if n - off >= size:
+            pieces.append((off, size))
+            off += size
+        size //= 2
+    if off < n:
+        pieces.append((off, 1 << (n - off - 1).bit_length()))
+    return tuple(pieces)
+
+
+def _chunks(n: int, chunk: int) -> int:
+    return -(-n // chunk)
+
+
+# ================================================================================================
+# Kernels
+# ================================================================================================
+def _gather_masked(mA, base, off, size, lim, MASKED, latency):
+    """A (size,) tile of columns [off, off + size) at flat offset `base`; if MASKED, only columns
+    below `lim` (a constant, or dynamic for the split kernel's last part)."""
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if MASKED:
+        return ct.gather(mA, base + cols, mask=cols < lim, check_bounds=False, latency=latency)
+    return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
+
+
+def _scatter_masked(mA, base, off, size, lim, MASKED, tile, latency):
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if MASKED:
+        ct.scatter(mA, base + cols, tile, mask=cols < lim, check_bounds=False, latency=latency)
+    else:
+        ct.scatter(mA, base + cols, tile, check_bounds=False, latency=latency)
+
+
+def _gather_cols(mA, base, off, size, N, latency):
+    """A (size,) tile of columns [off, off + size) of a row of N at flat offset `base`; masked only past N."""
+    return _gather_masked(mA, base, off, size, N, ct.static_eval(off + size > N), latency)
+
+
+def _scatter_cols(mA, base, off, size, N, tile, latency):
+    _scatter_masked(mA, base, off, size, N, ct.static_eval(off + size > N), tile, latency)
+
+
+def _gather_rows(mA, xbase, row_ok, off, size, N, latency):
+    """A (TILE_M, size) tile: rows at flat offsets xbase (TILE_M, 1), masked by row_ok and past N."""
+    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+    mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
+    return ct.gather(mA, xbase + cols, mask=mask, check_bounds=False, latency=latency)
+
+
+def _scatter_rows(mA, ybase, row_ok, off, size, N, tile, latency):
+    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+    mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
+    ct.scatter(mA, ybase + cols, tile, mask=mask, check_bounds=False, latency=latency)
+
+
+def _gather_w_bits(mW, idx, mask, LATENCY, W_PLANES):
+    """The weight at flat indices `idx` as loaded (0 where `mask` is False): a 1-tuple, or with
+    W_PLANES > 0 the (low, high) int16 planes of a float32 weight (`weight_planes`)."""
+    if W_PLANES == 0:
+        return (ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY),)
+    return (ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY),
+            ct.gather(mW, idx + W_PLANES, mask=mask, check_bounds=False, latency=LATENCY))
+
+
+def _w_from_bits(wbits, W_PLANES):
+    """The fp32 weight from what `_gather_w_bits` loaded: the planes are joined exactly by a shift and an or."""
+    if W_PLANES == 0:
+        return ct.astype(wbits[0], ct.float32)
+    lo = ct.astype(ct.bitcast(wbits[0], ct.uint16), ct.uint32)
+    hi = ct.astype(ct.bitcast(wbits[1], ct.uint16), ct.uint32)
+    return ct.bitcast((hi << 16) | lo, ct.float32)
+
+
+def _gather_w(mW, idx, mask, LATENCY, W_PLANES):
+    """The weight at flat indices `idx` in fp32 (0 where `mask` is False). W_PLANES > 0: a float32
+    weight passed as two int16 planes, the low halves of its bits at [0, N) and the high halves at
+    [W_PLANES, W_PLANES + N) (`weight_planes`): they load in the layout of a 16-bit x tile, where an
+    fp32 gather next to 16-bit x is converted between layouts through shared memory (24 shared
+    stores and ~20 barriers in the split kernel's PTX; 0.64x copy at N = 65536: bench/NOTES.md item 15)."""
+    return _w_from_bits(_gather_w_bits(mW, idx, mask, LATENCY, W_PLANES), W_PLANES)
+
+
+def _uint_of(dtype):
+    return ct.uint32 if ct.static_eval(dtype == ct.float32 or dtype == ct.int32) else ct.uint16
+
+
+def _tied_elementwise(a, bits, M):
+    """a unchanged, computed as a | (b & 0) element by element for every tile b of `bits` (same
+    shape as a, any width), with a 0 the compiler cannot fold: a value that depends on each b."""
+    ua = _uint_of(a.dtype)
+    t = ct.astype(ct.bitcast(bits[0], _uint_of(bits[0].dtype)), ua)
+    if ct.static_eval(len(bits) > 1):  # the high plane of a float32 weight (`weight_planes`)
+        t = t | ct.astype(ct.bitcast(bits[1], _uint_of(bits[1].dtype)), ua)
+    return ct.bitcast(ct.bitcast(a, ua) | (t & _runtime_zero(M, ua)), a.dtype)
+
+
+def _w_tied_to_x(wbits, x, M):
+    """The weight's bits as loaded (`_gather_w_bits`), each plane tied to this tile's x
+    (`_tied_elementwise`): a hoisted weight's conversion then waits for x, so it is done per tile
+    after x's loads went out. Converted before a persistent loop, it stalled on the weight's DRAM
+    round trip ahead of the first tile's x loads: two serial round trips per block (sm_90 SASS,
+    N = 1024, 4-row tiles), all of a small launch's time (bench/NOTES.md item 17)."""
+    if ct.static_eval(len(wbits) == 1):
+        return (_tied_elementwise(wbits[0], (x,), M),)
+    return (_tied_elementwise(wbits[0], (x,), M), _tied_elementwise(wbits[1], (x,), M))
+
+
+def _tied_to_weight(x, wbits, M, W_PLANES):
+    """x unchanged, computed as x | (w & 0) on the bits, with a 0 the compiler cannot fold: a value
+    that depends on the weight's loads. tileiras sinks a load to its first use whatever the source
+    order, and under a tight register budget ptxas leaves the weight's loads after the reduction
+    (cached) or the wait for the row's partial sums (split), interleaved with the stores (SASS).
+    Tied to the sum of squares, they go out with x's. Measured on the H200: at full size a tie with
+    the late loads, which the other resident blocks hide (bench/NOTES.md item 16); in a launch with
+    fewer blocks than SMs one DRAM round trip less (N = 4096 bf16, M = 1: 5.4 -> 5.1 us; item 17).
+    The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element the
+    compiler split the loaded registers into halves that then stayed live across the wait (167
+    registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
+    # element by element: a weight of another width than x's, or a piece whose bits are no whole
+    # number of 32-bit words (the one-column last piece of N = 2^k + 1 in 16 bits)
+    if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth
+                      or x.shape[-1] * x.dtype.bitwidth % 32 != 0):
+        return _tied_elementwise(x, wbits, M)
+    zero = _runtime_zero(M, ct.uint32)
+    t = ct.unpack_from_bytes(ct.pack_to_bytes(wbits[0]), ct.uint32)
+    if W_PLANES > 0:
+        t = t | ct.unpack_from_bytes(ct.pack_to_bytes(wbits[1]), ct.uint32)
+    xb = ct.unpack_from_bytes(ct.pack_to_bytes(x), ct.uint32)
+    return ct.unpack_from_bytes(ct.pack_to_bytes(xb | (t & zero)), x.dtype)
+
+
+def _zero_of(s, M):
+    """+0.0 in fp32 made of the scalar s's bits (s & 0, a 0 the compiler cannot fold): the split
+    kernel's `tie_slot`, added to the first piece's squares, which then need the slot's load.
+    Untied, ptxas issues the load of the block's workspace slot (whose sign the exchange needs)
+    after x's sum of squares in every table config but one (sm_90 SASS): a DRAM round trip in series
+    (the workspace is cold after an L2 flush) between the reduction and the exchange, in every
+    block's life. Tied, it goes out with x's loads. Measured on the H200 (bench/NOTES.md items 19,
+    20): fp32 +0.4 to +1.6 %, bf16 32768 +0.4 / +0.5 %. The first tie ORed the slot's bits into x's
+    32-bit words: x and its tied copy were then both live (3-5 registers more in 16-bit, a CTA per
+    SM lost at bf16 65536, 4 of 16 loads deferred at bf16 32768, -3.5 %). The squares are a
+    temporary: at bf16 32768 this tie keeps 80 registers and all 16 loads first (SASS)."""
+    return ct.bitcast(ct.bitcast(s, ct.uint32) & _runtime_zero(M, ct.uint32), ct.float32)
+
+
+def _gather_w_tied(mW, x, idx, mask, M, LATENCY, W_PLANES):
+    """w_early: the weight at `idx` as loaded (`_gather_w_bits`) and x tied to it (`_tied_to_weight`),
+    for the sum of squares: (wbits, x_tied)."""
+    wbits = _gather_w_bits(mW, idx, mask, LATENCY, W_PLANES)
+    return wbits, _tied_to_weight(x, wbits, M, W_PLANES)
+
+
+def _weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base=0):
+    """The weight of the row piece [off, off + size) as loaded (`_gather_w_bits`): (size,), or
+    (TILE_M, size) for multi-row tiles: gathered once per row of the tile, in the x tile's own
+    layout. A (1, size) gather broadcast over the rows went through shared memory (a layout change,
+    a barrier) before the x loads were even issued: 0.969 against 0.992 without a weight (N=512,
+    4-row tiles, H200, bench/probe/weight_cost.py). The repeated reads are L1 hits."""
+    cols = ct.arange(size, dtype=ct.int32) + off
+    if TILE_M > 1:
+        cols = ct.reshape(cols, (1, size)) + ct.zeros((TILE_M, 1), dtype=ct.int32)
+    mask = cols < N if ct.static_eval(off + size > N) else None
+    return _gather_w_bits(mW, base + cols, mask, LATENCY, W_PLANES)
+
+
+def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
+    """The fp32 weight (+ offset) of the row piece [off, off + size) (`_weight_piece_bits`)."""
+    return _w_from_bits(_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base), W_PLANES) + offset
+
+
+def _widen_again(x, zero):
+    """x in fp32, by an op chain the compiler does not merge with the first ct.astype of the same
+    tile: only the 16-bit tile then stays live between the two uses (half the registers).
+    `zero` is a runtime 0 (uint16) the compiler cannot fold."""
+    if ct.static_eval(x.dtype == ct.bfloat16):  # the top half of an fp32
+        return ct.bitcast(ct.astype(ct.bitcast(x, ct.uint16), ct.uint32) << 16, ct.float32)
+    if ct.static_eval(x.dtype == ct.float16):
+        # the bits xor-ed with a runtime zero: a different value to the compiler, so its conversion
+        # is not the first one's, and costs one integer op more (an exact conversion by integer ops,
+        # exponent rebias and inf/NaN fix-up, cost ~9 instructions per element: bench/NOTES.md item 14)
+        return ct.astype(ct.bitcast(ct.bitcast(x, ct.uint16) ^ zero, ct.float16), ct.float32)
+    return x
+
+
+def _runtime_zero(M, dtype):
+    """0 as `dtype`, computed from the row count M (>= 1 at every launch) so it is not a constant."""
+    return ct.astype(ct.minimum(M, 0), dtype)
+
+
+def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
+                 N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY):
+    """One row tile of the cached kernel (inlined; called once or from the persistent loop).
+    W_EARLY here is the tie as applied (W_TIED of the kernel)."""
+    if TILE_M == 1:
+        xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
+        ybase = tile * N
+        tXrX = ()
+        tWbits = ()
+        ssq = 0.0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            x = _gather_cols(mX, xbase, off, size, N, LATENCY)
+            xs = x
+            if HAS_W and W_EARLY and not HOIST_W:  # the weight's loads go out with x's (its bits feed the sum)
+                cols = ct.arange(size, dtype=ct.int32) + off
+                wbits, xs = _gather_w_tied(mW, x, cols, cols < N if ct.static_eval(off + size > N) else None, M,
+                                           LATENCY, W_PLANES)
+                tWbits += (wbits,)
+            xf = ct.astype(xs, ct.float32)
+            if HAS_W and W_EARLY and HOIST_W:  # the held bits, tied to this tile's x
+                tWbits += (_w_tied_to_x(tWrW[len(tWbits)], xf, M),)
+            ssq = ssq + ct.sum(xf * xf)
+            tXrX += (x if PACKED else xf,)
+        rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, tile, rstd, check_bounds=False)
+        i = 0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
+            if HAS_W:
+                if W_EARLY:
+                    y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
+                else:
+                    y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
+                                                                   W_PLANES))
+            _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
+            i += 1
+    else:
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        ybase = ct.reshape(rows * N, (TILE_M, 1))
+        tXrX = ()
+        tWbits = ()
+        ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            # ties on x in fp32: with an fp32 weight and 16-bit x, a tie on the loaded 16-bit x
+            # converted between the two load layouts through shared memory in every tile (SASS)
+            x = ct.astype(_gather_rows(mX, xbase, row_ok, off, size, N, LATENCY), ct.float32)
+            if HAS_W and W_EARLY:
+                if HOIST_W:  # the held bits, tied to this tile's x
+                    tWbits += (_w_tied_to_x(tWrW[len(tWbits)], x, M),)
+                else:  # the weight's loads go out with x's (its bits feed the sum)
+                    wbits = _weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES)
+                    x = _tied_elementwise(x, wbits, M)
+                    tWbits += (wbits,)
+            ssq = ssq + ct.sum(x * x, axis=1, keepdims=True)
+            tXrX += (x,)
+        rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
+        i = 0
+        for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+            y = tXrX[i] * rstd
+            if HAS_W:
+                if W_EARLY:
+                    y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
+                else:
+                    y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
+                                                                   W_PLANES))
+            _scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
+            i += 1
+
+
+@ct.kernel
+def rms_norm_fwd_cached_kernel(
+        mX, mW, mY, mRstd,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt,
+        PACKED: ConstBool, W_PLANES: ConstInt, W_EARLY: ConstBool):
+    """Each tile block owns TILE_M rows, loads them once (the pieces stay on chip), reduces in fp32
+    and stores y (and rstd). PERSISTENT: a grid of about one wave loops over the row tiles; HOIST_W
+    keeps the weight in registers across that loop (narrow rows only). TILE_M == 1 takes 1-D tiles
+    with no row mask (a row index below the tile count is always valid): the (1, size) tiles with a
+    per-element row mask held 168 registers at N=16384 (8 warps) where 1-D tiles need ~90 (ptxas).
+    The multi-wave path runs its tile once, outside any loop: a dynamic loop around the same body
+    raised it from 88 to 168 registers (ptxas, N=16384, 8 warps)."""
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    # W_EARLY as applied. Multi-row tiles and a weight held across the loop tie element by element,
+    # not worth it for a weight of another width than x's passed as is (no planes): the tie joins
+    # tiles of two load layouts, converted through shared memory in every tile (an fp32 weight with
+    # 16-bit x, N = 1024: 100 shared-memory accesses where 36 without it, 256 threads, 114 registers;
+    # SASS), so such a weight keeps its late loads. Inline: a helper's returned static_eval is a
+    # runtime value to cuTile, and its `if`s then compiled both ways (one bar.sync more in the PTX).
+    W_TIED = ct.static_eval(W_EARLY and (TILE_M == 1 and not HOIST_W or W_PLANES > 0
+                                         or mW.dtype.bitwidth == mX.dtype.bitwidth))
+
+    tWrW = ()  # hoisted weight: one fp32 tile (+ offset) per piece, or tied (W_TIED) its bits as loaded
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        if HAS_W and HOIST_W:
+            if W_TIED:
+                tWrW += (_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
+            else:
+                tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
+
+    if PERSISTENT:
+        for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
+            _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
+                         N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_TIED)
+    else:
+        _cached_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset, tWrW,
+                     N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_TIED)
+
+
+def _reload_store_tail(mX, mW, mY, xbase, ybase, cols, rstd, offset, N, HAS_W, LATENCY, W_PLANES):
+    """The reload kernel's second pass over its partial last chunk (columns `cols`, masked at N)."""
+    ok = cols < N
+    y = ct.astype(ct.gather(mX, xbase + cols, mask=ok, check_bounds=False, latency=LATENCY), ct.float32) * rstd
+    if HAS_W:
+        y = y * (_gather_w(mW, cols, ok, LATENCY, W_PLANES) + offset)
+    ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=ok, check_bounds=False, latency=LATENCY)
+
+
+def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
+                 N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES):
+    """One row tile of the two-pass kernel (inlined; called once or from the persistent loop)."""
+    num_chunks = ct.static_eval(_chunks(N, CHUNK))
+    if TILE_M == 1:
+        # the full chunks unmasked in a loop, the partial last one (N % CHUNK columns) masked outside
+        # it: with the mask inside the loop the compiler ran for minutes at N = 262145 and 131073
+        # with 2048-column chunks (bench/NOTES.md, "The reload kernel's tail")
+        full = ct.static_eval(N // CHUNK)
+        TAIL = ct.static_eval(N % CHUNK != 0)
+        xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
+        ybase = tile * N
+        cols0 = ct.arange(CHUNK, dtype=ct.int32)
+        tcols = cols0 + full * CHUNK
+        acc = ct.zeros((CHUNK,), dtype=ct.float32)
+        for c in range(full):
+            cols = cols0 + c * CHUNK
+            x = ct.astype(ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY), ct.float32)
+            acc = acc + x * x
+        if TAIL:
+            xt = ct.astype(ct.gather(mX, xbase + tcols, mask=tcols < N, check_bounds=False, latency=LATENCY),
+                           ct.float32)
+            acc = acc + xt * xt
+        rstd = ct.rsqrt(ct.sum(acc) * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, tile, rstd, check_bounds=False)
+        if TAIL and REVERSE:  # the most recently read chunk first
+            _reload_store_tail(mX, mW, mY, xbase, ybase, tcols, rstd, offset, N, HAS_W, LATENCY, W_PLANES)
+        for i in range(full):
+            c = full - 1 - i if REVERSE else i
+            cols = cols0 + c * CHUNK
+            y = ct.astype(ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY), ct.float32) * rstd
+            if HAS_W:
+                y = y * (_gather_w(mW, cols, None, LATENCY, W_PLANES) + offset)
+            ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), check_bounds=False, latency=LATENCY)
+        if TAIL and not REVERSE:
+            _reload_store_tail(mX, mW, mY, xbase, ybase, tcols, rstd, offset, N, HAS_W, LATENCY, W_PLANES)
+    else:
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        ybase = ct.reshape(rows * N, (TILE_M, 1))
+        cols0 = ct.reshape(ct.arange(CHUNK, dtype=ct.int32), (1, CHUNK))
+        acc = ct.zeros((TILE_M, CHUNK), dtype=ct.float32)
+        for c in range(num_chunks):
+            cols = cols0 + c * CHUNK
+            x = ct.astype(ct.gather(mX, xbase + cols, mask=row_ok & (cols < N), check_bounds=False,
+                                    latency=LATENCY), ct.float32)
+            acc = acc + x * x
+        rstd = ct.rsqrt(ct.sum(acc, axis=1, keepdims=True) * ct.static_eval(1.0 / N) + eps)
+        if STORE_RSTD:
+            ct.scatter(mRstd, rows, ct.reshape(rstd, (TILE_M,)), mask=rows < M, check_bounds=False)
+        for i in range(num_chunks):
+            c = num_chunks - 1 - i if REVERSE else i
+            cols = cols0 + c * CHUNK
+            mask = row_ok & (cols < N)
+            y = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
+                          ct.float32) * rstd
+            if HAS_W:  # gathered in the x tile's layout (see _weight_piece)
+                wcols = cols + ct.zeros((TILE_M, 1), dtype=ct.int32)
+                y = y * (_gather_w(mW, wcols, wcols < N, LATENCY, W_PLANES) + offset)
+            ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
+                       latency=LATENCY)
+
+
+@ct.kernel
+def rms_norm_fwd_reload_kernel(
+        mX, mW, mY, mRstd,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, TILE_M: ConstInt, CHUNK: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt,
+        W_PLANES: ConstInt):
+    """Two passes over CHUNK-wide column chunks of TILE_M rows: the sum of squares, then a re-read
+    that normalises and stores. Only one chunk is held on chip, so any N fits; the re-read of a row
+    that was just streamed hits L2 as long as the rows in flight fit in it (ncu at N=65536: 1.02x the
+    ideal DRAM reads with one CTA per SM, 1.7-1.8x with three to five). REVERSE walks the second pass
+    backwards, most recently read chunks first. LATENCY >= 3 makes the compiler pipeline the chunk
+    loops through shared memory (cp.async). TILE_M == 1 takes 1-D tiles with no row mask."""
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    if PERSISTENT:
+        for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
+            _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
+                         N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES)
+    else:
+        _reload_tile(mX, mW, mY, mRstd, ct.bid(0), M, stride, eps, offset,
+                     N, TILE_M, CHUNK, HAS_W, STORE_RSTD, REVERSE, LATENCY, X_ALIGN, W_PLANES)
+
+
+@ct.kernel
+def rms_norm_fwd_split_kernel(
+        mX, mW, mY, mRstd, mSync,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt,
+        W_EARLY: ConstBool, TIE_SLOT: ConstBool):
+    """A row too long for one block's registers, split over SPLIT blocks that each keep PART columns
+    on chip: the row is read once, like the cached kernel, and the blocks of a row exchange their
+    partial sums of squares through global memory (a software cluster).
+
+    Block b owns part b % SPLIT of row b // SPLIT and slot b of mSync (int32, kept between launches
+    on the same stream, all 0 when allocated). A slot holds the fp32 bits of a partial sum of squares
+    (never negative: the sign bit is free) with the sign bit set by every other launch: a block reads
+    its own slot's sign first (what the last launch over this row wrote), publishes its sum with the
+    other sign, and waits until every slot of its row shows that sign. The workspace thus needs no
+    clearing between launches (a fill kernel per launch cost ~1.5 %: bench/NOTES.md item 14), and the
+    state lives on the device, so a replayed CUDA graph flips it like an eager launch does.
+
+    The wait relies on the blocks of a row running at the same time: the hardware dispatches blocks
+    in index order (as CUB's decoupled look-back scan also assumes), so a row's blocks are
+    dispatched together, and at most one row's blocks wait on blocks not yet dispatched, which start
+    as soon as any other block ends (the GPU holds far more than SPLIT blocks). A bounded wait with
+    a fallback that reads the row again was tried: the fallback decision must be the same in every
+    warp, which took a block-wide poll and cost 2-3 % (bench/NOTES.md item 14).
+    """
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    bid = ct.bid(0)
+    row = bid // SPLIT
+    part = bid - row * SPLIT
+    c0 = part * PART
+    xbase = ct.assume_divisible_by(row * stride + c0, X_ALIGN)
+    ybase = ct.assume_divisible_by(row * N + c0, X_ALIGN)
+    MASK_N = ct.static_eval(SPLIT * PART != N)
+    lim = ct.minimum(N - c0, PART) if MASK_N else PART
+
+    # this launch's sign bit: the opposite of what the last launch over this row left in our slot
+    # (each warp reads it; the barriers of the reduction below order every read before the exchange)
+    slot = ct.gather(mSync, bid, check_bounds=False, latency=10)
+    sign = ct.where(slot < 0, 0, ct.static_eval(-(1 << 31)))
+    tXrX = ()
+    tWrW = ()
+    ssq = 0.0
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        masked = ct.static_eval(MASK_N or off + size > PART)
+        x = _gather_masked(mX, xbase, off, size, lim, masked, LATENCY)
+        xs = x
+        if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
+            cols = ct.arange(size, dtype=ct.int32) + off
+            wbits, xs = _gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
+            tWrW += (wbits,)
+        xf = ct.astype(xs, ct.float32)
+        if ct.static_eval(TIE_SLOT and off == 0):  # the slot's load goes out with x's (its bits feed the sum)
+            ssq = ssq + ct.sum(xf * xf + _zero_of(slot, M))
+        else:
+            ssq = ssq + ct.sum(xf * xf)
+        tXrX += (x,)
+    ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
+
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        if HAS_W and not W_EARLY:  # issued here, the compiler sinks them to their use after the wait
+            masked = ct.static_eval(MASK_N or off + size > PART)
+            cols = ct.arange(size, dtype=ct.int32) + off
+            tWrW += (_gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES),)
+
+    # the wait: relaxed gpu-scope loads of the row's slots (served by L2, where the atomics wrote
+    # them). Every warp polls its own copy of the (SPLIT,) tile and leaves the loop when it sees every
+    # slot written, which then stays so: all warps end with the same slots, hence the same sum.
+    # `again` (always 0) ties the load's index to the loop's own variable: a load with a loop-
+    # invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a load has
+    # no observable effect), and the loop then spins forever (seen in the sm_90 PTX).
+    total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
+    while total < 0.0:
+        again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
+        slots = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
+                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
+        # a slot with this launch's sign has its sign bit clear after the xor and holds the plain sum
+        total = ct.where(ct.min(slots) < 0, -1.0, ct.sum(ct.bitcast(slots, ct.float32)))
+    rstd = ct.rsqrt(total * ct.static_eval(1.0 / N) + eps)
+    if STORE_RSTD:
+        if part == 0:
+            ct.scatter(mRstd, row, rstd, check_bounds=False)
+    i = 0
+    for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
+        y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        if HAS_W:
+            y = y * (_w_from_bits(tWrW[i], W_PLANES) + offset)
+        masked = ct.static_eval(MASK_N or off + size > PART)
+        _scatter_masked(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
+        i += 1
+
+
+def _stream_load(mX, tile, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY):
+    """The x pieces of row tile `tile` as (TILE_M, size) tiles in x's dtype (rows past M masked)."""
+    if TILE_M == 1:  # a tile index below the tile count is a valid row: no row mask
+        xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
+        row_ok = None
+    else:
+        rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+        xbase = ct.reshape(rows * stride, (TILE_M, 1))
+        row_ok = ct.reshape(rows < M, (TILE_M, 1))
+    tXrX = ()
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
+        if ct.static_eval(TILE_M == 1 and off + size <= N):
+            tXrX += (ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY),)
+        else:
+            if ct.static_eval(TILE_M == 1):
+                mask = cols < N
+            else:
+                mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
+            tXrX += (ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),)
+    return tXrX
+
+
+def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
+                   HOIST_W, LATENCY, PACKED, W_PLANES):
+    """Reduce, normalise and store one row tile of the stream kernel. y and rstd are stored with
+    ct.store at the loop's own index: cuTile then knows two iterations never write the same
+    elements and needs no block barrier between them (a ct.scatter in a loop gets a bar.sync after
+    each store: sm_90 PTX)."""
+    ssq = ct.zeros((TILE_M, 1), dtype=ct.float32)
+    i = 0
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        xf = ct.astype(tXrX[i], ct.float32)
+        ssq = ssq + ct.sum(xf * xf, axis=1, keepdims=True)
+        i += 1
+    rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
+    if STORE_RSTD:
+        ct.store(mRstd, (tile,), ct.reshape(rstd, (TILE_M,)), check_bounds=False, allow_tma=False)
+    i = 0
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        if HAS_W:
+            if HOIST_W:
+                y = y * tWrW[i]
+            else:  # read again per tile (an L2 hit): min(tile, M) - tile is 0, but not to the compiler, whose
+                # loop-invariant code motion would otherwise hoist the load and hold the weight in fp32
+                wbase = ct.assume_divisible_by(ct.minimum(tile, M) - tile, 16)
+                w = _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, wbase)
+                y = y * (ct.reshape(w, (1, size)) if TILE_M == 1 else w)
+        ct.store(mY, (tile, ct.static_eval(off // size)), ct.astype(y, mY.dtype),
+                 check_bounds=ct.static_eval(off + size > N), allow_tma=False, latency=LATENCY)
+        i += 1
+
+
+@ct.kernel
+def rms_norm_fwd_stream_kernel(
+        mX, mW, mY, mRstd,
+        M: int, stride_x: int, eps: float, offset: float,
+        N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt, PACKED: ConstBool,
+        W_PLANES: ConstInt):
+    """A persistent grid that streams: each block loads the next row tile it owns before it reduces
+    and stores the current one, so its loads stay in flight while it computes (the software
+    pipeline the cached kernel's loop leaves to other blocks). HOIST_W: the weight (+ offset) is loaded
+    once per block and held in fp32; else it is read again for every tile (from L2), which holds
+    fewer registers for wide rows.
+
+    mY is 2-D (rows padded to a multiple of max(16, TILE_M), N) and mRstd 1-D (rows padded the same
+    way): a tile's stores never need a bounds check on rows, and padded rows take the zeros of the
+    masked loads. Needs a grid no larger than the tile count (every block owns at least one tile)."""
+    stride = ct.assume_divisible_by(stride_x, X_ALIGN)
+    bid = ct.bid(0)
+    step = ct.num_blocks(0)
+    tiles = ct.cdiv(M, TILE_M)
+    tWrW = ()
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        if HAS_W and HOIST_W:
+            tWrW += (ct.reshape(_weight_piece(mW, off, size, N, offset, 1, LATENCY, W_PLANES), (1, size)),)
+    tXrX = _stream_load(mX, bid, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
+    for tile in range(bid, tiles - step, step):  # every tile of this block but its last: the next one exists
+        tXrX_next = _stream_load(mX, tile + step, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
+        _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
+                       HOIST_W, LATENCY, PACKED, W_PLANES)
+        tXrX = tXrX_next
+    last = bid + (tiles - 1 - bid) // step * step
+    _stream_finish(mW, mY, mRstd, last, M, tXrX, tWrW, eps, offset, N, TILE_M, PIECE_MIN, HAS_W, STORE_RSTD,
+                   HOIST_W, LATENCY, PACKED, W_PLANES)
