@@ -30,7 +30,7 @@ from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
-                                             cached_piece_min, launch, part_of)
+                                             cut_pieces, launch)
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
@@ -42,8 +42,7 @@ def candidates(N: int) -> list[BwdConfig]:
     out = []
 
     def add(**kw):
-        base = BwdConfig(**kw)
-        out.append(dataclasses.replace(base, piece_min=cached_piece_min(part_of(base, N))))
+        out.append(cut_pieces(BwdConfig(**kw), N))
 
     if N <= 2048:  # several rows per tile
         for tm in (1, 2, 4, 8, 16, 32, 64):

@@ -12,7 +12,10 @@ Every output is checked against the reference first.
 
 The baseline is any earlier version of cutile_norms/cutile/rmsnorm_fwd.py, loaded as a module of
 the package (its relative imports resolve); fields of this tree's FwdConfig that the baseline's
-lacks are dropped (the baseline runs the config without them):
+lacks are dropped (the baseline runs the config without them). The kernels lived in rmsnorm_fwd.py
+up to commit 47a75a1; from 49481ad they are in rmsnorm_fwd_kernel.py, which a later baseline
+rmsnorm_fwd.py imports relatively, i.e. this tree's kernels: A/B a kernel change made since then by
+checking the old tree out (git worktree) instead.
 
     git show 7c89589:cutile_norms/cutile/rmsnorm_fwd.py > bench/probe/baseline_fwd.py
     python bench/probe/baseline_ab.py --baseline bench/probe/baseline_fwd.py [--dtypes bfloat16] [--ns 4096,32768]

@@ -35,9 +35,8 @@ def main(argv) -> int:
         N, M, need_dw = int(parts[0]), int(parts[1]), parts[2] == "dw"
         cfg = B.default_config(N, 2, dev, "bfloat16")
         if len(parts) > 3:
-            cfg = dataclasses.replace(cfg, split=int(parts[3]), blocks_per_sm=int(parts[4]), tile_m=int(parts[5]),
-                                      prefetch=parts[6:7] == ["pf"])
-            cfg = dataclasses.replace(cfg, piece_min=B.cached_piece_min(B.part_of(cfg, N)))
+            cfg = B.cut_pieces(dataclasses.replace(cfg, split=int(parts[3]), blocks_per_sm=int(parts[4]),
+                                                   tile_m=int(parts[5]), prefetch=parts[6:7] == ["pf"]), N)
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16)
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)

@@ -63,7 +63,7 @@ def split_ablation_kernel(
         N: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
         HAS_W: ConstBool, STORE_RSTD: ConstBool, LATENCY: ConstInt, PACKED: ConstBool, W_PLANES: ConstInt,
         W_EARLY: ConstBool, TIE_SLOT: ConstBool, STAGE: ConstInt):
-    """rms_norm_fwd_split_kernel's body (cutile_norms/cutile/rmsnorm_fwd.py) with parts dropped by STAGE."""
+    """rms_norm_fwd_split_kernel's body (cutile_norms/cutile/rmsnorm_fwd_kernel.py) with parts dropped by STAGE."""
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
     bid = ct.bid(0)
     row = bid // SPLIT

@@ -97,12 +97,6 @@ def _collect(mSync, t, SPLIT, flag):
     return total
 
 
-def _exchange(mSync, t, s, dot, SPLIT):
-    """The sum over the SPLIT blocks of row t of their partial `dot` (publish, then wait for all)."""
-    prev = ct.gather(mSync, t * SPLIT + s, check_bounds=False)
-    return _collect(mSync, t, SPLIT, _publish(mSync, t, s, dot, SPLIT, prev))
-
-
 def _reduce_dw(mDWp, mDW, j, R, NRED, N, NPAD, RED_ROWS, RED_COLS):
     """Reducer j: dw over the column slices j, j + NRED, ... of the row, each the sum of the R partial
     rows taken RED_ROWS at a time in row order (a fixed order: the same bits on every run). The
@@ -243,10 +237,10 @@ def rms_norm_bwd_kernel(
         if HAS_W and NEED_DW:
             tDW = tDWn
         if NEED_DX:
-            if SPLIT > 1 and PREFETCH:
+            if SPLIT > 1:  # the sum over the row's blocks of their partial `dot`: publish, then wait for all
+                if not PREFETCH:  # the slot's last value, read here (PREFETCH read it with the row's loads)
+                    slot = ct.gather(mSync, t * SPLIT + s, check_bounds=False)
                 dot = _collect(mSync, t, SPLIT, _publish(mSync, t, s, dot, SPLIT, slot))
-            elif SPLIT > 1:
-                dot = _exchange(mSync, t, s, dot, SPLIT)
             c = dot * ct.static_eval(1.0 / N)
             i = 0
             for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
@@ -285,7 +279,7 @@ def rms_norm_bwd_kernel(
             first = G - NRED
             if ticket >= first:
                 arrived = ticket + 1
-                while arrived < G:  # polled with an atomic: the same value in every warp (see _exchange)
+                while arrived < G:  # polled with an atomic: the same value in every warp (see _collect)
                     arrived = ct.atomic_add(mTicket, 0, 0, check_bounds=False, memory_order=ct.MemoryOrder.ACQUIRE)
                 _reduce_dw(mDWp, mDW, ticket - first, R, NRED, N, NPAD, RED_ROWS, RED_COLS)
                 done = ct.atomic_add(mTicket, 1, 1, memory_order=ct.MemoryOrder.ACQ_REL)
@@ -389,7 +383,7 @@ def _scaled(cfg: BwdConfig, measured_n: int, N: int) -> BwdConfig:
     else:
         tile_m = max(1, min(64, 1 << (max(1, cfg.tile_m * measured_n // N).bit_length() - 1)))
         cfg = dataclasses.replace(cfg, tile_m=tile_m)
-    return dataclasses.replace(cfg, piece_min=cached_piece_min(part_of(cfg, N)))
+    return cut_pieces(cfg, N)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -425,6 +419,11 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
 
 def part_of(cfg: BwdConfig, N: int) -> int:
     return N if cfg.split == 1 else split_part(N, cfg.split)
+
+
+def cut_pieces(cfg: BwdConfig, N: int) -> BwdConfig:
+    """cfg with its pieces cut for rows of N elements (the fewest that waste <= 1/8 of its part)."""
+    return dataclasses.replace(cfg, piece_min=cached_piece_min(part_of(cfg, N)))
 
 
 def _piece_min(cfg: BwdConfig, N: int) -> int:

@@ -8,8 +8,6 @@ CPU tests: the config rules. The compile checks for sm_90/sm_100 live in test_rm
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -145,17 +143,22 @@ CONFIG_CASES = [(1, 1, 4, 128, False), (8, 1, 2, 1000, False), (1, 2, 2, 2880, F
                 (1, 64, 2, 262144, True), (1, 4, 2, 16384, True), (1, 32, 2, 100003, True)]
 
 
+def case_config(tile_m, split, bps, N, prefetch):
+    """A CONFIG_CASES entry as the BwdConfig it stands for (also compiled by test_rmsnorm_bwd_compile)."""
+    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, cut_pieces
+
+    return cut_pieces(BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
+                                prefetch=prefetch), N)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile_m,split,bps,N,prefetch", CONFIG_CASES)
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32"), ("float16", "float32")])
 @pytest.mark.parametrize("M", [1, 5, "many"])
 def test_configs_match_reference(seed, tile_m, split, bps, N, prefetch, x_dtype, w_dtype, M):
     """"many": every block loops (1000 rows; 120 for the widest rows, enough for 4+ rows per block)."""
-    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, cached_piece_min, part_of
-
     M = (1000 if N <= 8192 else 120) if M == "many" else M
-    cfg = BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8, prefetch=prefetch)
-    cfg = dataclasses.replace(cfg, piece_min=cached_piece_min(part_of(cfg, N)))
+    cfg = case_config(tile_m, split, bps, N, prefetch)
     x = random_rows((M, N), DT[x_dtype], "cuda")
     w = random_weight(N, DT[w_dtype], "cuda")
     dy = torch.randn(M, N, device="cuda").to(DT[x_dtype])

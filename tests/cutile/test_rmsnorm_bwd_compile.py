@@ -4,7 +4,6 @@ are re-assembled with `ptxas -v` to check that a block fits the register file wi
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 
 import pytest
@@ -14,6 +13,7 @@ from cuda.tile.compilation import export_kernel
 from cutile_norms._platform import DeviceInfo
 from cutile_norms.cutile import rmsnorm_bwd
 from tests.cutile.compile_util import CT_DTYPES, embedded_ptx, ptxas_report
+from tests.cutile.test_rmsnorm_bwd import CONFIG_CASES, case_config
 
 WIDTHS = [1, 7, 128, 129, 512, 1000, 1024, 2048, 2880, 4095, 4096, 4097, 5120, 7168, 8192, 16384, 32768, 65536,
           65537, 131072, 262144]
@@ -61,21 +61,11 @@ def test_compiles_weight_none_and_one_grad(N, has_w, need_dx, need_dw, arch):
     assert cubin[:4] == b"\x7fELF"
 
 
-# configs the heuristic may not pick (the GPU suite's CONFIG_CASES): one row per tile for narrow rows,
-# several rows for 1000, splits with a short last part and a part that is no multiple of its pieces
-# (tile_m, split, blocks_per_sm, N, prefetch)
-CONFIG_CASES = [(1, 1, 4, 128, False), (8, 1, 2, 1000, False), (1, 2, 2, 2880, False), (1, 8, 2, 40000, False),
-                (1, 4, 1, 100003, False), (1, 32, 2, 262144, False), (2, 1, 3, 4097, False), (1, 1, 1, 8192, False),
-                (1, 1, 3, 2880, True), (1, 1, 2, 4097, True), (1, 2, 2, 7168, True), (1, 8, 2, 40000, True),
-                (1, 64, 2, 262144, True), (1, 4, 2, 16384, True), (1, 32, 2, 100003, True)]
-
-
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("tile_m,split,bps,N,prefetch", CONFIG_CASES)
 def test_configs_compile(tile_m, split, bps, N, prefetch, arch):
-    base = rmsnorm_bwd.BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
-                                 prefetch=prefetch)
-    cfg = dataclasses.replace(base, piece_min=rmsnorm_bwd.cached_piece_min(rmsnorm_bwd.part_of(base, N)))
+    """The GPU suite's configs the heuristic may not pick (test_rmsnorm_bwd.CONFIG_CASES)."""
+    cfg = case_config(tile_m, split, bps, N, prefetch)
     assert compile_bwd(cfg, N, "bfloat16", "bfloat16", arch)[:4] == b"\x7fELF"
 
 
