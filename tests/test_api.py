@@ -64,7 +64,7 @@ def test_module_without_affine_and_multi_dim_shape(seed):
 
 
 def test_module_offset_initialises_to_unit_scale(seed):
-    m = cn.RMSNorm(64, offset=1.0)
+    m = cn.RMSNorm(64, eps=1e-6, offset=1.0)  # the eps the reference below uses (the default is torch's, None)
     assert torch.all(m.weight == 0)  # Gemma: 1 + w with w = 0
     x = random_rows((3, 64), torch.float32, "cpu")
     assert_close(m(x), reference64(x, None, 1e-6, 0.0)[0], torch.float32, "offset init", seed)
