@@ -197,15 +197,47 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
             why = (f"measured table {arch}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
                    f"M in [{row['m_min']}, {row['m_max']}] -> {row['mode']} ({row['evidence']}; "
                    f"{src.get('gpu', '?')}, {command}){borrowed}")
-            return _with_best_backward(Choice(mode.name, why), dev, tools)
+            return _with_best_backward(Choice(mode.name, why), dev, tools, backward_row(arch, dname, N))
     return _fallback(dev, tools, f"the measured table for {arch} has no row for {dname}, N={N}, M={M}{borrowed}")
 
 
-def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain) -> Choice:
-    """mode=None: the forward table picks the forward only. Where it picks a mode with a backward of its
-    own (triton) and the cuTile persistent backward can run, that one runs behind autograd: on an H100 it
-    measured ahead of Triton's at every width and dtype (bf16 0.80-0.98 x copy against 0.36-0.83; fp32
-    N=16384 0.98 against 0.82, where Triton's forward led cuTile's by 0.1 %; bench/NOTES.md, The backward)."""
+@dataclass(frozen=True)
+class BackwardRow:
+    """A width range where mode=None's backward is another mode's than the cuTile persistent kernel."""
+    arch: str
+    dtypes: tuple[str, ...]
+    n_min: int
+    n_max: int
+    mode: str
+    evidence: str
+
+
+# mode=None's backward: the cuTile persistent kernel (ahead of Triton's from 128 to 262144 but here),
+# except where another mode's backward measured ahead of it in the same run (bench/NOTES.md, "The
+# Triton mode, second round"). The cuTile backward's best config at 7168 measured 0.885 (its sweep).
+BACKWARD_TABLE = (
+    BackwardRow("sm_90", ("bfloat16", "float16"), 6145, 8191, "triton",
+                "H100 80GB HBM3 2026-11-24, N=7168 bf16: triton 0.947 x copy, the cuTile persistent kernel "
+                "0.883; python bench/rmsnorm.py --modes triton --anchors liger"),
+)
+
+
+def backward_row(arch: str | None, dtype_name: str, N: int) -> BackwardRow | None:
+    return next((r for r in BACKWARD_TABLE if r.arch == arch and dtype_name in r.dtypes and r.n_min <= N <= r.n_max),
+                None)
+
+
+def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: BackwardRow | None = None) -> Choice:
+    """mode=None: the forward table picks the forward only. `row` (BACKWARD_TABLE's, for this arch,
+    dtype and N): that mode's backward runs where it can. Else, where the forward has a backward of its
+    own (triton) and the cuTile persistent backward can run, that one runs behind autograd: on an H100
+    it measured ahead of Triton's at every other width and dtype (bf16 0.89-0.97 x copy against
+    0.89-0.95 to 16384 and 0.80-0.93 against 0.41-0.77 beyond; fp32 N=16384 0.98 against 0.82;
+    bench/NOTES.md, The backward and The Triton mode)."""
+    if row is not None and unavailable_reason(MODES[row.mode], dev, tools) is None:
+        if choice.backward_mode == row.mode:
+            return choice
+        return Choice(choice.mode, f"{choice.reason}; backward: {row.mode}'s ({row.evidence})", bwd_mode=row.mode)
     if MODES[choice.mode].bwd_backend in (None, _CUTILE_BWD):
         return choice
     if unavailable_reason(MODES["multi_wave_cached"], dev, tools) is not None:

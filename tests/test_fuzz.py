@@ -78,6 +78,10 @@ SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # (rounding an fp32 result once is <= u per element), fp32: half the elementwise rtol
 L2_RTOL = {torch.bfloat16: 1.5 * 2.0 ** -8, torch.float16: 1.5 * 2.0 ** -11, torch.float32: 1e-5}
 SCALE_TOL = 2.0 ** -16  # fp32 rounding of the kernels' sums, relative to the magnitude of their terms
+# Triton's interpreter (the CPU CI's triton cases) converts fp32 to 16-bit types by truncation, not
+# rounding to nearest: errors up to 2u, all toward zero, so the L2 bound there is twice the GPU's
+# (CUTILE_NORMS_FUZZ_SEED=712029627 test_fuzz_cpu[29], triton bf16 N = 1: 1.6u on one element)
+INTERPRETER_L2_FACTOR = 2.0
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 THIS_FILE = os.path.relpath(os.path.abspath(__file__), _ROOT)
@@ -326,9 +330,11 @@ def reference_bwd64(x2d, w, dy2d, eps, offset, need_dx=True):
     return dx, dw, dx_scale, dw_scale
 
 
-def check_close(what: str, actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale=None):
+def check_close(what: str, actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, scale=None,
+                truncated: bool = False):
     """actual (dtype) vs the fp64 expectation: elementwise atol + rtol * |ref| (+ 2^-16 * scale for the
-    grads), and the L2 bound (module docstring). Non-finite values fail, except where the exact value is
+    grads), and the L2 bound (module docstring; `truncated`: a 16-bit result of Triton's interpreter,
+    INTERPRETER_L2_FACTOR x the bound). Non-finite values fail, except where the exact value is
     within tolerance of the dtype's largest finite value: there inf or that value, of the right sign."""
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     if actual.numel() == 0:
@@ -356,13 +362,14 @@ def check_close(what: str, actual: torch.Tensor, expected: torch.Tensor, dtype: 
             f" limit {limit.reshape(-1)[i].item():.3g})")
     keep = ~overflow
     l2_err = torch.linalg.vector_norm(err)
-    l2_lim = (L2_RTOL[dtype] * torch.linalg.vector_norm(torch.where(keep, expected, 0.0))
+    l2_rtol = L2_RTOL[dtype] * (INTERPRETER_L2_FACTOR if truncated and dtype != torch.float32 else 1.0)
+    l2_lim = (l2_rtol * torch.linalg.vector_norm(torch.where(keep, expected, 0.0))
               + tol["atol"] * math.sqrt(a.numel()))
     if scale is not None:
         l2_lim = l2_lim + SCALE_TOL * torch.linalg.vector_norm(torch.where(keep, scale, 0.0))
     if l2_err > l2_lim:
         raise AssertionError(f"{what}: L2 error {l2_err.item():.4g} > bound {l2_lim.item():.4g} "
-                             f"({L2_RTOL[dtype]:.3g} x ||ref|| + atol + 2^-16 x ||term magnitudes||)")
+                             f"({l2_rtol:.3g} x ||ref|| + atol + 2^-16 x ||term magnitudes||)")
 
 
 def check_case(case: Case, x, w, dy, y):
@@ -374,7 +381,8 @@ def check_case(case: Case, x, w, dy, y):
     xd = x.detach()
     wd = w.detach() if w is not None else None
     y64, _ = reference64(xd, wd, case.eps, case.offset)
-    check_close("y", y.detach(), y64, case.x_dtype)
+    truncated = case.mode in CPU_INTERPRETED and x.device.type == "cpu"
+    check_close("y", y.detach(), y64, case.x_dtype, truncated=truncated)
     if not case.grads:
         return
     N = case.N
@@ -390,12 +398,12 @@ def check_case(case: Case, x, w, dy, y):
         assert x.grad is not None, "dx: not computed (x.grad is None)"
         assert x.grad.dtype == case.x_dtype, f"dx: dtype {x.grad.dtype} != x's {case.x_dtype}"
         assert x.grad.shape == x.shape, f"dx: shape {tuple(x.grad.shape)} != x's {tuple(x.shape)}"
-        check_close("dx", x.grad.reshape(-1, N), ex, case.x_dtype, sx)
+        check_close("dx", x.grad.reshape(-1, N), ex, case.x_dtype, sx, truncated=truncated)
     if "w" in case.grads and w is not None:
         assert w.grad is not None, "dw: not computed (w.grad is None)"
         assert w.grad.dtype == case.w_dtype, f"dw: dtype {w.grad.dtype} != the weight's {case.w_dtype}"
         assert w.grad.shape == (N,), f"dw: shape {tuple(w.grad.shape)} != ({N},)"
-        check_close("dw", w.grad, ew, case.w_dtype, sw)
+        check_close("dw", w.grad, ew, case.w_dtype, sw, truncated=truncated)
 
 
 def refusal_message(case_mode, err: BaseException) -> str | None:

@@ -14,34 +14,72 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def exchange(SLOTS, COUNT, tile, rows, row_ok, partial, part, ROWS: tl.constexpr, SPLIT: tl.constexpr,
-             PHASE: tl.constexpr):
+def slot_row_stride(SPLIT: tl.constexpr):
+    """Slots per row in the exchange buffer: whole 128-byte lines (16 int64), so the rows in flight
+    spread their polling over many L2 lines instead of sharing a few."""
+    return 16 * ((SPLIT + 15) // 16)
+
+
+def slot_count(rows: int, split: int) -> int:
+    return rows * 16 * -(-split // 16)
+
+
+def backoff_ns(cfg, device: torch.device) -> int:
+    """The exchange's sleep between polls: PTX's nanosleep exists on NVIDIA GPUs only."""
+    return cfg.backoff_ns if cfg.split > 1 and device.type == "cuda" and not torch.version.hip else 0
+
+
+@triton.jit
+def slot_flag(SLOTS, rows, row_ok, part, SPLIT: tl.constexpr, PHASE: tl.constexpr):
+    """The flag this launch publishes in this program's exchange slots ([ROWS] int64): the opposite
+    of what the last launch over these rows left there (this program is the only one that writes
+    them). Under the interpreter's second phase: the flag the first phase wrote. Loaded before the
+    row's reduction, so its round trip overlaps the loads of x."""
+    prev = tl.load(SLOTS + rows * slot_row_stride(SPLIT) + part, mask=row_ok, other=0, volatile=True)
+    if PHASE == 2:
+        return prev >> 32
+    return 1 - (prev >> 32)
+
+
+@triton.jit
+def _backoff(x, BACKOFF_NS: tl.constexpr):
+    """Sleep about BACKOFF_NS between two polls (NVIDIA's nanosleep), returning x."""
+    return tl.inline_asm_elementwise("nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r", [x, x * 0 + BACKOFF_NS],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def exchange(SLOTS, rows, row_ok, partial, part, flag, SPLIT: tl.constexpr, PHASE: tl.constexpr,
+             BACKOFF_NS: tl.constexpr):
     """The sum over a row's SPLIT programs of `partial` ([ROWS] fp32, this program's part of each row).
 
-    Each program stores its partials in the rows' slots (SLOTS[row * SPLIT + part]), then takes a
-    ticket on the tile's counter (release); the tile's SPLIT tickets of one launch are a run of SPLIT
-    consecutive values from a multiple of SPLIT (every launch leaves the counter at a multiple), so
-    each program waits (acquire) until the counter reaches the end of its run, then sums the SPLIT
-    slots in a fixed order: every part gets the same bits, the counters never need clearing, and a
-    replayed CUDA graph counts on. Counters are kept per SPLIT value (a launch with another SPLIT
-    would break the runs)."""
-    slot_rows = SLOTS + rows * SPLIT
+    Slot row * stride + part (int64) holds a partial sum: its fp32 bits in the low word and, in the
+    high word, `flag`, which every launch flips (`slot_flag`). Each program publishes its partials
+    with one relaxed atomic exchange (no fence, no counter: the slot is the message), then polls the
+    row's SPLIT slots with volatile loads (served by L2, where the atomics wrote) until every one
+    shows its flag, and sums them in one fixed order: every part of a row gets the same bits, the
+    slots never need clearing, and a replayed CUDA graph flips them like an eager launch. The slots
+    are kept per SPLIT value (then every launch flips all SPLIT slots of each row it covers, and a
+    row's slots always agree). The wait relies on a row's programs running at once: the grid is
+    either one wave or dispatched in index order with a row's programs adjacent. BACKOFF_NS > 0:
+    each warp sleeps that long between polls (NVIDIA only), so waiting warps leave L2 to the rest."""
+    slot_rows = SLOTS + rows * slot_row_stride(SPLIT)
     if PHASE != 2:
-        tl.store(slot_rows + part, partial, mask=row_ok)
-    if PHASE == 0:
-        tl.debug_barrier()  # every thread's slot store happens before the ticket's release
-        ticket = tl.atomic_add(COUNT + tile, 1, sem="acq_rel", scope="gpu")
-        target = (ticket // SPLIT + 1) * SPLIT
-        seen = ticket + 1
-        while seen < target:  # poll with plain loads (no atomic traffic while waiting)
-            seen = tl.load(COUNT + tile, volatile=True)
-        tl.atomic_add(COUNT + tile, 0, sem="acquire", scope="gpu")  # acquire the run's slot stores
-        tl.debug_barrier()
+        lo = partial.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+        tl.atomic_xchg(slot_rows + part, (flag << 32) | lo, mask=row_ok, sem="relaxed", scope="gpu")
     total = partial
     if PHASE != 1:
-        parts = tl.load(slot_rows[:, None] + tl.arange(0, SPLIT)[None, :], mask=row_ok[:, None], other=0.0,
-                        volatile=True)
-        total = tl.sum(parts, axis=1)
+        idx = slot_rows[:, None] + tl.arange(0, SPLIT)[None, :]
+        slots = tl.load(idx, mask=row_ok[:, None], other=0, volatile=True)
+        ready = ((slots >> 32) == flag[:, None]) | (~row_ok[:, None])
+        done = tl.min(ready.to(tl.int32))
+        while done == 0:
+            if BACKOFF_NS > 0:
+                done = _backoff(done, BACKOFF_NS)
+            slots = tl.load(idx, mask=row_ok[:, None], other=0, volatile=True)
+            ready = ((slots >> 32) == flag[:, None]) | (~row_ok[:, None])
+            done = tl.min(ready.to(tl.int32))
+        total = tl.sum((slots & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), axis=1)
     return total
 
 
@@ -57,11 +95,13 @@ class TileConfig:
     num_warps: int
     programs_per_sm: int  # the persistent grid's programs per SM (or CU); 0: one program per row tile
     num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
+    prefetch: bool = False  # a persistent program loads its next tile before it reduces this one
+    backoff_ns: int = 0  # split rows: a waiting warp's sleep between two polls of the exchange (NVIDIA)
 
     def short(self) -> str:
         shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
         return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
-                f"{self.programs_per_sm} programs/SM")
+                f"{self.programs_per_sm} programs/SM" + (", prefetch" if self.prefetch else ""))
 
 
 def pow2_ceil(n: int) -> int:
@@ -105,6 +145,34 @@ def split_for(N: int, tile_elems: int, split_max: int) -> tuple[int, int, int, i
 def needs_int64(M: int, row_elems: int) -> bool:
     """Row offsets in int64: M rows of `row_elems` (the longer of stride and N) pass int32."""
     return M * row_elems >= (1 << 31) - 1
+
+
+_RESIDENT: dict = {}  # (kernel, signature, device index) -> programs of it that fit on one SM at once
+
+
+def resident_programs(kernel, args: tuple, consts: dict, num_warps: int, num_stages: int, device: torch.device,
+                      key: tuple) -> int:
+    """How many programs of this compiled kernel one SM holds at once, from its registers, shared
+    memory and threads (NVIDIA; elsewhere and under the interpreter 32, i.e. no limit). A persistent
+    grid whose split rows wait for each other must fit on the GPU in one wave: a grid sized from
+    threads alone (2048 per SM) overshot what the registers allow at wide parts, and the programs
+    that did not fit ran after the first wave had ended. `key`: what picks the compiled variant
+    (the constants and the tensors' dtypes); compiled once per key (`warmup`, no launch)."""
+    if INTERPRET or device.type != "cuda" or torch.version.hip:
+        return 32
+    full = (id(kernel), key, num_warps, num_stages, device.index)
+    hit = _RESIDENT.get(full)
+    if hit is None:
+        compiled = kernel.warmup(*args, grid=(1,), **consts, num_warps=num_warps, num_stages=num_stages)
+        compiled._init_handles()  # loads the binary: n_regs is known from here
+        props = torch.cuda.get_device_properties(device)
+        regs_per_warp = -(-max(1, compiled.n_regs) * 32 // 256) * 256  # allocated per warp, 256 at a time
+        by_regs = getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * num_warps)
+        by_threads = getattr(props, "max_threads_per_multi_processor", 2048) // (num_warps * 32)
+        smem = compiled.metadata.shared
+        by_smem = getattr(props, "shared_memory_per_multiprocessor", 228 * 1024) // smem if smem else 32
+        hit = _RESIDENT[full] = max(1, min(by_regs, by_threads, by_smem, 32))
+    return hit
 
 
 _raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -28,11 +28,17 @@ from .._platform import DeviceInfo
 from .._workspace import workspace
 from ._common import (
     INTERPRET,
+    MAX_WARPS,
     TileConfig,
     exchange,
+    backoff_ns,
+    slot_count,
+    slot_flag,
     lanes_per_warp,
     needs_int64,
+    pow2_ceil,
     raw_stream,
+    resident_programs,
     split_for,
     warps_for,
 )
@@ -42,11 +48,11 @@ from ._common import (
 # Kernels
 # ================================================================================================
 @triton.jit
-def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, stride_dy, offset,
+def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, NEED_DX: tl.constexpr,
-                        NEED_DW: tl.constexpr, ACC_2D: tl.constexpr, PHASE: tl.constexpr,
-                        INT64: tl.constexpr):
+                        NEED_DW: tl.constexpr, ACC_2D: tl.constexpr, PREFETCH: tl.constexpr,
+                        BACKOFF_NS: tl.constexpr, PHASE: tl.constexpr, INT64: tl.constexpr):
     # DW: dw itself (one row group, parts in registers) or the R x N fp32 partials. PHASE as in the forward:
     # 0 = one launch; under the interpreter a split launch runs PHASE 1 (dot partials and dw), then 2 (dx).
     pid = tl.program_id(0)
@@ -65,18 +71,40 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, strid
             dw_acc2 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         else:
             dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if PREFETCH:  # the first tile's x, dy, rstd; each tile then loads the next one's before its reduction
+            rows_n = group * ROWS + tl.arange(0, ROWS)
+            if INT64:
+                rows_n = rows_n.to(tl.int64)
+            ok_n = rows_n < M
+            x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :], mask=ok_n[:, None] & col_ok[None, :], other=0.0)
+            dy_n = tl.load(DY + rows_n[:, None] * stride_dy + cols[None, :], mask=ok_n[:, None] & col_ok[None, :],
+                           other=0.0)
+            rstd_n = tl.load(RSTD + rows_n, mask=ok_n, other=0.0)
     for tile in range(group, (M + ROWS - 1) // ROWS, groups):
         rows = tile * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         if INT64:
             rows = rows.to(tl.int64)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
         x_rows = X + rows[:, None] * stride_x
         dy_rows = DY + rows[:, None] * stride_dy
         if CHUNKS == 1:
             mask = row_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:
+                x = x_n.to(tl.float32)
+                dy = dy_n.to(tl.float32)
+                rstd = rstd_n
+                rows_n = rows + groups * ROWS
+                ok_n = rows_n < M
+                mask_n = ok_n[:, None] & col_ok[None, :]
+                x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :], mask=mask_n, other=0.0)
+                dy_n = tl.load(DY + rows_n[:, None] * stride_dy + cols[None, :], mask=mask_n, other=0.0)
+                rstd_n = tl.load(RSTD + rows_n, mask=ok_n, other=0.0)
+            else:
+                rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if SPLIT > 1 and NEED_DX:
+                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
             xhat = x * rstd[:, None]
             g = dy
             if HAS_W:
@@ -88,6 +116,9 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, strid
                 else:
                     dw_acc += tl.sum(dy * xhat, axis=0)
         else:
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            if SPLIT > 1 and NEED_DX:
+                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
             dot = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(CHUNKS):
                 lanes_c = c * BLOCK_N + lanes
@@ -107,7 +138,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, COUNT, M, stride_x, strid
                     acc = tl.load(dw_row + cols_c, mask=ok_c, other=0.0)
                     tl.store(dw_row + cols_c, acc + tl.sum(dyc * xhat_c, axis=0), mask=ok_c)
         if SPLIT > 1 and NEED_DX:
-            dot = exchange(SLOTS, COUNT, tile, rows, row_ok, dot, part, ROWS, SPLIT, PHASE)
+            dot = exchange(SLOTS, rows, row_ok, dot, part, flag, SPLIT, PHASE, BACKOFF_NS)
         if NEED_DX and PHASE != 1:
             mean = dot / N
             dx_rows = DX + rows[:, None] * N
@@ -156,13 +187,17 @@ class BwdConfig(TileConfig):
     acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
 
 
-# Measured on an H100, bf16, 2^27 elements (bench/probe/triton_configs.py; bench/NOTES.md, Triton):
-# tiles of TILE_ELEMS (several rows of narrow widths, 32 warps): 0.725 / 0.778 / 0.810 / 0.880 at
-# N = 128 / 1024 / 4096 / 8192, against 0.689 / 0.671 / 0.692 / 0.726 with 8192-element tiles; whole
-# rows in registers up to ROW_ELEMS (0.775 at 16384; 0.187 at 32768, spilled), split rows of 8192-column
-# parts beyond (0.543 at 32768, 0.478 at 65536), half the warps when split 16 or more (0.358 at 262144
-# against 0.208).
-TILE_ELEMS = 32768
+# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; bench/NOTES.md,
+# "The Triton mode, second round"), as a ratio to a same-run copy (1.5x its bytes):
+#   * rows up to 8192: tiles of TILE_ELEMS (several narrow rows), 16 values per thread (8 when the
+#     row is not a power of two: 0.915 against 0.903 at 2880, 0.879 against 0.864 at 5120), each
+#     program loading its next tile before it reduces this one (PREFETCH): 0.88-0.96 from 128 to 8192,
+#     where tiles of 32768 elements without it gave 0.64-0.89;
+#   * rows up to 16384: the whole row in one program, 32 values per thread: 0.885 at 16384;
+#   * wider: rows split into parts of PART_ELEMS that exchange their partial dot products, with
+#     PREFETCH: 0.77 at 32768, 0.51 / 0.51 / 0.44 at 65536 / 131072 / 262144 (no split, part size,
+#     warps or backoff between polls measured better than 0.62 past 32768).
+TILE_ELEMS = 8192
 ROW_ELEMS = 16384
 PART_ELEMS = 8192
 SPLIT_MAX = 32
@@ -173,21 +208,32 @@ REDUCE_COLS = 256  # the dw reduction's columns per program
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> BwdConfig:
     """The measured rules above."""
     lanes = lanes_per_warp(vendor)
-    row_elems = min(ROW_ELEMS, tile_elems)
-    split, part, block_n, chunks = split_for(N, row_elems if N <= row_elems else min(PART_ELEMS, tile_elems),
-                                             min(SPLIT_MAX, sm_count))
-    rows = max(1, min(64, (tile_elems // 2) // block_n)) if split == 1 else 1
-    warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
+    max_warps = MAX_WARPS.get(vendor, 32)
+    if N <= tile_elems:
+        block_n = pow2_ceil(N)
+        rows = max(1, min(64, tile_elems // block_n))
+        per_thread = 16 if block_n == N else 8
+        warps = max(1, min(max_warps, rows * block_n // (per_thread * lanes)))
+        return BwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
+                         programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
+    if N <= ROW_ELEMS:
+        block_n = pow2_ceil(N)
+        warps = max(1, min(max_warps, block_n // (32 * lanes)))
+        return BwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
+                         programs_per_sm=max(1, 2048 // (warps * lanes)))
+    split, part, block_n, chunks = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
+    warps = warps_for(block_n, elem_bytes, lanes, vendor)
     if split >= 16:
         warps = max(1, warps // 2)
-    return BwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
-                     programs_per_sm=max(1, 2048 // (warps * lanes)))
+    return BwdConfig(rows=1, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
+                     programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
 
 
-def grid_groups(cfg: BwdConfig, M: int, sm_count: int) -> int:
-    """R, the row groups of the persistent grid: at most one per row tile, about one wave in all."""
+def grid_groups(cfg: BwdConfig, M: int, sm_count: int, resident: int = 32) -> int:
+    """R, the row groups of the persistent grid: at most one per row tile, one wave in all (`resident`:
+    the programs of the compiled kernel one SM holds; a split row's programs wait for each other)."""
     tiles = -(-M // cfg.rows)
-    return max(1, min(tiles, cfg.programs_per_sm * sm_count // cfg.split))
+    return max(1, min(tiles, min(cfg.programs_per_sm, resident) * sm_count // cfg.split))
 
 
 # ================================================================================================
@@ -214,8 +260,25 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         return dx, dw
     sx = x2d.stride(0) if M > 1 else N
     sdy = dy2d.stride(0) if M > 1 else N
-    R = grid_groups(cfg, M, sm_count)
     stream = raw_stream(device)
+    slots = rstd  # never touched without SPLIT > 1
+    if cfg.split > 1 and need_dx:  # kept per SPLIT value: every launch flips all SPLIT slots of each row (`exchange`)
+        slots = workspace(f"triton_bwd_slots{cfg.split}", slot_count(-(-M // cfg.rows) * cfg.rows, cfg.split),
+                          torch.int64, device, stream, zero=True)
+    prefetch = cfg.prefetch and cfg.chunks == 1
+    consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
+                  HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw, ACC_2D=cfg.acc_2d and cfg.rows > 1,
+                  PREFETCH=prefetch, BACKOFF_NS=backoff_ns(cfg, device),
+                  INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if prefetch else 0), max(sx, sdy, N)))
+    w_arg = weight if weight is not None else rstd
+    dx_arg = dx if need_dx else rstd
+    R = grid_groups(cfg, M, sm_count)
+    if R > 1:  # one wave of the compiled kernel (its dw argument: the fp32 partials, as in the launch below)
+        resident = resident_programs(rms_norm_bwd_kernel, (dy2d, x2d, w_arg, rstd, dx_arg, rstd, slots, M, sx, sdy,
+                                                           offset, N, cfg.part), dict(consts, PHASE=0),
+                                     cfg.num_warps, cfg.num_stages, device,
+                                     (tuple(consts.items()), x2d.dtype, dy2d.dtype, w_arg.dtype))
+        R = grid_groups(cfg, M, sm_count, resident)
     direct = R == 1 and cfg.chunks == 1
     dw_arg = rstd  # never touched without NEED_DW
     if need_dw:
@@ -225,16 +288,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
             dw_arg = workspace("triton_bwd_dw", R * N, torch.float32, device, stream, zero=False)
             if cfg.chunks > 1:
                 dw_arg[:R * N].zero_()
-    slots = count = rstd  # never touched without SPLIT > 1
-    if cfg.split > 1 and need_dx:
-        tiles = -(-M // cfg.rows)
-        slots = workspace("triton_bwd_slots", tiles * cfg.rows * cfg.split, torch.float32, device, stream, zero=False)
-        count = workspace(f"triton_bwd_count{cfg.split}", tiles, torch.int64, device, stream, zero=True)
-    args = (dy2d, x2d, weight if weight is not None else rstd, rstd, dx if need_dx else rstd, dw_arg, slots, count,
-            M, sx, sdy, offset, N, cfg.part)
-    consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
-                  HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw, ACC_2D=cfg.acc_2d and cfg.rows > 1,
-                  INT64=needs_int64(M, max(sx, sdy, N)))
+    args = (dy2d, x2d, w_arg, rstd, dx_arg, dw_arg, slots, M, sx, sdy, offset, N, cfg.part)
     phases = (1, 2) if cfg.split > 1 and need_dx and INTERPRET else (0,)
     for phase in phases:
         rms_norm_bwd_kernel[(R * cfg.split,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -5,18 +5,19 @@ launch wrapper -> the backend.
 
 One kernel, shapes of work picked by compile-time constants:
   * Narrow rows: ROWS rows per tile, so a tile moves a few KB (the QK-norm case, M ~ 10^6 rows of
-    128, would otherwise run one 256-byte row per loop step).
-  * Rows that fit one program's registers (N <= ROW_ELEMS): the whole row loaded once, kept in
-    registers, reduced, scaled and stored. Odd widths (2880, 2^k + 1) are a power-of-two block with a
-    masked tail: masked lanes move no bytes.
-  * Wider rows, in CHUNKS: a first pass sums the squares with x kept in L2 (evict_last), a second
-    re-reads it (evict_first) and stores y. No width limit.
+    128, would otherwise run one 256-byte row per program).
+  * Rows in registers (CHUNKS = 1): the whole row loaded once, reduced, scaled and stored. A width
+    that is not a power of two is a power-of-two block with a masked tail: masked lanes move no bytes.
+  * Rows in CHUNKS: a first pass sums the squares with x kept in L2 (evict_last), a second re-reads
+    it (evict_first) and stores y. No width limit, and no padded lanes beyond the last chunk's.
   * SPLIT > 1 (a config the heuristic does not pick; measured slow, bench/NOTES.md): a row's parts on
     several programs that exchange their partial sums through global memory (`exchange`).
 
-Up to ROW_ELEMS a persistent grid (about one wave) walks the tiles, the weight loaded once per
-program; chunked rows run one program per row. All math in
-fp32 (eps and offset are launched as Python floats: fp32 arguments); row offsets in int64 where M x stride passes 2^31.
+The heuristic launches one program per row tile (measured faster than a persistent grid for the
+forward); a config with programs_per_sm > 0 runs a persistent grid of one wave instead, the weight
+loaded once per program and, with PREFETCH, the next tile's x loaded before this one is reduced.
+All math in fp32 (eps and offset are launched as Python floats: fp32 arguments); row offsets in
+int64 where M x stride passes 2^31.
 """
 from __future__ import annotations
 
@@ -34,10 +35,14 @@ from ._common import (
     MAX_WARPS,
     TileConfig,
     exchange,
+    backoff_ns,
+    slot_count,
+    slot_flag,
     lanes_per_warp,
     needs_int64,
     pow2_ceil,
     raw_stream,
+    resident_programs,
     warps_for,
 )
 
@@ -46,16 +51,18 @@ from ._common import (
 # Kernel
 # ================================================================================================
 @triton.jit
-def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, COUNT, M, stride_x, eps, offset,
+def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr,
-                        PHASE: tl.constexpr, INT64: tl.constexpr):
+                        PREFETCH: tl.constexpr, BACKOFF_NS: tl.constexpr, PHASE: tl.constexpr,
+                        INT64: tl.constexpr):
     # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
-    # for another) a split launch runs twice: PHASE 1 stores the partial sums, PHASE 2 finishes.
+    # for another) a split launch runs twice: PHASE 1 publishes the partial sums, PHASE 2 finishes.
     pid = tl.program_id(0)
     part = pid % SPLIT
     group = pid // SPLIT
     groups = tl.num_programs(0) // SPLIT
+    n_tiles = (M + ROWS - 1) // ROWS
     lanes = tl.arange(0, BLOCK_N)
     col0 = part * PART
     if CHUNKS == 1:  # the weight's part, loaded once per program (+ offset, fp32)
@@ -63,7 +70,13 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, COUNT, M, stride_x, eps, offset,
         col_ok = (lanes < PART) & (cols < N)
         if HAS_W:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
-    for tile in range(group, (M + ROWS - 1) // ROWS, groups):
+        if PREFETCH:  # the first tile's x; each tile then loads the next one's before its reduction
+            rows_n = group * ROWS + tl.arange(0, ROWS)
+            if INT64:
+                rows_n = rows_n.to(tl.int64)
+            x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :],
+                          mask=(rows_n < M)[:, None] & col_ok[None, :], other=0.0)
+    for tile in range(group, n_tiles, groups):
         rows = tile * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         if INT64:
@@ -71,9 +84,19 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, COUNT, M, stride_x, eps, offset,
         x_rows = X + rows[:, None] * stride_x
         if CHUNKS == 1:
             mask = row_ok[:, None] & col_ok[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:
+                x = x_n.to(tl.float32)
+                rows_n = rows + groups * ROWS
+                x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :],
+                              mask=(rows_n < M)[:, None] & col_ok[None, :], other=0.0)
+            else:
+                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if SPLIT > 1:
+                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
             sumsq = tl.sum(x * x, axis=1)
         else:
+            if SPLIT > 1:
+                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
             sumsq = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(CHUNKS):
                 lanes_c = c * BLOCK_N + lanes
@@ -83,7 +106,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, COUNT, M, stride_x, eps, offset,
                              eviction_policy="evict_last").to(tl.float32)
                 sumsq += tl.sum(xc * xc, axis=1)
         if SPLIT > 1:
-            sumsq = exchange(SLOTS, COUNT, tile, rows, row_ok, sumsq, part, ROWS, SPLIT, PHASE)
+            sumsq = exchange(SLOTS, rows, row_ok, sumsq, part, flag, SPLIT, PHASE, BACKOFF_NS)
         if PHASE != 1:
             rstd = tl.rsqrt(sumsq / N + eps)
             y_rows = Y + rows[:, None] * N
@@ -117,40 +140,47 @@ class FwdConfig(TileConfig):
     """The forward's launch config (TileConfig's fields)."""
 
 
-# Measured on an H100, bf16, 2^27 elements (bench/probe/triton_configs.py; bench/NOTES.md, Triton):
-#   * whole rows in registers up to ROW_ELEMS, 32 values per thread (half the threads of 16 per
-#     thread: 0.957 against 0.942 at N = 1024 and 4096), several rows per tile below TILE_ELEMS;
-#   * wider rows in two passes of one program per row, chunks of 8192 (16 warps) or 16384 (32 warps),
-#     the first pass keeping x in L2 (evict_last): 0.995 at 16384, 0.989 at 32768, where the whole
-#     row in registers (32 warps) gave 0.894 and rows split over programs exchanging their sums 0.01-0.65.
-TILE_ELEMS = 8192
-ROW_ELEMS = 8192
+# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; bench/NOTES.md,
+# "The Triton mode, second round"), as a ratio to a same-run copy:
+#   * rows of up to ROW_ELEMS (whole, or nearly whole, powers of two): the row in registers, tiles of
+#     TILE_ELEMS (several narrow rows), two 16-byte vectors per thread, one program per tile:
+#     0.984-0.998 from 128 to 4096, where a persistent grid walking the tiles gave 0.948-0.962;
+#   * other rows up to 16384: two passes of one program per row over chunks of 16 values per thread
+#     (2048 x 4 warps below 6144, 4096 x 8 warps above), the first pass keeping x in L2: 1.003 /
+#     0.982 / 0.994 / 0.987 at 2880 / 5120 / 7168 / 8192, where the padded row in registers gave
+#     0.966 / 0.831 / 0.912 / 0.950; 8192 x 16 warps at 16384 (0.997);
+#   * wider rows: the same two passes over chunks of 16384 (32 warps): 0.994 at 32768, 0.83 / 0.68 /
+#     0.65 at 65536 / 131072 / 262144 (the re-read misses L2: 132 rows of 512 KB in flight). Rows split
+#     over programs that exchange their sums (`exchange`) measured 0.43-0.72 at every width and split,
+#     with or without a backoff between polls, so the heuristic never splits a forward row.
+TILE_ELEMS = 4096
+ROW_ELEMS = 4096
 SPLIT_MAX = 32  # configs with split rows (not picked by the heuristic) keep a row's programs on the GPU at once
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
-    """Whole rows in registers up to ROW_ELEMS (several rows per tile when narrow), two passes over
-    chunks beyond; the measured reasons above."""
+    """The measured rules above: whole rows in registers when narrow or a power of two up to
+    ROW_ELEMS, else two passes over chunks of a row, one program per row tile."""
     lanes = lanes_per_warp(vendor)
-    if N <= ROW_ELEMS:
-        block_n = pow2_ceil(N)
+    block_n = pow2_ceil(N)
+    if N <= ROW_ELEMS // 2 or (N <= ROW_ELEMS and 8 * N >= 7 * block_n):
         rows = max(1, min(64, tile_elems // block_n))
-        warps = warps_for(rows * block_n, max(1, elem_bytes // 2), lanes, vendor)  # 2x the values per thread
-        return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
-                         programs_per_sm=max(1, 2048 // (warps * lanes)))
-    block_n = 8192 if N <= 16384 else 16384
-    warps = min(MAX_WARPS.get(vendor, 32), (block_n // 512) * 32 // lanes)
+        warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
+        return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps, programs_per_sm=0)
+    block_n = 2048 if N < 6144 else 4096 if N <= 8192 else 8192 if N <= 16384 else 16384
+    warps = min(MAX_WARPS.get(vendor, 32), max(1, block_n // (16 * lanes)))
     return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=-(-N // block_n), num_warps=warps,
                      programs_per_sm=0)
 
 
-def grid_programs(cfg: FwdConfig, M: int, sm_count: int) -> int:
-    """Programs of a launch over M rows: a persistent grid of about one wave (row tiles x split parts)."""
+def grid_programs(cfg: FwdConfig, M: int, sm_count: int, resident: int = 32) -> int:
+    """Programs of a launch over M rows: a persistent grid of about one wave (row tiles x split parts;
+    `resident`: the programs of the compiled kernel one SM holds), or one program per row tile."""
     tiles = -(-M // cfg.rows)
     if cfg.programs_per_sm == 0:
         return tiles * cfg.split
-    groups = max(1, min(tiles, cfg.programs_per_sm * sm_count // cfg.split))
+    groups = max(1, min(tiles, min(cfg.programs_per_sm, resident) * sm_count // cfg.split))
     return groups * cfg.split
 
 
@@ -171,18 +201,22 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
     else:
         y, rstd = out
-    programs = grid_programs(cfg, M, sm_count)
-    slots = count = y  # never touched without SPLIT > 1
-    stream = raw_stream(device)
-    if cfg.split > 1:
-        tiles = -(-M // cfg.rows)
-        slots = workspace("triton_fwd_slots", tiles * cfg.rows * cfg.split, torch.float32, device, stream, zero=False)
-        count = workspace(f"triton_fwd_count{cfg.split}", tiles, torch.int64, device, stream, zero=True)
-    args = (x2d, weight if weight is not None else y, y, rstd if store_rstd else y, slots, count, M, stride,
+    slots = y  # never touched without SPLIT > 1
+    if cfg.split > 1:  # kept per SPLIT value: every launch flips all SPLIT slots of each row (`exchange`)
+        slots = workspace(f"triton_fwd_slots{cfg.split}", slot_count(-(-M // cfg.rows) * cfg.rows, cfg.split),
+                          torch.int64, device, raw_stream(device), zero=True)
+    args = (x2d, weight if weight is not None else y, y, rstd if store_rstd else y, slots, M, stride,
             eps, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
-                  HAS_W=weight is not None, STORE_RSTD=store_rstd,
-                  INT64=needs_int64(M, max(stride, N)))
+                  HAS_W=weight is not None, STORE_RSTD=store_rstd, PREFETCH=cfg.prefetch and cfg.chunks == 1,
+                  BACKOFF_NS=backoff_ns(cfg, device),
+                  INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if cfg.prefetch else 0),
+                                    max(stride, N)))
+    resident = 32
+    if cfg.programs_per_sm:
+        resident = resident_programs(rms_norm_fwd_kernel, args, dict(consts, PHASE=0), cfg.num_warps, cfg.num_stages,
+                                     device, (tuple(consts.items()), x2d.dtype, args[1].dtype))
+    programs = grid_programs(cfg, M, sm_count, resident)
     phases = (1, 2) if cfg.split > 1 and INTERPRET else (0,)
     for phase in phases:
         rms_norm_fwd_kernel[(programs,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -53,8 +53,9 @@ def test_config_covers_the_row(N, e, vendor, sms):
     cfg = analytic_config(N, e, vendor, sms)
     assert cfg.split * cfg.part >= N and cfg.split <= min(SPLIT_MAX, sms)
     assert cfg.split == 1 or (cfg.part % 16 == 0 and cfg.rows == 1)
-    assert cfg.block_n * cfg.chunks >= cfg.part and cfg.rows * cfg.block_n <= TILE_ELEMS
-    assert cfg.num_warps * (64 if vendor == "amd" else 32) <= 1024
+    assert cfg.block_n * cfg.chunks >= cfg.part and (cfg.rows == 1 or cfg.rows * cfg.block_n <= TILE_ELEMS)
+    assert cfg.num_warps * (64 if vendor == "amd" else 32) <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
+    assert cfg.prefetch == (N <= TILE_ELEMS or cfg.split > 1)  # measured: bench/NOTES.md, the Triton mode
     for M in (1, 5, 10 ** 6):  # a row group's programs and the grid fit about one wave
         R = grid_groups(cfg, M, sms)
         assert 1 <= R <= max(1, -(-M // cfg.rows)) and R * cfg.split <= cfg.programs_per_sm * sms
@@ -73,20 +74,25 @@ def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
     _check(x, w, dy, 0.5, dx, dw, f"N={N} M={M} {x_dtype}/{w_dtype}", seed)
 
 
-CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000), (2, 2, 512, 128, 4, 1000), (4, 4, 256, 256, 1, 1000),
-                (1, 8, 4096, 1024, 4, 30001), (4, 1, 300, 512, 1, 300)]
+# (rows, split, part, block_n, chunks, N, prefetch, programs_per_sm): prefetching programs walk several
+# tiles (13 rows over the interpreter's 4 "SMs"); programs_per_sm 0 = one program per tile
+CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000, False, 1), (2, 2, 512, 128, 4, 1000, False, 1),
+                (4, 4, 256, 256, 1, 1000, False, 1), (1, 8, 4096, 1024, 4, 30001, False, 1),
+                (4, 1, 300, 512, 1, 300, False, 1), (2, 1, 300, 512, 1, 300, True, 1),
+                (1, 2, 512, 512, 1, 1000, True, 2), (1, 4, 2064, 4096, 1, 8200, False, 0)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("rows,split,part,block_n,chunks,N", CONFIG_CASES)
+@pytest.mark.parametrize("rows,split,part,block_n,chunks,N,prefetch,pps", CONFIG_CASES)
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "float32"), ("float32", "float32")])
-def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, x_dtype, w_dtype):
+def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, prefetch, pps, x_dtype,
+                                  w_dtype):
     """Chunked parts (dw read-modify-written in the program's own row), several rows per split tile,
     a short last part."""
     from cutile_norms.triton.rmsnorm_bwd import BwdConfig
 
     cfg = BwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=4,
-                    programs_per_sm=1)
+                    programs_per_sm=pps, prefetch=prefetch)
     for M in (1, 13):
         x = random_rows((M, N), DT[x_dtype], device)
         w = random_weight(N, DT[w_dtype], device)
@@ -175,6 +181,29 @@ def test_cuda_graph_forward_and_backward(seed, N):
     w2 = w.detach().clone().requires_grad_()
     cn.rms_norm(x2, w2, EPS, mode="triton").backward(dy)
     _check(x2.detach(), w2.detach(), dy, 0.0, x2.grad, w2.grad, "eager after graph", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_dtype", ["bfloat16", "float16"])
+def test_behind_the_mode_none_forward(seed, x_dtype):
+    """mode=None at N = 7168 (dispatch.BACKWARD_TABLE): Triton's backward behind the table's forward,
+    with the forward's saved rstd; x strided, dy expanded."""
+    import cutile_norms as cn
+    from cutile_norms import dispatch
+    from cutile_norms._platform import device_info, toolchain
+
+    N, M = 7168, 300
+    dev = device_info("cuda")
+    choice = dispatch.resolve(None, dev, toolchain(), DT[x_dtype], M, N)
+    if choice.backward_mode != "triton":
+        pytest.skip(f"mode=None's backward here is {choice.backward_mode!r} ({dev.name}): {choice.reason}")
+    base = random_rows((M, N + 16), DT[x_dtype], "cuda")
+    x = base[:, :N].detach().requires_grad_()
+    w = random_weight(N, DT[x_dtype], "cuda").requires_grad_()
+    dy = torch.randn(1, N, device="cuda").to(DT[x_dtype]).expand(M, N)
+    cn.rms_norm(x, w, EPS).backward(dy)
+    assert cn.explain(x, w).split("backward:")[-1].lstrip().startswith("Triton"), cn.explain(x, w)
+    _check(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"mode=None {choice.mode} + triton backward", seed)
 
 
 @pytest.mark.gpu

@@ -36,7 +36,8 @@ def _check(x, w, offset, y, rstd, what, seed):
 # ------------------------------------------------------------------------------------------------
 # Config rules (CPU)
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4097, 16384, 16385, 40000, 262144, 1 << 20, 3_000_017])
+@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4000, 4096, 4097, 16384, 16385, 40000, 262144, 1 << 20,
+                               3_000_017])
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
@@ -45,12 +46,11 @@ def test_config_covers_the_row(N, e, vendor, sms):
     cfg = analytic_config(N, e, vendor, sms)
     assert cfg.split == 1 and cfg.part == N  # the heuristic never splits a row (measured, see the module)
     assert cfg.block_n * cfg.chunks >= N and cfg.block_n & (cfg.block_n - 1) == 0
-    if N <= ROW_ELEMS:  # the row in registers, several rows per tile when narrow, a persistent grid
-        assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS and cfg.programs_per_sm >= 1
-        assert grid_programs(cfg, 10 ** 6, sms) <= cfg.programs_per_sm * sms
-    else:  # two passes over chunks, one program per row
-        assert cfg.rows == 1 and cfg.chunks > 1 and cfg.programs_per_sm == 0
-        assert grid_programs(cfg, 1000, sms) == 1000
+    assert cfg.programs_per_sm == 0 and grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows)  # one program per tile
+    if N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
+        assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
+    else:  # two passes over chunks of a row, each chunk at most a power of two of padding
+        assert cfg.rows == 1 and cfg.chunks > 1 and cfg.block_n * (cfg.chunks - 1) < N
     lanes = 64 if vendor == "amd" else 32
     assert cfg.num_warps * lanes <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
 
@@ -72,18 +72,23 @@ def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
 
 # (rows, split, part, block_n, chunks, N): shapes the heuristic picks only for far wider rows or other
 # GPUs: chunked parts (two passes), several rows per split tile, a short last part
-CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000), (2, 2, 512, 128, 4, 1000), (4, 4, 256, 256, 1, 1000),
-                (1, 8, 4096, 1024, 4, 30001), (4, 1, 300, 512, 1, 300)]
+# (rows, split, part, block_n, chunks, N, prefetch, programs_per_sm): prefetching programs walk several
+# tiles (13 rows over the interpreter's 4 "SMs"); programs_per_sm 0 = one program per tile
+CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000, False, 1), (2, 2, 512, 128, 4, 1000, False, 1),
+                (4, 4, 256, 256, 1, 1000, False, 1), (1, 8, 4096, 1024, 4, 30001, False, 1),
+                (4, 1, 300, 512, 1, 300, False, 1), (2, 1, 300, 512, 1, 300, True, 1),
+                (1, 2, 512, 512, 1, 1000, True, 2), (1, 4, 2064, 4096, 1, 8200, False, 0)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("rows,split,part,block_n,chunks,N", CONFIG_CASES)
+@pytest.mark.parametrize("rows,split,part,block_n,chunks,N,prefetch,pps", CONFIG_CASES)
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "float32"), ("float32", "float32")])
-def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, x_dtype, w_dtype):
+def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, prefetch, pps, x_dtype,
+                                  w_dtype):
     from cutile_norms.triton.rmsnorm_fwd import FwdConfig
 
     cfg = FwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=4,
-                    programs_per_sm=1)
+                    programs_per_sm=pps, prefetch=prefetch)
     for M in (1, 13):
         x = random_rows((M, N), DT[x_dtype], device)
         w = random_weight(N, DT[w_dtype], device)
