@@ -1,7 +1,9 @@
 """Probe: Triton forward and backward launch configs side by side at the bench size (bf16, 2^27
 elements), each as a ratio to a same-run copy (the backward's bytes are 1.5x the copy's). Variants of
-the analytic config: the tile budget (elements per program), the persistence (programs per SM, 0 = one
-program per tile), warps, and Triton's software pipelining of the tile loop.
+the analytic config: tiles of 2048-16384 elements at 8-32 values per thread, one program per tile or a
+persistent grid that prefetches its next tile, two passes over chunks (forward), rows split over
+programs with and without a backoff between the exchange's polls. bench/NOTES.md, "The Triton mode,
+second round", has the results and the choices made from them.
 
     python bench/probe/triton_configs.py [--ns 1024,4096,...] [--only fwd|bwd] [--out F]
 

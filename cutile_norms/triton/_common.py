@@ -1,4 +1,5 @@
-"""What the Triton forward and backward share: the split rows' exchange, the config arithmetic."""
+"""What the Triton forward and backward share: the split rows' exchange, the config arithmetic, the
+programs of a compiled kernel one SM holds (for one-wave persistent grids)."""
 from __future__ import annotations
 
 import os

@@ -7,7 +7,10 @@ A persistent grid of R row groups x SPLIT parts (program p: part p % SPLIT of th
 p // SPLIT, p // SPLIT + R, ...), the forward's tiling (`split_for`, rows per tile for narrow rows):
   * each program loads its part of the weight once and keeps it (+ offset, fp32) in registers with
     its dw accumulator (fp32, one per column it owns), then walks its row tiles: x, dy, rstd in, dx out;
-  * split rows exchange their partial sums of g * xhat through global memory (`exchange`);
+  * PREFETCH: each program loads its next tile's x, dy and rstd before it reduces this one, so one
+    tile's DRAM round trip overlaps the previous tile's reductions and stores;
+  * split rows exchange their partial sums of g * xhat through global memory (`exchange`), the grid
+    sized to one wave of the compiled kernel (`resident_programs`: a row's programs wait for each other);
   * dw: each program stores its accumulator as one row of an R x N fp32 buffer, and a second small
     kernel sums the R rows per column in a fixed order (no float atomics: the same bits every run).
     With one row group (small M) the first kernel stores dw itself: one launch.
