@@ -65,10 +65,14 @@ def fwd_variants(N, dev):
                 continue
             part = -(-part // 16) * 16
             for vpt in (16, 32):
-                for backoff in (0, 200, 1000):
-                    out[f"split {split} {vpt}/thr b{backoff}"] = F.FwdConfig(
-                        rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1,
-                        num_warps=_warps(pow2_ceil(part) // vpt), programs_per_sm=0, backoff_ns=backoff)
+                out[f"split {split} {vpt}/thr"] = F.FwdConfig(
+                    rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1,
+                    num_warps=_warps(pow2_ceil(part) // vpt), programs_per_sm=0)
+            for block, warps in ((2048, 4), (4096, 8)):  # each part in two passes over chunks (re-read from L2)
+                if part > block:
+                    out[f"split {split} 2pass {block}/{warps}w"] = F.FwdConfig(
+                        rows=1, split=split, part=part, block_n=block, chunks=-(-part // block), num_warps=warps,
+                        programs_per_sm=0)
     return out
 
 
@@ -85,7 +89,7 @@ def bwd_variants(N, dev):
                     rows=rows, split=1, part=N, block_n=block, chunks=1, num_warps=warps,
                     programs_per_sm=max(1, 2048 // (warps * 32)), prefetch=True)
     else:
-        for split in (1, 2, 4, 8, 16, 32, 64):
+        for split in (1, 2, 4, 8, 16, 32, 64, 128):
             part = -(-N // split)
             if part < 2048 or part > 16384:
                 continue
@@ -93,10 +97,10 @@ def bwd_variants(N, dev):
             for vpt in (8, 16, 32):
                 warps = _warps(pow2_ceil(part) // vpt)
                 pps = max(1, 2048 // (warps * 32))
-                for pf, backoff in ((False, 0), (True, 0), (True, 200), (True, 1000)):
-                    out[f"split {split} {vpt}/thr{' pf' if pf else ''} b{backoff}"] = B.BwdConfig(
+                for pf in (False, True):
+                    out[f"split {split} {vpt}/thr{' pf' if pf else ''}"] = B.BwdConfig(
                         rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
-                        programs_per_sm=pps, prefetch=pf, backoff_ns=backoff)
+                        programs_per_sm=pps, prefetch=pf)
     return out
 
 

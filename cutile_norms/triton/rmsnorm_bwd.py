@@ -107,7 +107,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                 x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
                 dy = tl.load(dy_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             if SPLIT > 1 and NEED_DX:
-                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
+                flag = slot_flag(SLOTS, tile, rows, row_ok, part, ROWS, SPLIT, PHASE)
             xhat = x * rstd[:, None]
             g = dy
             if HAS_W:
@@ -121,7 +121,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
         else:
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
             if SPLIT > 1 and NEED_DX:
-                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
+                flag = slot_flag(SLOTS, tile, rows, row_ok, part, ROWS, SPLIT, PHASE)
             dot = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(CHUNKS):
                 lanes_c = c * BLOCK_N + lanes
@@ -141,7 +141,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                     acc = tl.load(dw_row + cols_c, mask=ok_c, other=0.0)
                     tl.store(dw_row + cols_c, acc + tl.sum(dyc * xhat_c, axis=0), mask=ok_c)
         if SPLIT > 1 and NEED_DX:
-            dot = exchange(SLOTS, rows, row_ok, dot, part, flag, SPLIT, PHASE, BACKOFF_NS)
+            dot = exchange(SLOTS, tile, rows, row_ok, dot, part, flag, ROWS, SPLIT, PHASE, BACKOFF_NS)
         if NEED_DX and PHASE != 1:
             mean = dot / N
             dx_rows = DX + rows[:, None] * N
@@ -196,13 +196,12 @@ class BwdConfig(TileConfig):
 #     row is not a power of two: 0.915 against 0.903 at 2880, 0.879 against 0.864 at 5120), each
 #     program loading its next tile before it reduces this one (PREFETCH): 0.88-0.96 from 128 to 8192,
 #     where tiles of 32768 elements without it gave 0.64-0.89;
-#   * rows up to 16384: the whole row in one program, 32 values per thread: 0.885 at 16384;
-#   * wider: rows split into parts of PART_ELEMS that exchange their partial dot products, with
-#     PREFETCH: 0.77 at 32768, 0.51 / 0.51 / 0.44 at 65536 / 131072 / 262144 (no split, part size,
-#     warps or backoff between polls measured better than 0.62 past 32768).
+#   * wider: rows split into parts of PART_ELEMS (at most SPLIT_MAX) that exchange their partial dot
+#     products (`exchange`), 16 values per thread, PREFETCH: 0.905 / 0.824 / 0.864 / 0.835 / 0.746 at
+#     16384 / 32768 / 65536 / 131072 / 262144, where parts of 8192 gave 0.80 / 0.74 / 0.66 / 0.60 at
+#     32768 and up and more parts per row (64, 128) 0.29-0.60.
 TILE_ELEMS = 8192
-ROW_ELEMS = 16384
-PART_ELEMS = 8192
+PART_ELEMS = 2048
 SPLIT_MAX = 32
 REDUCE_COLS = 256  # the dw reduction's columns per program
 
@@ -219,15 +218,10 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
         warps = max(1, min(max_warps, rows * block_n // (per_thread * lanes)))
         return BwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
                          programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
-    if N <= ROW_ELEMS:
-        block_n = pow2_ceil(N)
-        warps = max(1, min(max_warps, block_n // (32 * lanes)))
-        return BwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
-                         programs_per_sm=max(1, 2048 // (warps * lanes)))
     split, part, block_n, chunks = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
+    if chunks > 1 and part <= 4 * PART_ELEMS:  # parts up to 8192 stay in registers (measured to 262144)
+        block_n, chunks = pow2_ceil(part), 1
     warps = warps_for(block_n, elem_bytes, lanes, vendor)
-    if split >= 16:
-        warps = max(1, warps // 2)
     return BwdConfig(rows=1, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=warps,
                      programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
 

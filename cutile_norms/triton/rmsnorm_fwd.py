@@ -10,8 +10,8 @@ One kernel, shapes of work picked by compile-time constants:
     that is not a power of two is a power-of-two block with a masked tail: masked lanes move no bytes.
   * Rows in CHUNKS: a first pass sums the squares with x kept in L2 (evict_last), a second re-reads
     it (evict_first) and stores y. No width limit, and no padded lanes beyond the last chunk's.
-  * SPLIT > 1 (a config the heuristic does not pick; measured slow, bench/NOTES.md): a row's parts on
-    several programs that exchange their partial sums through global memory (`exchange`).
+  * SPLIT > 1 (rows past 2 x PART_ELEMS): a row's parts on several programs that exchange their
+    partial sums through global memory (`exchange`), each part in chunks, so the re-read stays in L2.
 
 The heuristic launches one program per row tile (measured faster than a persistent grid for the
 forward); a config with programs_per_sm > 0 runs a persistent grid of one wave instead, the weight
@@ -38,6 +38,7 @@ from ._common import (
     backoff_ns,
     slot_count,
     slot_flag,
+    split_for,
     lanes_per_warp,
     needs_int64,
     pow2_ceil,
@@ -92,11 +93,11 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             else:
                 x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             if SPLIT > 1:
-                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
+                flag = slot_flag(SLOTS, tile, rows, row_ok, part, ROWS, SPLIT, PHASE)
             sumsq = tl.sum(x * x, axis=1)
         else:
             if SPLIT > 1:
-                flag = slot_flag(SLOTS, rows, row_ok, part, SPLIT, PHASE)
+                flag = slot_flag(SLOTS, tile, rows, row_ok, part, ROWS, SPLIT, PHASE)
             sumsq = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(CHUNKS):
                 lanes_c = c * BLOCK_N + lanes
@@ -106,7 +107,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                              eviction_policy="evict_last").to(tl.float32)
                 sumsq += tl.sum(xc * xc, axis=1)
         if SPLIT > 1:
-            sumsq = exchange(SLOTS, rows, row_ok, sumsq, part, flag, SPLIT, PHASE, BACKOFF_NS)
+            sumsq = exchange(SLOTS, tile, rows, row_ok, sumsq, part, flag, ROWS, SPLIT, PHASE, BACKOFF_NS)
         if PHASE != 1:
             rstd = tl.rsqrt(sumsq / N + eps)
             y_rows = Y + rows[:, None] * N
@@ -149,25 +150,33 @@ class FwdConfig(TileConfig):
 #     (2048 x 4 warps below 6144, 4096 x 8 warps above), the first pass keeping x in L2: 1.003 /
 #     0.982 / 0.994 / 0.987 at 2880 / 5120 / 7168 / 8192, where the padded row in registers gave
 #     0.966 / 0.831 / 0.912 / 0.950; 8192 x 16 warps at 16384 (0.997);
-#   * wider rows: the same two passes over chunks of 16384 (32 warps): 0.994 at 32768, 0.83 / 0.68 /
-#     0.65 at 65536 / 131072 / 262144 (the re-read misses L2: 132 rows of 512 KB in flight). Rows split
-#     over programs that exchange their sums (`exchange`) measured 0.43-0.72 at every width and split,
-#     with or without a backoff between polls, so the heuristic never splits a forward row.
+#   * rows up to 32768: the same two passes over chunks of 16384 (32 warps): 0.99 at 32768;
+#   * wider rows: split into parts of PART_ELEMS over programs that exchange their partial sums
+#     (`exchange`), each part in two passes over chunks of 4096 (8 warps): 0.926 / 0.921 / 0.901 at
+#     65536 / 131072 / 262144, where whole rows in two passes gave 0.84 / 0.68 / 0.65 (their re-read
+#     misses L2: 132 rows of 512 KB in flight) and parts kept in registers 0.60-0.77.
 TILE_ELEMS = 4096
 ROW_ELEMS = 4096
-SPLIT_MAX = 32  # configs with split rows (not picked by the heuristic) keep a row's programs on the GPU at once
+PART_ELEMS = 16384
+SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjacent in the grid
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
     """The measured rules above: whole rows in registers when narrow or a power of two up to
-    ROW_ELEMS, else two passes over chunks of a row, one program per row tile."""
+    ROW_ELEMS, else two passes over chunks of a row (of a row's part past 2 x PART_ELEMS), one
+    program per row tile (per part)."""
     lanes = lanes_per_warp(vendor)
     block_n = pow2_ceil(N)
     if N <= ROW_ELEMS // 2 or (N <= ROW_ELEMS and 8 * N >= 7 * block_n):
         rows = max(1, min(64, tile_elems // block_n))
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
         return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps, programs_per_sm=0)
+    if N > 2 * PART_ELEMS:
+        split, part, _, _ = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
+        warps = min(MAX_WARPS.get(vendor, 32), max(1, 4096 // (16 * lanes)))
+        return FwdConfig(rows=1, split=split, part=part, block_n=4096, chunks=-(-part // 4096), num_warps=warps,
+                         programs_per_sm=0)
     block_n = 2048 if N < 6144 else 4096 if N <= 8192 else 8192 if N <= 16384 else 16384
     warps = min(MAX_WARPS.get(vendor, 32), max(1, block_n // (16 * lanes)))
     return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=-(-N // block_n), num_warps=warps,

@@ -41,16 +41,21 @@ def _check(x, w, offset, y, rstd, what, seed):
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
-    from cutile_norms.triton.rmsnorm_fwd import ROW_ELEMS, TILE_ELEMS, analytic_config, grid_programs
+    from cutile_norms.triton.rmsnorm_fwd import (PART_ELEMS, ROW_ELEMS, SPLIT_MAX, TILE_ELEMS, analytic_config,
+                                                 grid_programs)
 
     cfg = analytic_config(N, e, vendor, sms)
-    assert cfg.split == 1 and cfg.part == N  # the heuristic never splits a row (measured, see the module)
-    assert cfg.block_n * cfg.chunks >= N and cfg.block_n & (cfg.block_n - 1) == 0
-    assert cfg.programs_per_sm == 0 and grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows)  # one program per tile
+    if N <= 2 * PART_ELEMS:  # rows past 2 x PART_ELEMS split over programs (measured, see the module)
+        assert cfg.split == 1 and cfg.part == N
+    else:
+        assert 1 < cfg.split <= min(SPLIT_MAX, sms) and cfg.split * cfg.part >= N and cfg.part % 16 == 0
+    assert cfg.block_n * cfg.chunks >= cfg.part and cfg.block_n & (cfg.block_n - 1) == 0
+    assert cfg.programs_per_sm == 0  # one program per tile (per part)
+    assert grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows) * cfg.split
     if N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
         assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
-    else:  # two passes over chunks of a row, each chunk at most a power of two of padding
-        assert cfg.rows == 1 and cfg.chunks > 1 and cfg.block_n * (cfg.chunks - 1) < N
+    else:  # two passes over chunks of a row (part), each chunk at most a power of two of padding
+        assert cfg.rows == 1 and cfg.chunks > 1 and cfg.block_n * (cfg.chunks - 1) < cfg.part
     lanes = 64 if vendor == "amd" else 32
     assert cfg.num_warps * lanes <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
 
