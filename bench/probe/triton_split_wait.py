@@ -6,6 +6,7 @@ with the exchange of the partial sums of squares cut down step by step:
     WAIT 1: publish the partial with one relaxed atomic exchange, no wait
     WAIT 2: publish, then poll the row's slots with volatile loads (the library's exchange)
     WAIT 3: publish, then poll with relaxed gpu-scope atomics (adding 0)
+    EARLY_W: the weight's part loaded before x (the library's kernel) or after the wait; num_stages 3 or 1
 
     python bench/probe/triton_split_wait.py [--ns 65536,262144] [--splits 8,16,32]
 """
@@ -27,11 +28,14 @@ from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 
 
 @triton.jit
-def split_fwd(X, W, Y, SLOTS, N, eps, PART: tl.constexpr, SPLIT: tl.constexpr, WAIT: tl.constexpr):
+def split_fwd(X, W, Y, SLOTS, N, eps, PART: tl.constexpr, SPLIT: tl.constexpr, WAIT: tl.constexpr,
+              EARLY_W: tl.constexpr):
     pid = tl.program_id(0)
     row = pid // SPLIT
     part = pid % SPLIT
     cols = part * PART + tl.arange(0, PART)
+    if EARLY_W:
+        w = tl.load(W + cols).to(tl.float32)
     x = tl.load(X + row.to(tl.int64) * N + cols).to(tl.float32)
     own = SLOTS + row.to(tl.int64) * SPLIT + part
     prev = tl.load(own, volatile=True)
@@ -55,7 +59,8 @@ def split_fwd(X, W, Y, SLOTS, N, eps, PART: tl.constexpr, SPLIT: tl.constexpr, W
             done = tl.min(((s >> 32) == flag).to(tl.int32))
         ss = tl.sum((s & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True), axis=0)
     rstd = tl.rsqrt(ss / N + eps)
-    w = tl.load(W + cols).to(tl.float32)
+    if not EARLY_W:
+        w = tl.load(W + cols).to(tl.float32)
     tl.store(Y + row.to(tl.int64) * N + cols, (x * rstd * w).to(Y.dtype.element_ty))
 
 
@@ -78,16 +83,18 @@ def main() -> int:
             for warps in (4, 8, 16):
                 if part // (warps * 32) < 8 or part // (warps * 32) > 32:
                     continue
-                for wait in (0, 1, 2, 3):
+                for wait, early_w, stages in ((0, False, 3), (2, False, 3), (3, False, 3), (3, True, 3),
+                                              (3, False, 1), (3, True, 1)):
                     slots = torch.zeros(M * split, dtype=torch.int64, device="cuda")
 
                     def run():
                         split_fwd[(M * split,)](x, w, y, slots, N, 1e-6, PART=part, SPLIT=split, WAIT=wait,
-                                                num_warps=warps)
+                                                EARLY_W=early_w, num_warps=warps, num_stages=stages)
                     run()
                     ok = wait < 2 or torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
                     r = copy / device_ms(run, reps=20)["median_ms"]
-                    print(f"N={N:>6} split {split:>2} part {part:>5} {warps:>2} warps WAIT {wait}: {r:.3f}"
+                    print(f"N={N:>6} split {split:>2} part {part:>5} {warps:>2} warps WAIT {wait} early_w {early_w:d} "
+                          f"stages {stages}: {r:.3f}"
                           f"{'' if ok else ' WRONG'}", flush=True)
         del x, y, ref
         torch.cuda.empty_cache()
