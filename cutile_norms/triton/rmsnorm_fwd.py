@@ -10,8 +10,8 @@ One kernel, shapes of work picked by compile-time constants:
     that is not a power of two is a power-of-two block with a masked tail: masked lanes move no bytes.
   * Rows in CHUNKS: a first pass sums the squares with x kept in L2 (evict_last), a second re-reads
     it (evict_first) and stores y. No width limit, and no padded lanes beyond the last chunk's.
-  * SPLIT > 1 (rows past 2 x PART_ELEMS): a row's parts on several programs that exchange their
-    partial sums through global memory (`exchange`), each part in chunks, so the re-read stays in L2.
+  * SPLIT > 1 (rows from 8192): a row's parts on several programs that exchange their partial sums
+    through global memory (`exchange`), each part in registers or, past PART_ELEMS, in chunks.
 
 The heuristic launches one program per row tile (measured faster than a persistent grid for the
 forward); a config with programs_per_sm > 0 runs a persistent grid of one wave instead, the weight
@@ -55,21 +55,31 @@ from ._common import (
 def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr,
-                        PREFETCH: tl.constexpr, BACKOFF_NS: tl.constexpr, PHASE: tl.constexpr,
-                        INT64: tl.constexpr):
+                        PREFETCH: tl.constexpr, BACKOFF_NS: tl.constexpr, ONE_TILE: tl.constexpr,
+                        PHASE: tl.constexpr, INT64: tl.constexpr):
     # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
     # for another) a split launch runs twice: PHASE 1 publishes the partial sums, PHASE 2 finishes.
+    # ONE_TILE (split rows, one program per part): straight-line code for the program's one tile,
+    # the weight loaded where it is used. With a row's parts waiting for each other, the tile loop
+    # and the early weight load measured 0.75 x copy against 0.987 without them (N = 65536, 16 parts
+    # of 4096, 4 warps; bench/probe/triton_split_wait.py). Else the tile loop (one trip without a
+    # persistent grid) with the weight loaded first: whole rows measured the same either way, and
+    # two-pass rows 1-4 % faster with the loop (5120: 0.982 against 0.947).
     pid = tl.program_id(0)
     part = pid % SPLIT
     group = pid // SPLIT
-    groups = tl.num_programs(0) // SPLIT
-    n_tiles = (M + ROWS - 1) // ROWS
+    if ONE_TILE:
+        last = group + 1
+        step = 1
+    else:
+        last = (M + ROWS - 1) // ROWS
+        step = tl.num_programs(0) // SPLIT
     lanes = tl.arange(0, BLOCK_N)
     col0 = part * PART
-    if CHUNKS == 1:  # the weight's part, loaded once per program (+ offset, fp32)
+    if CHUNKS == 1:  # the weight's part (+ offset, fp32), loaded once per program
         cols = col0 + lanes
         col_ok = (lanes < PART) & (cols < N)
-        if HAS_W:
+        if HAS_W and not ONE_TILE:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
         if PREFETCH:  # the first tile's x; each tile then loads the next one's before its reduction
             rows_n = group * ROWS + tl.arange(0, ROWS)
@@ -77,7 +87,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                 rows_n = rows_n.to(tl.int64)
             x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :],
                           mask=(rows_n < M)[:, None] & col_ok[None, :], other=0.0)
-    for tile in range(group, n_tiles, groups):
+    for tile in range(group, last, step):
         rows = tile * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         if INT64:
@@ -87,7 +97,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             mask = row_ok[:, None] & col_ok[None, :]
             if PREFETCH:
                 x = x_n.to(tl.float32)
-                rows_n = rows + groups * ROWS
+                rows_n = rows + step * ROWS
                 x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :],
                               mask=(rows_n < M)[:, None] & col_ok[None, :], other=0.0)
             else:
@@ -114,6 +124,8 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             if CHUNKS == 1:
                 y = x * rstd[:, None]
                 if HAS_W:
+                    if ONE_TILE:
+                        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
                     y = y * w[None, :]
                 tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
             else:
@@ -150,34 +162,40 @@ class FwdConfig(TileConfig):
 #     (2048 x 4 warps below 6144, 4096 x 8 warps above), the first pass keeping x in L2: 1.003 /
 #     0.982 / 0.994 / 0.987 at 2880 / 5120 / 7168 / 8192, where the padded row in registers gave
 #     0.966 / 0.831 / 0.912 / 0.950; 8192 x 16 warps at 16384 (0.997);
-#   * rows up to 32768: the same two passes over chunks of 16384 (32 warps): 0.99 at 32768;
-#   * wider rows: split into parts of PART_ELEMS over programs that exchange their partial sums
-#     (`exchange`), each part in two passes over chunks of 4096 (8 warps): 0.926 / 0.921 / 0.901 at
-#     65536 / 131072 / 262144, where whole rows in two passes gave 0.84 / 0.68 / 0.65 (their re-read
-#     misses L2: 132 rows of 512 KB in flight) and parts kept in registers 0.60-0.77.
+#   * rows from 8192: split into parts of PART_ELEMS (at most SPLIT_MAX per row) over programs that
+#     exchange their partial sums (`exchange`), each part in registers, 32 values per thread (16 when
+#     a row has only two parts): 0.996 / 0.993 / 0.992 / 0.995 / 0.970 at 8192 / 16384 / 32768 /
+#     65536 / 131072; where parts pass PART_ELEMS (262144: 32 parts of 8192) each part in two passes
+#     of PART_ELEMS (8 warps): 0.946. One program per row in two passes gave 0.987 / 0.981 / 0.990 /
+#     0.84 / 0.68 / 0.65 (the re-read misses L2 past 32768: 132 rows of 512 KB in flight).
 TILE_ELEMS = 4096
 ROW_ELEMS = 4096
-PART_ELEMS = 16384
+PART_ELEMS = 4096
 SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjacent in the grid
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
     """The measured rules above: whole rows in registers when narrow or a power of two up to
-    ROW_ELEMS, else two passes over chunks of a row (of a row's part past 2 x PART_ELEMS), one
-    program per row tile (per part)."""
+    ROW_ELEMS; up to 8192, other widths in two passes over chunks; 8192 and wider split into parts
+    (kept in registers up to PART_ELEMS, else in two passes). One program per row tile (per part)."""
     lanes = lanes_per_warp(vendor)
     block_n = pow2_ceil(N)
     if N <= ROW_ELEMS // 2 or (N <= ROW_ELEMS and 8 * N >= 7 * block_n):
         rows = max(1, min(64, tile_elems // block_n))
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
         return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps, programs_per_sm=0)
-    if N > 2 * PART_ELEMS:
+    if N >= 2 * ROW_ELEMS:
         split, part, _, _ = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
-        warps = min(MAX_WARPS.get(vendor, 32), max(1, 4096 // (16 * lanes)))
-        return FwdConfig(rows=1, split=split, part=part, block_n=4096, chunks=-(-part // 4096), num_warps=warps,
+        if part > PART_ELEMS:  # parts in two passes of PART_ELEMS
+            warps = min(MAX_WARPS.get(vendor, 32), max(1, PART_ELEMS // (16 * lanes)))
+            return FwdConfig(rows=1, split=split, part=part, block_n=PART_ELEMS, chunks=-(-part // PART_ELEMS),
+                             num_warps=warps, programs_per_sm=0)
+        per_thread = 16 if split == 2 else 32
+        warps = min(MAX_WARPS.get(vendor, 32), max(1, pow2_ceil(part) // (per_thread * lanes)))
+        return FwdConfig(rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
                          programs_per_sm=0)
-    block_n = 2048 if N < 6144 else 4096 if N <= 8192 else 8192 if N <= 16384 else 16384
+    block_n = 2048 if N < 6144 else 4096
     warps = min(MAX_WARPS.get(vendor, 32), max(1, block_n // (16 * lanes)))
     return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=-(-N // block_n), num_warps=warps,
                      programs_per_sm=0)
@@ -218,7 +236,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
             eps, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                   HAS_W=weight is not None, STORE_RSTD=store_rstd, PREFETCH=cfg.prefetch and cfg.chunks == 1,
-                  BACKOFF_NS=backoff_ns(cfg, device),
+                  BACKOFF_NS=backoff_ns(cfg, device), ONE_TILE=cfg.programs_per_sm == 0 and cfg.split > 1,
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if cfg.prefetch else 0),
                                     max(stride, N)))
     resident = 32

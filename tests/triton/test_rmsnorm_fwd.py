@@ -36,8 +36,8 @@ def _check(x, w, offset, y, rstd, what, seed):
 # ------------------------------------------------------------------------------------------------
 # Config rules (CPU)
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4000, 4096, 4097, 16384, 16385, 40000, 262144, 1 << 20,
-                               3_000_017])
+@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4000, 4096, 4097, 8191, 8192, 16384, 16385, 40000, 262144,
+                               1 << 20, 3_000_017])
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
@@ -45,7 +45,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
                                                  grid_programs)
 
     cfg = analytic_config(N, e, vendor, sms)
-    if N <= 2 * PART_ELEMS:  # rows past 2 x PART_ELEMS split over programs (measured, see the module)
+    if N < 2 * ROW_ELEMS:  # rows from 8192 split over programs (measured, see the module)
         assert cfg.split == 1 and cfg.part == N
     else:
         assert 1 < cfg.split <= min(SPLIT_MAX, sms) and cfg.split * cfg.part >= N and cfg.part % 16 == 0
@@ -54,8 +54,10 @@ def test_config_covers_the_row(N, e, vendor, sms):
     assert grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows) * cfg.split
     if N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
         assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
-    else:  # two passes over chunks of a row (part), each chunk at most a power of two of padding
+    elif cfg.split == 1 or cfg.part > PART_ELEMS:  # two passes over chunks of a row (part), little padding
         assert cfg.rows == 1 and cfg.chunks > 1 and cfg.block_n * (cfg.chunks - 1) < cfg.part
+    else:  # a part in registers
+        assert cfg.rows == 1 and cfg.chunks == 1
     lanes = 64 if vendor == "amd" else 32
     assert cfg.num_warps * lanes <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
 
