@@ -10,7 +10,7 @@ One kernel, shapes of work picked by compile-time constants:
     that is not a power of two is a power-of-two block with a masked tail: masked lanes move no bytes.
   * Rows in CHUNKS: a first pass sums the squares with x kept in L2 (evict_last), a second re-reads
     it (evict_first) and stores y. No width limit, and no padded lanes beyond the last chunk's.
-  * SPLIT > 1 (rows from 8192): a row's parts on several programs that exchange their partial sums
+  * SPLIT > 1 (rows past 32768): a row's parts on several programs that exchange their partial sums
     through global memory (`exchange`), each part in registers or, past PART_ELEMS, in chunks.
 
 The heuristic launches one program per row tile (measured faster than a persistent grid for the
@@ -162,22 +162,24 @@ class FwdConfig(TileConfig):
 #     (2048 x 4 warps below 6144, 4096 x 8 warps above), the first pass keeping x in L2: 1.003 /
 #     0.982 / 0.994 / 0.987 at 2880 / 5120 / 7168 / 8192, where the padded row in registers gave
 #     0.966 / 0.831 / 0.912 / 0.950; 8192 x 16 warps at 16384 (0.997);
-#   * rows from 8192: split into parts of PART_ELEMS (at most SPLIT_MAX per row) over programs that
-#     exchange their partial sums (`exchange`), each part in registers, 32 values per thread (16 when
-#     a row has only two parts): 0.996 / 0.993 / 0.992 / 0.995 / 0.970 at 8192 / 16384 / 32768 /
-#     65536 / 131072; where parts pass PART_ELEMS (262144: 32 parts of 8192) each part in two passes
-#     of PART_ELEMS (8 warps): 0.946. One program per row in two passes gave 0.987 / 0.981 / 0.990 /
-#     0.84 / 0.68 / 0.65 (the re-read misses L2 past 32768: 132 rows of 512 KB in flight).
+#   * rows up to 32768 in two passes of one program per row: 0.984 / 0.995 / 0.991 at 8192 / 16384 /
+#     32768 (parts of 4096 in registers, below: 0.989 / 0.984 / 0.983 in the same bench);
+#   * wider rows: split into parts of PART_ELEMS (at most SPLIT_MAX per row) over programs that
+#     exchange their partial sums (`exchange`), each part in registers, 32 values per thread: 0.976 /
+#     0.952 at 65536 / 131072; where parts pass PART_ELEMS (262144: 32 parts of 8192) each part in two
+#     passes of PART_ELEMS (8 warps): 0.949. One program per row in two passes gave 0.84 / 0.68 / 0.65
+#     there (the re-read misses L2: 132 rows of 512 KB in flight).
 TILE_ELEMS = 4096
 ROW_ELEMS = 4096
 PART_ELEMS = 4096
+SPLIT_FROM = 32768  # rows wider than this split over programs
 SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjacent in the grid
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
     """The measured rules above: whole rows in registers when narrow or a power of two up to
-    ROW_ELEMS; up to 8192, other widths in two passes over chunks; 8192 and wider split into parts
+    ROW_ELEMS; up to SPLIT_FROM, other widths in two passes over chunks; wider rows split into parts
     (kept in registers up to PART_ELEMS, else in two passes). One program per row tile (per part)."""
     lanes = lanes_per_warp(vendor)
     block_n = pow2_ceil(N)
@@ -185,17 +187,17 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
         rows = max(1, min(64, tile_elems // block_n))
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
         return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps, programs_per_sm=0)
-    if N >= 2 * ROW_ELEMS:
+    if N > SPLIT_FROM:
         split, part, _, _ = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
         if part > PART_ELEMS:  # parts in two passes of PART_ELEMS
             warps = min(MAX_WARPS.get(vendor, 32), max(1, PART_ELEMS // (16 * lanes)))
             return FwdConfig(rows=1, split=split, part=part, block_n=PART_ELEMS, chunks=-(-part // PART_ELEMS),
                              num_warps=warps, programs_per_sm=0)
-        per_thread = 16 if split == 2 else 32
+        per_thread = 32
         warps = min(MAX_WARPS.get(vendor, 32), max(1, pow2_ceil(part) // (per_thread * lanes)))
         return FwdConfig(rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
                          programs_per_sm=0)
-    block_n = 2048 if N < 6144 else 4096
+    block_n = 2048 if N < 6144 else 4096 if N <= 8192 else 8192 if N <= 16384 else 16384
     warps = min(MAX_WARPS.get(vendor, 32), max(1, block_n // (16 * lanes)))
     return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=-(-N // block_n), num_warps=warps,
                      programs_per_sm=0)

@@ -41,11 +41,11 @@ def _check(x, w, offset, y, rstd, what, seed):
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
-    from cutile_norms.triton.rmsnorm_fwd import (PART_ELEMS, ROW_ELEMS, SPLIT_MAX, TILE_ELEMS, analytic_config,
-                                                 grid_programs)
+    from cutile_norms.triton.rmsnorm_fwd import (PART_ELEMS, ROW_ELEMS, SPLIT_FROM, SPLIT_MAX, TILE_ELEMS,
+                                                 analytic_config, grid_programs)
 
     cfg = analytic_config(N, e, vendor, sms)
-    if N < 2 * ROW_ELEMS:  # rows from 8192 split over programs (measured, see the module)
+    if N <= SPLIT_FROM:  # wider rows split over programs (measured, see the module)
         assert cfg.split == 1 and cfg.part == N
     else:
         assert 1 < cfg.split <= min(SPLIT_MAX, sms) and cfg.split * cfg.part >= N and cfg.part % 16 == 0
