@@ -80,11 +80,13 @@ def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
 # (rows, split, part, block_n, chunks, N): shapes the heuristic picks only for far wider rows or other
 # GPUs: chunked parts (two passes), several rows per split tile, a short last part
 # (rows, split, part, block_n, chunks, N, prefetch, programs_per_sm): prefetching programs walk several
-# tiles (13 rows over the interpreter's 4 "SMs"); programs_per_sm 0 = one program per tile
+# tiles (13 rows over the interpreter's 4 "SMs"); programs_per_sm 0 = one program per tile (split rows:
+# the forward's straight-line ONE_TILE code, parts in registers or in chunks)
 CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000, False, 1), (2, 2, 512, 128, 4, 1000, False, 1),
                 (4, 4, 256, 256, 1, 1000, False, 1), (1, 8, 4096, 1024, 4, 30001, False, 1),
                 (4, 1, 300, 512, 1, 300, False, 1), (2, 1, 300, 512, 1, 300, True, 1),
-                (1, 2, 512, 512, 1, 1000, True, 2), (1, 4, 2064, 4096, 1, 8200, False, 0)]
+                (1, 2, 512, 512, 1, 1000, True, 2), (1, 4, 2064, 4096, 1, 8200, False, 0),
+                (1, 4, 2000, 512, 4, 8000, False, 0)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
