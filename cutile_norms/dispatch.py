@@ -231,9 +231,9 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
     """mode=None: the forward table picks the forward only. `row` (BACKWARD_TABLE's, for this arch,
     dtype and N): that mode's backward runs where it can. Else, where the forward has a backward of its
     own (triton) and the cuTile persistent backward can run, that one runs behind autograd: on an H100
-    it measured ahead of Triton's at every other width and dtype (bf16 0.89-0.97 x copy against
-    0.89-0.95 to 16384 and 0.80-0.93 against 0.41-0.77 beyond; fp32 N=16384 0.98 against 0.82;
-    bench/NOTES.md, The backward and The Triton mode)."""
+    it measured ahead of Triton's at every other width and dtype (bf16 0.945-0.976 x copy against
+    0.888-0.954 to 16384 and 0.80-0.94 against 0.75-0.86 beyond; fp32 N=16384 0.98 against 0.82;
+    bench/NOTES.md, The backward and The Triton mode, second round)."""
     if row is not None and unavailable_reason(MODES[row.mode], dev, tools) is None:
         if choice.backward_mode == row.mode:
             return choice
