@@ -25,11 +25,6 @@ def slot_count(rows: int, split: int) -> int:
     return rows * 16 * -(-split // 16)
 
 
-def backoff_ns(cfg, device: torch.device) -> int:
-    """The exchange's sleep between polls: PTX's nanosleep exists on NVIDIA GPUs only."""
-    return cfg.backoff_ns if cfg.split > 1 and device.type == "cuda" and not torch.version.hip else 0
-
-
 @triton.jit
 def slot_flag(SLOTS, tile, rows, row_ok, part, ROWS: tl.constexpr, SPLIT: tl.constexpr, PHASE: tl.constexpr):
     """The flag this launch publishes in this program's exchange slots: the opposite of what the last
@@ -47,24 +42,15 @@ def slot_flag(SLOTS, tile, rows, row_ok, part, ROWS: tl.constexpr, SPLIT: tl.con
 
 
 @triton.jit
-def _backoff(x, BACKOFF_NS: tl.constexpr):
-    """Sleep about BACKOFF_NS between two polls (NVIDIA's nanosleep), returning x."""
-    return tl.inline_asm_elementwise("nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r", [x, x * 0 + BACKOFF_NS],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _poll(idx, mask, flag, zero, BACKOFF_NS: tl.constexpr):
+def _poll(idx, mask, flag, zero):
     """The slots at `idx` once every one under `mask` shows `flag`, read with relaxed gpu-scope atomics
     adding `zero` (int64 zeros of idx's shape). An atomic is issued once per slot, where a volatile
     load is issued by every warp holding a copy: with 8-16 warps per program the volatile poll
     measured 0.50-0.89 x copy against 0.91-0.97 with atomics, 0.98-0.99 without any wait
-    (bench/probe/triton_split_wait.py)."""
+    (bench/probe/triton_split_wait.py). A nanosleep between volatile polls gained nothing (-4 % to +6 %)."""
     slots = tl.atomic_add(idx, zero, mask=mask, sem="relaxed", scope="gpu")
     done = tl.min((((slots >> 32) == flag) | ~mask).to(tl.int32))
     while done == 0:
-        if BACKOFF_NS > 0:
-            done = _backoff(done, BACKOFF_NS)
         slots = tl.atomic_add(idx, zero, mask=mask, sem="relaxed", scope="gpu")
         done = tl.min((((slots >> 32) == flag) | ~mask).to(tl.int32))
     return slots
@@ -77,7 +63,7 @@ def _low_float(slots):
 
 @triton.jit
 def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr, SPLIT: tl.constexpr,
-             PHASE: tl.constexpr, BACKOFF_NS: tl.constexpr):
+             PHASE: tl.constexpr):
     """The sum over a row's SPLIT programs of `partial` ([ROWS] fp32, this program's part of each row).
 
     Slot row * stride + part (int64) holds a partial sum: its fp32 bits in the low word and, in the
@@ -88,7 +74,7 @@ def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr,
     CUDA graph flips them like an eager launch. The slots are kept per SPLIT value (then every launch
     flips all SPLIT slots of each row it covers, and a row's slots always agree). The wait relies on
     a row's programs running at once: the grid is either one wave or dispatched in index order with
-    a row's programs adjacent. BACKOFF_NS > 0: each warp sleeps that long between polls (NVIDIA only).
+    a row's programs adjacent.
     One-row tiles work on scalars and a 1-D (SPLIT,) poll: the [1, SPLIT] form cost ~80 registers
     per thread at 128 threads (ptxas -v), and registers bound the programs in flight."""
     if ROWS == 1:
@@ -100,7 +86,7 @@ def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr,
         total = partial
         if PHASE != 1:
             lanes = tl.arange(0, SPLIT)
-            slots = _poll(slot_row + lanes, lanes < SPLIT, flag, tl.zeros([SPLIT], dtype=tl.int64), BACKOFF_NS)
+            slots = _poll(slot_row + lanes, lanes < SPLIT, flag, tl.zeros([SPLIT], dtype=tl.int64))
             total = tl.zeros_like(partial) + tl.sum(_low_float(slots), axis=0)
     else:
         slot_rows = SLOTS + rows * slot_row_stride(SPLIT)
@@ -111,7 +97,7 @@ def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr,
         if PHASE != 1:
             idx = slot_rows[:, None] + tl.arange(0, SPLIT)[None, :]
             slots = _poll(idx, row_ok[:, None] & (tl.arange(0, SPLIT) < SPLIT)[None, :], flag[:, None],
-                          tl.zeros([ROWS, SPLIT], dtype=tl.int64), BACKOFF_NS)
+                          tl.zeros([ROWS, SPLIT], dtype=tl.int64))
             total = tl.sum(_low_float(slots), axis=1)
     return total
 
@@ -129,7 +115,6 @@ class TileConfig:
     programs_per_sm: int  # the persistent grid's programs per SM (or CU); 0: one program per row tile
     num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
     prefetch: bool = False  # a persistent program loads its next tile before it reduces this one
-    backoff_ns: int = 0  # split rows: a waiting warp's sleep between two polls of the exchange (NVIDIA)
 
     def short(self) -> str:
         shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")

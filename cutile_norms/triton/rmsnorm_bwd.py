@@ -34,7 +34,6 @@ from ._common import (
     MAX_WARPS,
     TileConfig,
     exchange,
-    backoff_ns,
     slot_count,
     slot_flag,
     lanes_per_warp,
@@ -55,7 +54,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, NEED_DX: tl.constexpr,
                         NEED_DW: tl.constexpr, ACC_2D: tl.constexpr, PREFETCH: tl.constexpr,
-                        BACKOFF_NS: tl.constexpr, PHASE: tl.constexpr, INT64: tl.constexpr):
+                        PHASE: tl.constexpr, INT64: tl.constexpr):
     # DW: dw itself (one row group, parts in registers) or the R x N fp32 partials. PHASE as in the forward:
     # 0 = one launch; under the interpreter a split launch runs PHASE 1 (dot partials and dw), then 2 (dx).
     pid = tl.program_id(0)
@@ -141,7 +140,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                     acc = tl.load(dw_row + cols_c, mask=ok_c, other=0.0)
                     tl.store(dw_row + cols_c, acc + tl.sum(dyc * xhat_c, axis=0), mask=ok_c)
         if SPLIT > 1 and NEED_DX:
-            dot = exchange(SLOTS, tile, rows, row_ok, dot, part, flag, ROWS, SPLIT, PHASE, BACKOFF_NS)
+            dot = exchange(SLOTS, tile, rows, row_ok, dot, part, flag, ROWS, SPLIT, PHASE)
         if NEED_DX and PHASE != 1:
             mean = dot / N
             dx_rows = DX + rows[:, None] * N
@@ -265,7 +264,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     prefetch = cfg.prefetch and cfg.chunks == 1
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                   HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw, ACC_2D=cfg.acc_2d and cfg.rows > 1,
-                  PREFETCH=prefetch, BACKOFF_NS=backoff_ns(cfg, device),
+                  PREFETCH=prefetch,
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if prefetch else 0), max(sx, sdy, N)))
     w_arg = weight if weight is not None else rstd
     dx_arg = dx if need_dx else rstd

@@ -35,7 +35,6 @@ from ._common import (
     MAX_WARPS,
     TileConfig,
     exchange,
-    backoff_ns,
     slot_count,
     slot_flag,
     split_for,
@@ -55,7 +54,7 @@ from ._common import (
 def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr,
-                        PREFETCH: tl.constexpr, BACKOFF_NS: tl.constexpr, ONE_TILE: tl.constexpr,
+                        PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
                         PHASE: tl.constexpr, INT64: tl.constexpr):
     # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
     # for another) a split launch runs twice: PHASE 1 publishes the partial sums, PHASE 2 finishes.
@@ -117,7 +116,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                              eviction_policy="evict_last").to(tl.float32)
                 sumsq += tl.sum(xc * xc, axis=1)
         if SPLIT > 1:
-            sumsq = exchange(SLOTS, tile, rows, row_ok, sumsq, part, flag, ROWS, SPLIT, PHASE, BACKOFF_NS)
+            sumsq = exchange(SLOTS, tile, rows, row_ok, sumsq, part, flag, ROWS, SPLIT, PHASE)
         if PHASE != 1:
             rstd = tl.rsqrt(sumsq / N + eps)
             y_rows = Y + rows[:, None] * N
@@ -238,7 +237,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
             eps, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                   HAS_W=weight is not None, STORE_RSTD=store_rstd, PREFETCH=cfg.prefetch and cfg.chunks == 1,
-                  BACKOFF_NS=backoff_ns(cfg, device), ONE_TILE=cfg.programs_per_sm == 0 and cfg.split > 1,
+                  ONE_TILE=cfg.programs_per_sm == 0 and cfg.split > 1,
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if cfg.prefetch else 0),
                                     max(stride, N)))
     resident = 32
