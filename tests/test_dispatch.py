@@ -161,3 +161,85 @@ def test_mode_none_takes_the_backward_table_row():
     no_triton = Toolchain(cutile=None, cute=None, triton="`import triton` failed: ModuleNotFoundError")
     c = dispatch.resolve(None, H100, no_triton, torch.bfloat16, 4096, 7168)
     assert c.backward_mode == c.mode != "triton", c
+
+
+def test_mode_none_never_picks_an_experimental_kernel(fake_table):
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 64, 65536)
+    assert c.mode == "triton" and "experimental_one row cannot run here" in c.reason
+
+
+def test_mode_none_skips_rows_whose_dsl_is_missing(fake_table):
+    c = dispatch.resolve(None, H100, NO_CUTILE, torch.bfloat16, 4096, 4096)
+    assert c.mode == "triton" and "needs cutile" in c.reason
+
+
+def test_mode_none_without_rows_for_the_dtype(fake_table):
+    c = dispatch.resolve(None, H100, ALL_TOOLS, torch.float16, 4096, 4096)
+    assert c.mode == "triton" and "float16" in c.reason
+
+
+def test_explicit_experimental_mode_needs_the_opt_in(fake_table, monkeypatch):
+    monkeypatch.delenv("CUTILE_NORMS_EXPERIMENTAL")
+    with pytest.raises(RuntimeError, match="experimental"):
+        dispatch.resolve("experimental_one", H100, ALL_TOOLS, torch.bfloat16, 4, 128)
+
+
+def test_the_shipped_table_is_consistent():
+    table = dispatch.measured_table()
+    for arch, by_dtype in table["tables"].items():
+        assert arch in table["source"], f"{arch}: no source (GPU, command) recorded"
+        for dtype, rows in by_dtype.items():
+            assert "bench/rmsnorm.py" in table["source"][arch]["commands"][dtype]["command"], f"{arch}/{dtype}"
+            assert dtype in ("bfloat16", "float16", "float32")
+            for row in rows:
+                mode = dispatch.MODES[row["mode"]]
+                assert mode.status == dispatch.STABLE, f"{arch}/{dtype}: table row picks {row['mode']}"
+                assert row["n_min"] <= row["n_max"] and row["m_min"] <= row["m_max"]
+            # the N ranges of each M band start at 1 without gaps; the band for every M reaches 2^18
+            for m_band in {(r["m_min"], r["m_max"]) for r in rows}:
+                band = sorted((r for r in rows if (r["m_min"], r["m_max"]) == m_band), key=lambda r: r["n_min"])
+                assert band[0]["n_min"] == 1 and (m_band[1] < 2 ** 40 or band[-1]["n_max"] >= 2 ** 18)
+                for a, b in zip(band, band[1:]):
+                    assert b["n_min"] == a["n_max"] + 1, f"{arch}/{dtype}: gap between {a} and {b}"
+
+
+def _bench_result(sweep_winners: dict, small: dict) -> dict:
+    """A bench result (bench/rmsnorm.py's JSON) with the given winners: {N: mode} at large M, and
+    {(N, M): {mode: us}} for the small-M sweep; the other modes measure 10 % slower."""
+    def impls(best):
+        return [{"impl": f"cn.{m}", "fwd_vs_copy": 0.99 if m == best else 0.9} for m in CUTILE_MODES]
+    return {"arch": "sm_90", "gpu": "NVIDIA H100", "dtype": "bfloat16", "sm_count": 132, "date": "today",
+            "command": "python bench/rmsnorm.py --write-table",
+            "sweep": [{"N": n, "impls": impls(m)} for n, m in sorted(sweep_winners.items())],
+            "small_m": [{"N": n, "M": m, "copy_us": 4.0, "impls": [{"impl": f"cn.{k}", "fwd_us": v} for k, v in t.items()]}
+                        for (n, m), t in sorted(small.items())]}
+
+
+def test_written_table_has_small_m_rows_first(tmp_path, monkeypatch):
+    """bench/rmsnorm.py --write-table: rows for M below the SM count from the small-M sweep (the mode
+    whose worst time over those Ms is nearest the fastest), then rows for a few waves (M = 1024 here),
+    then the large-M rows by N; resolve() picks by M. The M bands reach twice the widest N measured:
+    wider rows at small M take the large-M rows."""
+    from bench.rmsnorm import write_table
+    from cutile_norms import rmsnorm
+
+    monkeypatch.setattr(dispatch, "TABLE_PATH", str(tmp_path / "table.json"))
+    monkeypatch.setattr(dispatch, "measured_table", lambda: __import__("json").load(open(tmp_path / "table.json")))
+    rmsnorm._route.cache_clear()
+    t = {"multi_wave_cached": 4.6, "multi_wave_reload": 4.9, "static_persistent": 4.8}
+    small = {(4096, 1): t, (4096, 64): {"multi_wave_cached": 5.5, "multi_wave_reload": 5.9, "static_persistent": 5.4},
+             (4096, 1024): {"multi_wave_cached": 9.0, "multi_wave_reload": 9.9, "static_persistent": 8.0}}
+    write_table(_bench_result({1024: "static_persistent", 4096: "multi_wave_reload", 65536: "multi_wave_cached"}, small))
+    rows = dispatch.measured_table()["tables"]["sm_90"]["bfloat16"]
+    assert [(r["m_min"], r["m_max"], r["n_max"], r["mode"]) for r in rows] == [
+        (1, 64, 8192, "multi_wave_cached"), (65, 1024, 8192, "static_persistent"),
+        (1, 1 << 40, 2048, "static_persistent"), (1, 1 << 40, 16384, "multi_wave_reload"),
+        (1, 1 << 40, 1 << 40, "multi_wave_cached")]
+    assert "M=1: 4.6 us" in rows[0]["evidence"] and "1.02x the fastest" in rows[0]["evidence"]
+    assert "M=1024: 8.0 us" in rows[1]["evidence"]
+    for M, mode in ((1, "multi_wave_cached"), (64, "multi_wave_cached"), (65, "static_persistent"),
+                    (1024, "static_persistent"), (1025, "multi_wave_reload"), (1 << 20, "multi_wave_reload")):
+        assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, M, 4096).mode == mode, M
+    for M in (1, 1024):  # beyond twice the widest N of the small-M sweep: the large-M rows
+        assert dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, M, 1 << 18).mode == "multi_wave_cached"
+    rmsnorm._route.cache_clear()
