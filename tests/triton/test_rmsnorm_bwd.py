@@ -53,7 +53,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
     cfg = analytic_config(N, e, vendor, sms)
     assert cfg.split * cfg.part >= N and cfg.split <= min(SPLIT_MAX, sms)
     assert cfg.split == 1 or (cfg.part % 16 == 0 and cfg.rows == 1)
-    assert cfg.block_n * cfg.chunks >= cfg.part and (cfg.rows == 1 or cfg.rows * cfg.block_n <= TILE_ELEMS)
+    assert cfg.block_n * cfg.chunks >= cfg.part and cfg.rows * cfg.block_n <= TILE_ELEMS
     assert cfg.num_warps * (64 if vendor == "amd" else 32) <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
     assert cfg.prefetch == (N <= TILE_ELEMS or cfg.split > 1)  # measured: bench/NOTES.md, the Triton mode
     for M in (1, 5, 10 ** 6):  # a row group's programs and the grid fit about one wave
