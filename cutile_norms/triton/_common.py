@@ -138,10 +138,10 @@ def lanes_per_warp(vendor: str) -> int:
 MAX_WARPS = {"nvidia": 32, "amd": 16}  # 1024 threads either way
 
 
-def warps_for(elems: int, elem_bytes: int, lanes: int, vendor: str) -> int:
-    """Warps for a tile of `elems` values: two 16-byte vectors per thread (16 values of a 16-bit
-    dtype, 8 of fp32), from one warp to 1024 threads."""
-    per_thread = 32 // elem_bytes
+def warps_for(elems: int, elem_bytes: int, lanes: int, vendor: str, per_thread: int | None = None) -> int:
+    """Warps for a tile of `elems` values, `per_thread` values per thread (default: two 16-byte vectors,
+    16 values of a 16-bit dtype, 8 of fp32), from one warp to 1024 threads."""
+    per_thread = per_thread or 32 // elem_bytes
     threads = min(1024, max(lanes, pow2_ceil(-(-elems // per_thread))))
     return max(1, min(MAX_WARPS.get(vendor, 32), threads // lanes))
 

@@ -31,16 +31,15 @@ from .._platform import DeviceInfo
 from .._workspace import workspace
 from ._common import (
     INTERPRET,
-    MAX_WARPS,
     TileConfig,
     exchange,
-    slot_count,
-    slot_flag,
     lanes_per_warp,
     needs_int64,
     pow2_ceil,
     raw_stream,
     resident_programs,
+    slot_count,
+    slot_flag,
     split_for,
     warps_for,
 )
@@ -209,12 +208,10 @@ REDUCE_COLS = 256  # the dw reduction's columns per program
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> BwdConfig:
     """The measured rules above."""
     lanes = lanes_per_warp(vendor)
-    max_warps = MAX_WARPS.get(vendor, 32)
     if N <= tile_elems:
         block_n = pow2_ceil(N)
         rows = max(1, min(64, tile_elems // block_n))
-        per_thread = 16 if block_n == N else 8
-        warps = max(1, min(max_warps, rows * block_n // (per_thread * lanes)))
+        warps = warps_for(rows * block_n, elem_bytes, lanes, vendor, per_thread=16 if block_n == N else 8)
         return BwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
                          programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
     split, part, block_n, chunks = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
@@ -267,11 +264,13 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
                   PREFETCH=prefetch,
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if prefetch else 0), max(sx, sdy, N)))
     w_arg = weight if weight is not None else rstd
-    dx_arg = dx if need_dx else rstd
+
+    def kernel_args(dw_arg):
+        return (dy2d, x2d, w_arg, rstd, dx if need_dx else rstd, dw_arg, slots, M, sx, sdy, offset, N, cfg.part)
+
     R = grid_groups(cfg, M, sm_count)
     if R > 1:  # one wave of the compiled kernel (its dw argument: the fp32 partials, as in the launch below)
-        resident = resident_programs(rms_norm_bwd_kernel, (dy2d, x2d, w_arg, rstd, dx_arg, rstd, slots, M, sx, sdy,
-                                                           offset, N, cfg.part), dict(consts, PHASE=0),
+        resident = resident_programs(rms_norm_bwd_kernel, kernel_args(rstd), dict(consts, PHASE=0),
                                      cfg.num_warps, cfg.num_stages, device,
                                      (tuple(consts.items()), x2d.dtype, dy2d.dtype, w_arg.dtype))
         R = grid_groups(cfg, M, sm_count, resident)
@@ -284,7 +283,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
             dw_arg = workspace("triton_bwd_dw", R * N, torch.float32, device, stream, zero=False)
             if cfg.chunks > 1:
                 dw_arg[:R * N].zero_()
-    args = (dy2d, x2d, w_arg, rstd, dx_arg, dw_arg, slots, M, sx, sdy, offset, N, cfg.part)
+    args = kernel_args(dw_arg)
     phases = (1, 2) if cfg.split > 1 and need_dx and INTERPRET else (0,)
     for phase in phases:
         rms_norm_bwd_kernel[(R * cfg.split,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

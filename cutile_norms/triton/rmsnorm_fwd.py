@@ -32,17 +32,16 @@ from .._platform import DeviceInfo
 from .._workspace import workspace
 from ._common import (
     INTERPRET,
-    MAX_WARPS,
     TileConfig,
     exchange,
-    slot_count,
-    slot_flag,
-    split_for,
     lanes_per_warp,
     needs_int64,
     pow2_ceil,
     raw_stream,
     resident_programs,
+    slot_count,
+    slot_flag,
+    split_for,
     warps_for,
 )
 
@@ -189,15 +188,14 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
     if N > SPLIT_FROM:
         split, part, _, _ = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
         if part > PART_ELEMS:  # parts in two passes of PART_ELEMS
-            warps = min(MAX_WARPS.get(vendor, 32), max(1, PART_ELEMS // (16 * lanes)))
+            warps = warps_for(PART_ELEMS, elem_bytes, lanes, vendor, per_thread=16)
             return FwdConfig(rows=1, split=split, part=part, block_n=PART_ELEMS, chunks=-(-part // PART_ELEMS),
                              num_warps=warps, programs_per_sm=0)
-        per_thread = 32
-        warps = min(MAX_WARPS.get(vendor, 32), max(1, pow2_ceil(part) // (per_thread * lanes)))
+        warps = warps_for(pow2_ceil(part), elem_bytes, lanes, vendor, per_thread=32)
         return FwdConfig(rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
                          programs_per_sm=0)
     block_n = 2048 if N < 6144 else 4096 if N <= 8192 else 8192 if N <= 16384 else 16384
-    warps = min(MAX_WARPS.get(vendor, 32), max(1, block_n // (16 * lanes)))
+    warps = warps_for(block_n, elem_bytes, lanes, vendor, per_thread=16)
     return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=-(-N // block_n), num_warps=warps,
                      programs_per_sm=0)
 
