@@ -6,13 +6,10 @@ Each line: µs per call, back to back (CUDA events around 2000 calls, `per_call_
 and the host's own time per call (perf_counter, no sync); then a profile of forward + backward pairs. Layers, outermost first: cn.rms_norm
 (mode=None and explicit), the backend's forward (no validation, no routing), the launch function with
 a config, ct.launch alone with arguments prepared once; beside them torch's F.rms_norm and a clone.
-The cuTile launches go through the cached driver launch (cutile/_driver_launch.py); the lines marked
-"[ct.launch]" are the same calls with that path switched off.
 """
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 
@@ -73,26 +70,12 @@ def main() -> int:
         "fwd+bwd F.rms_norm autograd": lambda: torch.autograd.grad(
             torch.nn.functional.rms_norm(xg, (N,), wg, 1e-6), (xg, wg), dy),
     }
-    from cutile_norms.cutile import _driver_launch as DL
-
-    print(f"# {torch.cuda.get_device_name()}, N={N}, M=1, bf16: µs per call back to back, median of 5 rounds "
-          f"that alternate the driver launch and ct.launch: events (driver | ct.launch), host only (driver | ct.launch)")
+    print(f"# {torch.cuda.get_device_name()}, N={N}, M=1, bf16: per call back to back (events) | host only")
     for name, fn in cases.items():
         ctx = torch.enable_grad() if name.startswith("fwd+bwd") else torch.no_grad()
-        ev, host = {True: [], False: []}, {True: [], False: []}
         with ctx:
-            for _ in range(5):
-                for on in (True, False):
-                    DL._ENABLED = on
-                    ev[on].append(per_call_us(fn, calls=1000, reps=3))
-                    host[on].append(host_us(fn, calls=1000))
-        DL._ENABLED = True
-        med = statistics.median
-        print(f"{name:<36} {med(ev[True]):7.1f} | {med(ev[False]):7.1f}    {med(host[True]):7.1f} | "
-              f"{med(host[False]):7.1f}", flush=True)
-    for site in DL._SITES.values():
-        print(f"# driver launch site {site.kernel._annotated_function.pyfunc.__name__}: "
-              f"{sum(map(len, site.variants.values()))} variant(s), disabled: {site.disabled}")
+            ev, host = per_call_us(fn, calls=2000, reps=5), host_us(fn)
+        print(f"{name:<32} {ev:7.1f} us | {host:7.1f} us", flush=True)
     # where the host time of forward + backward goes: the top functions by own time over 2000 pairs
     import cProfile
     import pstats

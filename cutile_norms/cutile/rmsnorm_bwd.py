@@ -44,7 +44,6 @@ from .rmsnorm_fwd import _align_elems, _flat, _raw_stream, _round16
 from .rmsnorm_fwd_config import cached_piece_min, split_part
 from .rmsnorm_fwd_kernel import _gather_masked, _scatter_masked, row_pieces
 from .._workspace import workspace
-from ._driver_launch import launch as driver_or_ct_launch
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -585,9 +584,9 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         sync = (workspace(f"sync{cfg.split}", m * cfg.split, torch.int64, device, stream, zero=True)
                 if cfg.split > 1 and need_dx else workspace("sync1", 16, torch.int64, device, stream, zero=True))
         nred = min(R * cfg.split, reducers(sm_count))
-        driver_or_ct_launch(stream, (R * cfg.split,), kernel,
-                            (x_flat, dy_flat, w_arg, rstd_flat, dx_arg, dw_out if dw_out is not None else w_arg,
-                             partials, tickets, sync, m, sx, sdy, offset, R, nred) + consts, consts, device.index)
+        ct.launch(stream, (R * cfg.split,), kernel,
+                  (x_flat, dy_flat, w_arg, rstd_flat, dx_arg, dw_out if dw_out is not None else w_arg, partials,
+                   tickets, sync, m, sx, sdy, offset, R, nred) + consts)
 
     span = max((M - 1) * sx, (M - 1) * sdy) + N
     if span <= _MAX_FLAT and _round_up(M, pad) * N <= _MAX_FLAT:

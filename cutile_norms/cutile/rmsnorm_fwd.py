@@ -15,8 +15,6 @@ import torch
 
 from .._platform import DeviceInfo
 from .._workspace import workspace
-from ._driver_launch import driver_launch
-from ._driver_launch import launch as driver_or_ct_launch
 from .rmsnorm_fwd_config import (  # noqa: F401 (re-exported: the bench, probes and tests import them from here)
     FAMILIES, FwdConfig, analytical_config, cached_piece_min, default_config, measured_configs, split_part,
 )
@@ -227,9 +225,8 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     if span <= _MAX_FLAT and _round_up(M, pad) * N <= _MAX_FLAT:  # one launch (the usual case)
         x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
         sync = (_sync_workspace(M, cfg.split, x2d.device, stream),) if split else ()
-        driver_or_ct_launch(stream, (grid_size(cfg, M, sm_count),), kernel,
-                            (x_flat, w, y_arg(0, M), rstd_arg(0, M)) + sync + (M, stride, eps, offset) + consts,
-                            consts, x2d.device.index)
+        ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel,
+                  (x_flat, w, y_arg(0, M), rstd_arg(0, M)) + sync + (M, stride, eps, offset) + consts)
         return y, rstd
     # beyond int32 indexing: row chunks that stay below 2^31 elements, a multiple of 16 rows each (the
     # stream kernel: of its padded tile rows, so only the last chunk writes past its own rows)
@@ -243,7 +240,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         sync = (_sync_workspace(m, cfg.split, x2d.device, stream),) if split else ()
         args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, y_arg(r0, m), rstd_arg(r0, m)) + sync + \
             (m, stride, eps, offset)
-        driver_or_ct_launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts, consts, x2d.device.index)
+        ct.launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts)
     return y, rstd
 
 
@@ -258,7 +255,6 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
         return None
     kernel, consts = _prepared(cfg, N, _align_elems(stride, dtype.itemsize), w_dtype is not None, store_rstd, 0)
     has_w = w_dtype is not None
-    site = driver_launch(kernel, consts)
 
     def run(x2d, weight, eps, offset, out_shape):
         M = x2d.shape[0]
@@ -266,13 +262,13 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
         if M * N % 16 or span > _MAX_FLAT:  # y's padded allocation, or row chunks: the general path
             return launch(cfg, x2d, weight, eps, offset, store_rstd, sm_count, out_shape=out_shape)
         y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=x2d.device)
-        y_flat = y.view(-1)  # also what the kernel gets for the arrays it never touches (no weight, no rstd)
+        y_flat = y.view(-1)
+        unused = _flat(y, 16)
         rstd = torch.empty(_round16(M), dtype=torch.float32, device=x2d.device)[:M] if store_rstd else None
         x_flat = x2d.view(-1) if stride == N or M == 1 else _flat(x2d, span)
-        index = x2d.device.index
-        site.launch(_raw_stream(index), (grid_size(cfg, M, sm_count),),
-                    (x_flat, weight if has_w else y_flat, y_flat, rstd if store_rstd else y_flat,
-                     M, stride if M > 1 else N, eps, offset) + consts, index)
+        ct.launch(_raw_stream(x2d.device.index), (grid_size(cfg, M, sm_count),), kernel,
+                  (x_flat, weight if has_w else unused, y_flat, rstd if store_rstd else unused,
+                   M, stride if M > 1 else N, eps, offset) + consts)
         return y, rstd
 
     return run

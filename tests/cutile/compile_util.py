@@ -10,6 +10,7 @@ import io
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 
@@ -17,7 +18,6 @@ import cuda.tile as ct
 from cuda.tile.compilation import export_kernel
 
 from cutile_norms.cutile import rmsnorm_fwd
-from cutile_norms.cutile._driver_launch import embedded_ptx  # noqa: F401 (the tests import it from here)
 
 CT_DTYPES = {"float16": ct.float16, "bfloat16": ct.bfloat16, "float32": ct.float32}
 
@@ -28,6 +28,23 @@ def compile_cubin(cfg: rmsnorm_fwd.FwdConfig, N: int, x_dtype: str, w_dtype: str
     buf = io.BytesIO()
     export_kernel(kernel, [sig], buf, gpu_code=arch, output_format="cubin")
     return buf.getvalue()
+
+
+def _elf_sections(data: bytes) -> dict[str, bytes]:
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+    out = {}
+    for name_off, sh_type, _, _, offset, size, *_ in headers:
+        name = data[names_at + name_off: data.index(b"\0", names_at + name_off)].decode()
+        out[name] = b"" if sh_type == 8 else data[offset: offset + size]  # 8 = NOBITS
+    return out
+
+
+def embedded_ptx(cubin: bytes) -> str:
+    text = _elf_sections(cubin)[".nv_debug_ptx_txt"].decode(errors="replace").replace("\x00", "\n")
+    return text.split(".nv_intermediate_source_section")[0]
 
 
 @functools.lru_cache(maxsize=None)
