@@ -10,6 +10,7 @@ a config, ct.launch alone with arguments prepared once; beside them torch's F.rm
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -31,6 +32,18 @@ def host_us(fn, calls: int = 3000) -> float:
     t = (time.perf_counter() - t0) / calls * 1e6
     torch.cuda.synchronize()
     return t
+
+
+class _CloneFunction(torch.autograd.Function):
+    """The least a Python autograd.Function can do on the GPU: one clone forward, one clone backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.clone()
 
 
 def main() -> int:
@@ -56,6 +69,13 @@ def main() -> int:
     grid = (F.grid_size(cfg, 1, dev.sm_count),)
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     dy = torch.randn_like(x)
+    from cutile_norms.cutile import rmsnorm_bwd as B
+    bwd_be = dispatch.backward_backend(dispatch.resolve(None, dev, cn._platform.toolchain(), x.dtype, 1, N).backward_mode
+                                       or mode)
+    bcfg = bwd_be.config(N, x.dtype, dev, w.dtype)
+    rstd1 = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
+    from cutile_norms import rmsnorm as R
+    run_rstd = be.launcher(1, N, N, x.dtype, w.dtype, True, dev)
     cases = {
         "x.clone()": lambda: x.clone(),
         "torch.empty_like(x)": lambda: torch.empty_like(x),
@@ -65,17 +85,73 @@ def main() -> int:
         "backend.forward": lambda: be.forward(x, w, 1e-6, 0.0, False, dev),
         "launch(cfg)": lambda: F.launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count),
         "ct.launch, args prepared": lambda: F.ct.launch(stream, grid, kernel, args),
+        "backward backend (no autograd)": lambda: bwd_be.backward(dy, x, w, rstd1, 0.0, True, True, dev),
+        "backward launch(cfg)": lambda: B.launch(bcfg, dy, x, w, rstd1, 0.0, True, True, dev.sm_count),
+        "fwd+grad cn.rms_norm (no backward)": lambda: cn.rms_norm(xg, wg),
+        "fwd+grad launcher run (store rstd)": lambda: run_rstd(x, w, 1e-6, 0.0, None),
+        "fwd+grad Function.apply": lambda: R._RMSNormFunction.apply(xg.view(1, N), wg, 1e-6, 0.0, mode, "", dev, run_rstd),
+        "fwd+grad clone Function.apply": lambda: _CloneFunction.apply(xg),
         "torch.ops op (compile path)": lambda: torch.ops.cutile_norms.rms_norm_fwd(x, w, 1e-6, 0.0, mode, False),
         "fwd+bwd cn autograd": lambda: torch.autograd.grad(cn.rms_norm(xg, wg), (xg, wg), dy),
         "fwd+bwd F.rms_norm autograd": lambda: torch.autograd.grad(
             torch.nn.functional.rms_norm(xg, (N,), wg, 1e-6), (xg, wg), dy),
+        "fwd+bwd clone, C++ node": lambda: torch.autograd.grad(xg.clone(), (xg,), dy),
+        "fwd+bwd clone, Python Function": lambda: torch.autograd.grad(_CloneFunction.apply(xg), (xg,), dy),
     }
     print(f"# {torch.cuda.get_device_name()}, N={N}, M=1, bf16: per call back to back (events) | host only")
     for name, fn in cases.items():
-        ctx = torch.enable_grad() if name.startswith("fwd+bwd") else torch.no_grad()
+        ctx = torch.enable_grad() if name.startswith("fwd+") else torch.no_grad()
         with ctx:
             ev, host = per_call_us(fn, calls=2000, reps=5), host_us(fn)
         print(f"{name:<32} {ev:7.1f} us | {host:7.1f} us", flush=True)
+    # forward + backward pairs split in phases by perf_counter (no profiler): the forward call, the
+    # backward's Python body (on the autograd engine's device thread), and the rest of autograd.grad
+    import threading
+    body, threads = [], set()
+    inner = R._RMSNormFunction.backward
+
+    def timed_backward(ctx, dy_):
+        t = time.perf_counter()
+        threads.add(threading.get_ident())
+        out = inner(ctx, dy_)
+        body.append(time.perf_counter() - t)
+        return out
+
+    R._RMSNormFunction.backward = staticmethod(timed_backward)
+    fwd_t, grad_t = [], []
+    with torch.enable_grad():
+        for i in range(1200):
+            t0 = time.perf_counter()
+            yy = cn.rms_norm(xg, wg)
+            t1 = time.perf_counter()
+            torch.autograd.grad(yy, (xg, wg), dy)
+            t2 = time.perf_counter()
+            if i >= 200:
+                fwd_t.append(t1 - t0)
+                grad_t.append(t2 - t1)
+    torch.cuda.synchronize()
+    R._RMSNormFunction.backward = staticmethod(inner)
+    med = statistics.median
+    print(f"phases (median µs): forward {med(fwd_t) * 1e6:.1f}, autograd.grad {med(grad_t) * 1e6:.1f} of which the "
+          f"backward's body {med(body[200:]) * 1e6:.1f} (on {len(threads)} thread(s), main thread: "
+          f"{threading.get_ident() in threads})", flush=True)
+    # the backward's body alone on the main thread and on another thread (no autograd)
+    for where in ("main thread", "a worker thread"):
+        times = []
+
+        def loop():
+            for _ in range(1200):
+                t = time.perf_counter()
+                bwd_be.backward(dy, x, w, rstd1, 0.0, True, True, dev)
+                times.append(time.perf_counter() - t)
+        if where == "main thread":
+            loop()
+        else:
+            th = threading.Thread(target=loop)
+            th.start()
+            th.join()
+        torch.cuda.synchronize()
+        print(f"backward backend on {where}: median {med(times[200:]) * 1e6:.1f} µs", flush=True)
     # where the host time of forward + backward goes: the top functions by own time over 2000 pairs
     import cProfile
     import pstats
