@@ -46,6 +46,21 @@ class _CloneFunction(torch.autograd.Function):
         return dy.clone()
 
 
+class _CloneBusyFunction(torch.autograd.Function):
+    """A clone each way, and ~40 µs of pure Python in the backward (holding the GIL on the engine's thread)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        t = time.perf_counter() + 40e-6
+        while time.perf_counter() < t:
+            pass
+        return dy.clone()
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("No CUDA GPU here: nothing to time.")
@@ -97,6 +112,7 @@ def main() -> int:
             torch.nn.functional.rms_norm(xg, (N,), wg, 1e-6), (xg, wg), dy),
         "fwd+bwd clone, C++ node": lambda: torch.autograd.grad(xg.clone(), (xg,), dy),
         "fwd+bwd clone, Python Function": lambda: torch.autograd.grad(_CloneFunction.apply(xg), (xg,), dy),
+        "fwd+bwd clone, Function + 40us Python": lambda: torch.autograd.grad(_CloneBusyFunction.apply(xg), (xg,), dy),
     }
     print(f"# {torch.cuda.get_device_name()}, N={N}, M=1, bf16: per call back to back (events) | host only")
     for name, fn in cases.items():
@@ -131,6 +147,18 @@ def main() -> int:
                 grad_t.append(t2 - t1)
     torch.cuda.synchronize()
     R._RMSNormFunction.backward = staticmethod(inner)
+
+    def clone_backward(ctx, dy_):  # the same graph, a backward that only clones
+        return dy_.clone(), None, None, None, None, None, None, None
+
+    def dx_only():
+        return torch.autograd.grad(cn.rms_norm(xg, wg), (xg,), dy)
+    with torch.enable_grad():
+        t_real = per_call_us(dx_only, calls=1000, reps=5)
+        R._RMSNormFunction.backward = staticmethod(clone_backward)
+        t_clone_bwd = per_call_us(dx_only, calls=1000, reps=5)
+    R._RMSNormFunction.backward = staticmethod(inner)
+    print(f"fwd+bwd cn, dx only: {t_real:.1f} µs per pair; with a clone-only backward: {t_clone_bwd:.1f}", flush=True)
     med = statistics.median
     print(f"phases (median µs): forward {med(fwd_t) * 1e6:.1f}, autograd.grad {med(grad_t) * 1e6:.1f} of which the "
           f"backward's body {med(body[200:]) * 1e6:.1f} (on {len(threads)} thread(s), main thread: "
