@@ -51,9 +51,11 @@ class FwdConfig:
 #   * VECS_PER_THREAD 16-byte vectors per thread and row (64 values of a 16-bit row), half that in
 #     clusters of 2-8 CTAs (256 threads per 16 KiB slice: 1.003 / 0.993 against 0.995 / 0.987 at
 #     N = 32768 / 65536, bf16, H100), not in clusters of 16 (0.972 against 0.991 at 131072).
-#   * rows of 16-32 x WIDE_SLICE_BYTES (fp32 N = 131073 ... 262144): clusters of 8 CTAs with 16
-#     vectors per thread, not 16 CTAs with 64 KiB slices (fp32 N = 262144: 0.930 against 0.788, H100;
-#     longer rows keep 16 CTAs, so the longest row a cluster takes stays 16 CTAs' shared memory).
+#   * rows of 16-32 x WIDE_SLICE_BYTES (fp32 N = 131073 ... 262144, 16-bit N = 262145 ... 524288):
+#     16 CTAs of 128 threads, 32 vectors per thread (fp32 N = 262144, H100: 0.982, against 0.959 for 8
+#     CTAs of 256 threads, 0.929 for 8 CTAs of 512 and 0.752-0.827 for 16 CTAs of 256-1024 threads;
+#     `python bench/probe/cute_configs.py --ns 262144 --dtype float32`). The fewest threads that hold
+#     the slice: every thread's 32 loads are in flight at once, and three such CTAs share an SM.
 TILE_BYTES = 16 * 1024
 WIDE_SLICE_BYTES = 32 * 1024
 SLICE_BYTES = 16 * 1024
@@ -80,7 +82,7 @@ def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice
     if vecs_per_thread == VECS_PER_THREAD and 1 < cluster_n < 16:
         vecs_per_thread //= 2
     elif vecs_per_thread == VECS_PER_THREAD and cluster_n == 16 and 16 * WIDE_SLICE_BYTES < row_bytes <= 32 * WIDE_SLICE_BYTES:
-        cluster_n, vecs_per_thread = 8, 2 * VECS_PER_THREAD  # see WIDE_SLICE_BYTES
+        vecs_per_thread, min_threads = 4 * VECS_PER_THREAD, 128  # see WIDE_SLICE_BYTES
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
     tpr = _pow2_ceil(-(-vectors // vecs_per_thread))
     if tpr <= 32:  # narrow rows: a row per tpr lanes, several row groups per tile
