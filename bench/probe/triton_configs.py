@@ -1,11 +1,11 @@
 """Probe: Triton forward and backward launch configs side by side at the bench size (bf16, 2^27
 elements), each as a ratio to a same-run copy (the backward's bytes are 1.5x the copy's). Variants of
 the analytic config: tiles of 2048-16384 elements at 8-32 values per thread, one program per tile or a
-persistent grid that prefetches its next tile, two passes over chunks (forward), rows split over
-programs (parts in registers or in two passes). bench/NOTES.md, "The Triton mode, second round", has
+persistent grid that prefetches its next tile, two passes over chunks or the whole row in registers
+(forward), rows split over programs (parts in registers or in two passes); Liger's forward beside them. bench/NOTES.md, "The Triton mode, second round", has
 the results and the choices made from them.
 
-    python bench/probe/triton_configs.py [--ns 1024,4096,...] [--only fwd|bwd] [--out F]
+    python bench/probe/triton_configs.py [--ns 1024,4096,...] [--only fwd|bwd] [--match REGEX] [--out F]
 
 Every variant is checked on every row against an fp32 reference and for identical bits on a later
 launch (split rows flip their exchange flags each launch); a wrong one prints WRONG.
@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import re
 import sys
 
 import torch
@@ -44,6 +45,7 @@ def fwd_variants(N, dev):
         block = pow2_ceil(N)
         out["analytic prefetch"] = dataclasses.replace(base, prefetch=True)
         out["one per tile"] = dataclasses.replace(base, programs_per_sm=0)
+        out["analytic 1tile"] = dataclasses.replace(base, one_tile=True)
         for tile in (2048, 4096):  # smaller tiles, one program per tile or persistent with prefetch
             rows = max(1, tile // block)
             for vpt in (8, 16):
@@ -59,6 +61,13 @@ def fwd_variants(N, dev):
                         rows=1, split=1, part=N, block_n=block, chunks=-(-N // block), num_warps=warps,
                         programs_per_sm=0)
     else:
+        if N <= 16384:  # the whole row in registers, one program per row (Liger's shape: 16 per thread)
+            block = pow2_ceil(N)
+            for vpt in (8, 16, 32):
+                out[f"row in regs {vpt}/thr"] = F.FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=1,
+                                                            num_warps=_warps(block // vpt), programs_per_sm=0)
+                out[f"row in regs {vpt}/thr 1tile"] = dataclasses.replace(out[f"row in regs {vpt}/thr"], one_tile=True)
+        out["analytic 1tile"] = dataclasses.replace(base, one_tile=True)
         for split in (2, 4, 8, 16, 32):
             part = -(-N // split)
             if part < 2048 or part > 16384:
@@ -111,10 +120,16 @@ def main() -> int:
                             262144])
     p.add_argument("--out", default=None)
     p.add_argument("--only", choices=("", "fwd", "bwd"), default="")
+    p.add_argument("--match", default="", help="only the variants whose name matches this regex")
     args = p.parse_args()
     if no_gpu():
         return 0
     dev = device_info("cuda")
+    try:
+        from bench.anchors import load
+        liger = load(["liger"])[0].get("liger")
+    except Exception:  # noqa: BLE001
+        liger = None
     results = {}
     for N in args.ns:
         M = ELEMENTS // N
@@ -126,8 +141,14 @@ def main() -> int:
         dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd_all)
         copy = copy_baseline_ms(x, reps=20)["median_ms"]
         row = {"copy_ms": copy}
+        if args.only in ("", "fwd") and liger is not None:  # the anchor, same run
+            r = copy / device_ms(lambda: liger(x, w, 1e-6), reps=20)["median_ms"]
+            row["fwd Liger"] = r
+            print(f"N={N:>6} fwd {'Liger (anchor)':<28} {r:.3f}", flush=True)
         if args.only in ("", "fwd"):
             for name, cfg in fwd_variants(N, dev).items():
+                if not re.search(args.match, name):
+                    continue
                 run = functools.partial(F.TRITON_FORWARD.forward, x, w, 1e-6, 0.0, True, dev, cfg=cfg)
                 try:
                     y, rstd = run()
@@ -141,6 +162,8 @@ def main() -> int:
                     print(f"N={N:>6} fwd {name:<28} error {type(e).__name__}: {str(e)[:100]}", flush=True)
         if args.only in ("", "bwd"):
             for name, cfg in bwd_variants(N, dev).items():
+                if not re.search(args.match, name):
+                    continue
                 run = functools.partial(B.TRITON_BACKWARD.backward, dy, x, w, rstd_all, 0.0, True, True, dev, cfg=cfg)
                 try:
                     dx, dw = run()

@@ -115,11 +115,13 @@ class TileConfig:
     programs_per_sm: int  # the persistent grid's programs per SM (or CU); 0: one program per row tile
     num_stages: int = 1  # Triton's software pipelining of the tile loop (1: none)
     prefetch: bool = False  # a persistent program loads its next tile before it reduces this one
+    one_tile: bool = False  # the forward's one-program-per-tile path as straight-line code (split rows: always)
 
     def short(self) -> str:
         shape = f"{self.rows} rows x {self.block_n} cols" + (f" x {self.chunks} chunks" if self.chunks > 1 else "")
         return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
-                f"{self.programs_per_sm} programs/SM" + (", prefetch" if self.prefetch else ""))
+                f"{self.programs_per_sm} programs/SM" + (", prefetch" if self.prefetch else "")
+                + (", one tile" if self.one_tile else ""))
 
 
 def pow2_ceil(n: int) -> int:

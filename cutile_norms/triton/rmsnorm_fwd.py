@@ -57,11 +57,13 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         PHASE: tl.constexpr, INT64: tl.constexpr):
     # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
     # for another) a split launch runs twice: PHASE 1 publishes the partial sums, PHASE 2 finishes.
-    # ONE_TILE (split rows, one program per part): straight-line code for the program's one tile,
+    # ONE_TILE (split rows, one program per part; 16-bit rows of 7168-8192 in registers, one program
+    # per row: the config's one_tile): straight-line code for the program's one tile,
     # the weight loaded where it is used. With a row's parts waiting for each other, the tile loop
     # and the early weight load measured 0.75 x copy against 0.987 without them (N = 65536, 16 parts
     # of 4096, 4 warps; bench/probe/triton_split_wait.py). Else the tile loop (one trip without a
-    # persistent grid) with the weight loaded first: whole rows measured the same either way, and
+    # persistent grid) with the weight loaded first: whole rows of up to 8 warps measured the same
+    # either way (16 warps at 8192 did not: 0.947 with the loop, 0.993 without), and
     # two-pass rows 1-4 % faster with the loop (5120: 0.982 against 0.947).
     pid = tl.program_id(0)
     part = pid % SPLIT
@@ -156,6 +158,10 @@ class FwdConfig(TileConfig):
 #   * rows of up to ROW_ELEMS (whole, or nearly whole, powers of two): the row in registers, tiles of
 #     TILE_ELEMS (several narrow rows), two 16-byte vectors per thread, one program per tile:
 #     0.984-0.998 from 128 to 4096, where a persistent grid walking the tiles gave 0.948-0.962;
+#   * 16-bit rows of 7168-8192 (within 7/8 of 2 x ROW_ELEMS): the row in registers, 16 values per
+#     thread, as straight-line code (`one_tile`: the weight loaded after the reduction, no tile loop):
+#     0.995 / 0.993 at 7168 / 8192, against 0.917 / 0.947 with the loop and the early weight, and
+#     0.992 / 0.981 for two passes (2026-11-25; Liger 1.000 / 0.996 in the same runs);
 #   * other rows up to 16384: two passes of one program per row over chunks of 16 values per thread
 #     (2048 x 4 warps below 6144, 4096 x 8 warps above), the first pass keeping x in L2: 1.003 /
 #     0.982 / 0.994 / 0.987 at 2880 / 5120 / 7168 / 8192, where the padded row in registers gave
@@ -177,7 +183,7 @@ SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjac
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
     """The measured rules above: whole rows in registers when narrow or a power of two up to
-    ROW_ELEMS; up to SPLIT_FROM, other widths in two passes over chunks; wider rows split into parts
+    ROW_ELEMS (16-bit: up to 2 x ROW_ELEMS, straight-line); up to SPLIT_FROM, other widths in two passes over chunks; wider rows split into parts
     (kept in registers up to PART_ELEMS, else in two passes). One program per row tile (per part)."""
     lanes = lanes_per_warp(vendor)
     block_n = pow2_ceil(N)
@@ -185,6 +191,10 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
         rows = max(1, min(64, tile_elems // block_n))
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor)
         return FwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps, programs_per_sm=0)
+    if elem_bytes == 2 and ROW_ELEMS < N <= 2 * ROW_ELEMS and 8 * N >= 7 * block_n:
+        warps = warps_for(block_n, elem_bytes, lanes, vendor, per_thread=16)
+        return FwdConfig(rows=1, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps, programs_per_sm=0,
+                         one_tile=True)
     if N > SPLIT_FROM:
         split, part, _, _ = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
         if part > PART_ELEMS:  # parts in two passes of PART_ELEMS
@@ -235,7 +245,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
             eps, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                   HAS_W=weight is not None, STORE_RSTD=store_rstd, PREFETCH=cfg.prefetch and cfg.chunks == 1,
-                  ONE_TILE=cfg.programs_per_sm == 0 and cfg.split > 1,
+                  ONE_TILE=cfg.programs_per_sm == 0 and (cfg.split > 1 or cfg.one_tile),
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if cfg.prefetch else 0),
                                     max(stride, N)))
     resident = 32

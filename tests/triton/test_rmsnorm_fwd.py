@@ -54,6 +54,8 @@ def test_config_covers_the_row(N, e, vendor, sms):
     assert grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows) * cfg.split
     if N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
         assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
+    elif e == 2 and N in (8191, 8192):  # 16-bit rows of 7168-8192: the row in registers, straight-line code
+        assert cfg.rows == 1 and cfg.chunks == 1 and cfg.block_n == 2 * ROW_ELEMS and cfg.one_tile
     elif cfg.split == 1 or cfg.part > PART_ELEMS:  # two passes over chunks of a row (part), little padding
         assert cfg.rows == 1 and cfg.chunks > 1 and cfg.block_n * (cfg.chunks - 1) < cfg.part
     else:  # a part in registers
@@ -66,7 +68,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
 # The kernel against the reference (interpreter on the CPU, compiled on the GPU)
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 2880, 4097, 20000])
+@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 2880, 4097, 7200, 20000])
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 37])
 def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
