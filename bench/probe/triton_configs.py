@@ -88,8 +88,6 @@ def fwd_variants(N, dev):
 def bwd_variants(N, dev):
     base = B.analytic_config(N, 2, dev.vendor, dev.sm_count)
     out = {"analytic": base, "analytic prefetch": dataclasses.replace(base, prefetch=True)}
-    if base.split > 1:
-        out["analytic lookahead"] = dataclasses.replace(base, lookahead=True)
     if N <= 8192:
         block = pow2_ceil(N)
         for tile in (4096, 8192, 16384):
@@ -112,9 +110,6 @@ def bwd_variants(N, dev):
                     out[f"split {split} {vpt}/thr{' pf' if pf else ''}"] = B.BwdConfig(
                         rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
                         programs_per_sm=pps, prefetch=pf)
-                if split > 1:  # each row's partial published a step ahead of the wait for it
-                    out[f"split {split} {vpt}/thr la"] = dataclasses.replace(
-                        out[f"split {split} {vpt}/thr pf"], lookahead=True)
     return out
 
 

@@ -102,31 +102,6 @@ def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr,
     return total
 
 
-@triton.jit
-def publish_partial(SLOTS, tile, partial, part, flag, ok, SPLIT: tl.constexpr, PHASE: tl.constexpr):
-    """One-row tiles: this program's partial sum of row `tile` ([1] fp32) into its slot with `flag`, as
-    `exchange` publishes it, unless `ok` is false (a row past M). For a program that publishes a row
-    ahead of waiting for the last one (the backward's lookahead)."""
-    if PHASE != 2:
-        mine = tl.sum(partial, axis=0)
-        lo = mine.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-        tl.atomic_xchg(SLOTS + tl.cast(tile, tl.int64) * slot_row_stride(SPLIT) + part, (flag << 32) | lo,
-                       mask=ok, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def collect_total(SLOTS, tile, like, flag, SPLIT: tl.constexpr, PHASE: tl.constexpr):
-    """One-row tiles: the sum of row `tile`'s SPLIT partials once all show `flag` (`exchange`'s poll
-    and order, the same bits), in the shape of `like` ([1] fp32)."""
-    total = like
-    if PHASE != 1:
-        lanes = tl.arange(0, SPLIT)
-        slots = _poll(SLOTS + tl.cast(tile, tl.int64) * slot_row_stride(SPLIT) + lanes, lanes < SPLIT, flag,
-                      tl.zeros([SPLIT], dtype=tl.int64))
-        total = tl.zeros_like(like) + tl.sum(_low_float(slots), axis=0)
-    return total
-
-
 @dataclass(frozen=True)
 class TileConfig:
     """The launch config both passes share: how a program's tile covers rows and columns, and the grid."""

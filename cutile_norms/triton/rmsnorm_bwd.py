@@ -32,12 +32,10 @@ from .._workspace import workspace
 from ._common import (
     INTERPRET,
     TileConfig,
-    collect_total,
     exchange,
     lanes_per_warp,
     needs_int64,
     pow2_ceil,
-    publish_partial,
     raw_stream,
     resident_programs,
     slot_count,
@@ -55,7 +53,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, NEED_DX: tl.constexpr,
                         NEED_DW: tl.constexpr, ACC_2D: tl.constexpr, PREFETCH: tl.constexpr,
-                        LOOKAHEAD: tl.constexpr, PHASE: tl.constexpr, INT64: tl.constexpr):
+                        PHASE: tl.constexpr, INT64: tl.constexpr):
     # DW: dw itself (one row group, parts in registers) or the R x N fp32 partials. PHASE as in the forward:
     # 0 = one launch; under the interpreter a split launch runs PHASE 1 (dot partials and dw), then 2 (dx).
     pid = tl.program_id(0)
@@ -83,13 +81,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
             dy_n = tl.load(DY + rows_n[:, None] * stride_dy + cols[None, :], mask=ok_n[:, None] & col_ok[None, :],
                            other=0.0)
             rstd_n = tl.load(RSTD + rows_n, mask=ok_n, other=0.0)
-    if LOOKAHEAD:  # split one-row tiles, parts in registers, dx wanted: the rows in `_lookahead_rows`
-        dw_acc = _lookahead_rows(DY, X, W, RSTD, DX, SLOTS, M, stride_x, stride_dy, offset, N, dw_acc, cols,
-                                 col_ok, part, group, groups, ROWS, SPLIT, HAS_W, NEED_DW, PHASE, INT64)
-        last = 0
-    else:
-        last = (M + ROWS - 1) // ROWS
-    for tile in range(group, last, groups):
+    for tile in range(group, (M + ROWS - 1) // ROWS, groups):
         rows = tile * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         if INT64:
@@ -176,63 +168,6 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
 
 
 @triton.jit
-def _lookahead_rows(DY, X, W, RSTD, DX, SLOTS, M, stride_x, stride_dy, offset, N, dw_acc, cols, col_ok, part,
-                    group, groups, ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr,
-                    NEED_DW: tl.constexpr, PHASE: tl.constexpr, INT64: tl.constexpr):
-    """The rows of one program of a split row (one-row tiles, its part in registers), each row's
-    partial dot published one step ahead of the wait for it: the step for row t loads row t + R,
-    publishes that row's partial and adds its dw, and only then polls row t's partials and stores row
-    t's dx. A row's programs get a whole step to publish before any of them waits (with PREFETCH
-    alone, a program waits for row t right after publishing its own part of it). Returns the dw
-    accumulator ([BLOCK_N] fp32)."""
-    if HAS_W:  # loaded here: the caller's `w` exists only with HAS_W, and a jit call needs all its arguments
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
-    rows = group + tl.arange(0, ROWS)
-    if INT64:
-        rows = rows.to(tl.int64)
-    row_ok = rows < M
-    mask = row_ok[:, None] & col_ok[None, :]
-    x_c = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    dy_c = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
-    rstd_c = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-    flag_c = slot_flag(SLOTS, group, rows, row_ok, part, ROWS, SPLIT, PHASE)
-    xhat = x_c.to(tl.float32) * rstd_c[:, None]
-    g = dy_c.to(tl.float32)
-    if HAS_W:
-        g = g * w[None, :]
-    publish_partial(SLOTS, group, tl.sum(g * xhat, axis=1), part, flag_c, group < M, SPLIT, PHASE)
-    if NEED_DW and PHASE != 2:
-        dw_acc += tl.sum(dy_c.to(tl.float32) * xhat, axis=0)
-    for tile in range(group, M, groups):
-        nxt = tile + groups
-        rows_n = rows + groups
-        ok_n = rows_n < M
-        mask_n = ok_n[:, None] & col_ok[None, :]
-        x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :], mask=mask_n, other=0.0)
-        dy_n = tl.load(DY + rows_n[:, None] * stride_dy + cols[None, :], mask=mask_n, other=0.0)
-        rstd_n = tl.load(RSTD + rows_n, mask=ok_n, other=0.0)
-        flag_n = slot_flag(SLOTS, tl.minimum(nxt, M - 1), rows_n, ok_n, part, ROWS, SPLIT, PHASE)  # read in range
-        xhat_n = x_n.to(tl.float32) * rstd_n[:, None]
-        g_n = dy_n.to(tl.float32)
-        if HAS_W:
-            g_n = g_n * w[None, :]
-        publish_partial(SLOTS, nxt, tl.sum(g_n * xhat_n, axis=1), part, flag_n, nxt < M, SPLIT, PHASE)
-        if NEED_DW and PHASE != 2:
-            dw_acc += tl.sum(dy_n.to(tl.float32) * xhat_n, axis=0)
-        total = collect_total(SLOTS, tile, tl.zeros([ROWS], dtype=tl.float32), flag_c, SPLIT, PHASE)
-        if PHASE != 1:
-            xhat = x_c.to(tl.float32) * rstd_c[:, None]
-            g = dy_c.to(tl.float32)
-            if HAS_W:
-                g = g * w[None, :]
-            dx = rstd_c[:, None] * (g - xhat * (total / N)[:, None])
-            tl.store(DX + rows[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty),
-                     mask=row_ok[:, None] & col_ok[None, :])
-        x_c, dy_c, rstd_c, flag_c, rows, row_ok = x_n, dy_n, rstd_n, flag_n, rows_n, ok_n
-    return dw_acc
-
-
-@triton.jit
 def dw_reduce_kernel(P, DW, R, N, BLOCK_C: tl.constexpr):
     """dw[c] = sum over r of P[r, c], r in order (deterministic), in dw's dtype."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -251,10 +186,6 @@ def dw_reduce_kernel(P, DW, R, N, BLOCK_C: tl.constexpr):
 @dataclass(frozen=True)
 class BwdConfig(TileConfig):
     acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
-    lookahead: bool = False  # split one-row tiles publish each row's partial a step ahead (`_lookahead_rows`)
-
-    def short(self) -> str:
-        return super().short() + (", lookahead" if self.lookahead else "")
 
 
 # Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; bench/NOTES.md,
@@ -331,7 +262,6 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                   HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw, ACC_2D=cfg.acc_2d and cfg.rows > 1,
                   PREFETCH=prefetch,
-                  LOOKAHEAD=cfg.lookahead and cfg.split > 1 and cfg.rows == 1 and cfg.chunks == 1 and need_dx,
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if prefetch else 0), max(sx, sdy, N)))
     w_arg = weight if weight is not None else rstd
 
