@@ -6,7 +6,8 @@ Each line: µs per call, back to back (CUDA events around 2000 calls, `per_call_
 and the host's own time per call (perf_counter, no sync); then a profile of forward + backward pairs. Layers, outermost first: cn.rms_norm
 (mode=None and explicit), the backend's forward (no validation, no routing), the launch function with
 a config, ct.launch alone with arguments prepared once, the backward without autograd, the forward
-with grad; beside them torch's F.rms_norm and clones through a C++ node and a Python Function. Then
+with grad; beside them torch's F.rms_norm and clones through a C++ node and a Python Function (also
+with 16 extra torch view calls in the forward: what a torch call costs inside a forward + backward). Then
 forward + backward pairs split in phases (perf_counter), the pair with a clone-only backward, and the
 backward alone on the main thread and on a worker thread.
 """
@@ -59,6 +60,18 @@ class _CloneBusyFunction(_CloneFunction):
         while time.perf_counter() < t:
             pass
         return _CloneFunction.backward(ctx, dy)
+
+
+class _CloneViewsFunction(_CloneFunction):
+    """_CloneFunction with VIEWS extra `view` calls in its forward: each torch call lets go of the GIL,
+    which the autograd engine's thread may take (the GIL hand-off test)."""
+    VIEWS = 16
+
+    @staticmethod
+    def forward(ctx, x):
+        for _ in range(_CloneViewsFunction.VIEWS):
+            x.view(-1)
+        return x.clone()
 
 
 @contextlib.contextmanager
@@ -124,6 +137,10 @@ def main() -> int:
         "fwd+bwd clone, C++ node": lambda: torch.autograd.grad(xg.clone(), (xg,), dy),
         "fwd+bwd clone, Python Function": lambda: torch.autograd.grad(_CloneFunction.apply(xg), (xg,), dy),
         "fwd+bwd clone, Function + 40us Python": lambda: torch.autograd.grad(_CloneBusyFunction.apply(xg), (xg,), dy),
+        "16 x.view(-1) alone": lambda: [xg.view(-1) for _ in range(16)],
+        "fwd+bwd clone, Function + 16 views": lambda: torch.autograd.grad(_CloneViewsFunction.apply(xg), (xg,), dy),
+        "fwd+bwd clone, C++ node + 16 views": lambda: torch.autograd.grad(
+            [xg.view(-1) for _ in range(16)][0].clone(), (xg,), dy.view(-1)),
     }
     print(f"# {torch.cuda.get_device_name()}, N={N}, M=1, bf16: per call back to back (events) | host only")
     for name, fn in cases.items():
