@@ -62,7 +62,10 @@ def _validate(x, weight, eps, offset) -> None:
 
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
-    """x as [M, N] with unit column stride, a view whenever torch can make one."""
+    """x as [M, N] with unit column stride, a view whenever torch can make one (x itself when it is one:
+    inside a forward + backward every torch call costs ~4-5 us of host time, bench/NOTES.md)."""
+    if x.dim() == 2 and (x.stride(1) == 1 or x.shape[1] <= 1):
+        return x
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.stride(-1) != 1 and x2d.shape[-1] > 1:
         x2d = x2d.contiguous()
@@ -73,16 +76,19 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 # Autograd
 # ================================================================================================
 class _RMSNormFunction(torch.autograd.Function):
-    """The kernel forward (saving x's rows, the weight and rstd in fp32) and the mode's backward kernel."""
+    """The kernel forward (saving x's rows, the weight and rstd in fp32) and the mode's backward kernel.
+    Takes x in its own shape and gives y in it: x's rows are made here, where no autograd node records
+    the reshape (two view nodes per call otherwise, each a few µs of host time in a training step)."""
 
     @staticmethod
-    def forward(ctx, x2d, weight, eps, offset, mode, bwd_mode, dev, run=None):
+    def forward(ctx, x, weight, eps, offset, mode, bwd_mode, dev, run=None):
         # run: the plan's prepared launch (x2d, weight, eps, offset, out_shape) -> (y, rstd), if any;
         # bwd_mode: the mode whose backward kernel runs (dispatch.Choice.backward_mode)
-        y, rstd = (run(x2d, weight, eps, offset, None) if run is not None else
-                   dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev))
+        x2d = _as_rows(x)
+        y, rstd = (run(x2d, weight, eps, offset, x.shape) if run is not None else
+                   dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev, out_shape=x.shape))
         ctx.save_for_backward(x2d, weight, rstd)
-        ctx.offset, ctx.bwd_mode, ctx.dev = offset, bwd_mode, dev
+        ctx.offset, ctx.bwd_mode, ctx.dev, ctx.x_shape = offset, bwd_mode, dev, x.shape
         return y
 
     @staticmethod
@@ -92,13 +98,16 @@ class _RMSNormFunction(torch.autograd.Function):
         need_dw = weight is not None and ctx.needs_input_grad[1]
         dx, dw = dispatch.backward_backend(ctx.bwd_mode).backward(
             _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, ctx.offset, need_dx, need_dw, ctx.dev)
+        if dx is not None and dx.shape != ctx.x_shape:
+            dx = dx.view(ctx.x_shape)
         return dx, dw, None, None, None, None, None, None
 
 
 def _grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
     """dy as [M, N] rows with unit column stride in x's dtype. Autograd hands out expanded grads (a
     row stride of 0 is read in place) and, rarely, transposed or other-dtype ones (copied)."""
-    dy = dy.reshape(x2d.shape)
+    if dy.shape != x2d.shape:
+        dy = dy.reshape(x2d.shape)
     if dy.dtype != x2d.dtype:
         dy = dy.to(x2d.dtype)
     if dy.stride(-1) != 1 and dy.shape[-1] > 1:
@@ -268,8 +277,7 @@ def _call_plan(x, weight, eps, offset, mode, grad: bool):
     launcher = getattr(backend, "launcher", None)
     if grad:
         run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, True, dev) if launcher else None
-        return lambda x, w: _RMSNormFunction.apply(_as_rows(x), w, eps, offset, mode_name, bwd_mode, dev,
-                                                   run).view(shape)
+        return lambda x, w: _RMSNormFunction.apply(x, w, eps, offset, mode_name, bwd_mode, dev, run)
     if launcher is None:
         return lambda x, w: backend.forward(_as_rows(x), w, eps, offset, False, dev, out_shape=shape)[0]
     run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, False, dev)

@@ -259,11 +259,11 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
     def run(x2d, weight, eps, offset, out_shape):
         M = x2d.shape[0]
         span = (M - 1) * stride + N
-        if M * N % 16 or span > _MAX_FLAT:  # y's padded allocation, or row chunks: the general path
+        if M * N % 16 or span > _MAX_FLAT or M * N > _MAX_FLAT:  # y padded, or row chunks: the general path
             return launch(cfg, x2d, weight, eps, offset, store_rstd, sm_count, out_shape=out_shape)
         y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=x2d.device)
         y_flat = y.view(-1)
-        unused = _flat(y, 16)
+        unused = y_flat  # what the kernel never touches (no weight, no rstd): y itself, no view to make
         rstd = torch.empty(_round16(M), dtype=torch.float32, device=x2d.device)[:M] if store_rstd else None
         x_flat = x2d.view(-1) if stride == N or M == 1 else _flat(x2d, span)
         ct.launch(_raw_stream(x2d.device.index), (grid_size(cfg, M, sm_count),), kernel,
