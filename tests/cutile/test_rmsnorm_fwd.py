@@ -636,3 +636,26 @@ def test_inference_past_int32_indexing(seed, with_weight):
         y = cn.rms_norm(x, w, EPS)
     for rows in (slice(0, 64), slice(M // 2 - 7, M // 2 + 9), slice(M - 64, M)):
         assert_close(y[rows], reference64(x[rows], w, EPS, 0.0)[0], torch.bfloat16, f"rows {rows}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+@pytest.mark.parametrize("mode", ["multi_wave_cached", "static_persistent"])
+def test_expanded_rows_past_int32_indexing(seed, mode):
+    """x expanded from one row (row stride 0): its span is one row, but y has M * N > 2^31 elements,
+    so the launch is cut into row chunks (the call plans' fast path launched one and ct.launch raised
+    OverflowError on y)."""
+    import cutile_norms as cn
+
+    N = 8192
+    M = (1 << 31) // N + 64
+    free, _ = torch.cuda.mem_get_info()
+    if free < 2 * M * N * 2 + (4 << 30):
+        pytest.skip(f"needs ~{2 * M * N * 2 >> 30} GiB of free GPU memory, {free >> 30} free")
+    row = random_rows((1, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    with torch.no_grad():
+        y = cn.rms_norm(row.expand(M, N), w, EPS, mode=mode)
+    assert y.shape == (M, N)
+    assert_close(y[:1], reference64(row, w, EPS, 0.0)[0], torch.bfloat16, f"{mode} row 0", seed)
+    assert torch.equal(y, y[:1].expand(M, N)), f"{mode}: rows differ from row 0 (a chunk left unwritten?)"
