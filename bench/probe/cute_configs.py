@@ -19,7 +19,8 @@ from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_fwd as F  # noqa: E402
-from cutile_norms.cute.rmsnorm_fwd_config import SMEM_MAX, FwdConfig, analytic_config  # noqa: E402
+from cutile_norms.cute.rmsnorm_fwd_config import (  # noqa: E402
+    SMEM_MAX, WIDE_SLICE_BYTES, FwdConfig, analytic_config)
 from cutile_norms.reference import rms_norm_reference  # noqa: E402
 
 ELEMENTS = 1 << 27
@@ -37,10 +38,10 @@ def variants(N, e):
         cfg = analytic_config(N, e, **kw)
         if cfg is not None and cfg not in out.values():
             out[name] = cfg
-    vec = 16 // e
-    for cn in (8, 16):  # rows of 512 KiB - 1 MiB: clusters of 8 or 16 CTAs, 128-1024 threads per slice
-        vectors = -(-N // (cn * vec))
-        if 16 * 1024 * 16 < N * e <= 1024 * 1024:
+    if 16 * WIDE_SLICE_BYTES < N * e <= 32 * WIDE_SLICE_BYTES:  # rows of 512 KiB - 1 MiB
+        vec = 16 // e
+        for cn in (8, 16):  # clusters of 8 or 16 CTAs, 128-1024 threads per slice
+            vectors = -(-N // (cn * vec))
             for tpr in (128, 256, 512, 1024):
                 cfg = FwdConfig(rows=1, rpg=1, tpr=tpr, nvb=-(-vectors // tpr), cluster_n=cn, vec=vec)
                 if cfg not in out.values() and cfg.smem_bytes(e, N) <= SMEM_MAX:

@@ -2,8 +2,8 @@
 elements), each as a ratio to a same-run copy (the backward's bytes are 1.5x the copy's). Variants of
 the analytic config: tiles of 2048-16384 elements at 8-32 values per thread, one program per tile or a
 persistent grid that prefetches its next tile, two passes over chunks or the whole row in registers
-(forward), rows split over programs (parts in registers or in two passes); Liger's forward beside them. bench/NOTES.md, "The Triton mode, second round", has
-the results and the choices made from them.
+(forward), rows split over programs (parts in registers or in two passes); Liger's forward beside
+them. bench/NOTES.md, "The Triton mode, second round", has the results and the choices made from them.
 
     python bench/probe/triton_configs.py [--ns 1024,4096,...] [--only fwd|bwd] [--match REGEX] [--out F]
 
@@ -40,12 +40,11 @@ def _warps(threads_needed: int) -> int:
 
 def fwd_variants(N, dev):
     base = F.analytic_config(N, 2, dev.vendor, dev.sm_count)
-    out = {"analytic": base}
+    out = {"analytic": base, "analytic 1tile": dataclasses.replace(base, one_tile=True)}
     if N <= F.ROW_ELEMS:
         block = pow2_ceil(N)
         out["analytic prefetch"] = dataclasses.replace(base, prefetch=True)
         out["one per tile"] = dataclasses.replace(base, programs_per_sm=0)
-        out["analytic 1tile"] = dataclasses.replace(base, one_tile=True)
         for tile in (2048, 4096):  # smaller tiles, one program per tile or persistent with prefetch
             rows = max(1, tile // block)
             for vpt in (8, 16):
@@ -64,10 +63,10 @@ def fwd_variants(N, dev):
         if N <= 16384:  # the whole row in registers, one program per row (Liger's shape: 16 per thread)
             block = pow2_ceil(N)
             for vpt in (8, 16, 32):
-                out[f"row in regs {vpt}/thr"] = F.FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=1,
-                                                            num_warps=_warps(block // vpt), programs_per_sm=0)
-                out[f"row in regs {vpt}/thr 1tile"] = dataclasses.replace(out[f"row in regs {vpt}/thr"], one_tile=True)
-        out["analytic 1tile"] = dataclasses.replace(base, one_tile=True)
+                cfg = F.FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=1, num_warps=_warps(block // vpt),
+                                  programs_per_sm=0)
+                out[f"row in regs {vpt}/thr"] = cfg
+                out[f"row in regs {vpt}/thr 1tile"] = dataclasses.replace(cfg, one_tile=True)
         for split in (2, 4, 8, 16, 32):
             part = -(-N // split)
             if part < 2048 or part > 16384:

@@ -183,8 +183,9 @@ SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjac
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
     """The measured rules above: whole rows in registers when narrow or a power of two up to
-    ROW_ELEMS (16-bit: up to 2 x ROW_ELEMS, straight-line); up to SPLIT_FROM, other widths in two passes over chunks; wider rows split into parts
-    (kept in registers up to PART_ELEMS, else in two passes). One program per row tile (per part)."""
+    ROW_ELEMS (16-bit: up to 2 x ROW_ELEMS, straight-line); up to SPLIT_FROM, other widths in two
+    passes over chunks; wider rows split into parts (kept in registers up to PART_ELEMS, else in two
+    passes). One program per row tile (per part)."""
     lanes = lanes_per_warp(vendor)
     block_n = pow2_ceil(N)
     if N <= ROW_ELEMS // 2 or (N <= ROW_ELEMS and 8 * N >= 7 * block_n):
