@@ -43,6 +43,8 @@ class Mode:
 
 _CUTILE_FWD = "cutile_norms.cutile.rmsnorm_fwd"
 _CUTILE_BWD = "cutile_norms.cutile.rmsnorm_bwd:PERSISTENT_BACKWARD"  # every cuTile mode's backward
+# tma_smem_cached's: the CuTe DSL kernel for wide rows, the cuTile one for the others
+_CUTE_BWD = "cutile_norms.cute.rmsnorm_bwd:TMA_SMEM_BACKWARD"
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("multi_wave_reload", "cutile", f"{_CUTILE_FWD}:MULTI_WAVE_RELOAD", STABLE, ("nvidia",), (9, 0),
          "cuTile, one block per row, two passes over chunks (sum of squares, then re-read and "
@@ -56,7 +58,7 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("tma_smem_cached", "cute", "cutile_norms.cute.rmsnorm_fwd:TMA_SMEM_CACHED", STABLE, ("nvidia",), (9, 0),
          "CuTe DSL, row tiles brought into shared memory by TMA bulk copies and normalised from there, "
          "clusters of CTAs exchanging partial sums through distributed shared memory for long rows "
-         "(rows must start 16-byte aligned)", bwd_backend=_CUTILE_BWD),
+         "(rows must start 16-byte aligned)", bwd_backend=_CUTE_BWD),
     Mode("triton", "triton", "cutile_norms.triton.rmsnorm_fwd:TRITON_FORWARD", STABLE, ("nvidia", "amd"), None,
          "Triton, a persistent grid over row tiles (several rows per tile for narrow rows, split rows "
          "exchanging partial sums for wide ones): AMD GPUs, NVIDIA GPUs older than sm_90 or without cuTile",
@@ -83,7 +85,7 @@ def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Except
     err = tools.error(mode.dsl)
     if err:
         return RuntimeError, f"mode {mode.name!r} needs {mode.dsl}, which does not import here: {err}"
-    if mode.bwd_backend == _CUTILE_BWD and mode.dsl != "cutile" and tools.error("cutile"):
+    if mode.bwd_backend in (_CUTILE_BWD, _CUTE_BWD) and mode.dsl != "cutile" and tools.error("cutile"):
         return RuntimeError, (f"mode {mode.name!r} runs its backward with the cuTile persistent kernel, and "
                               f"cutile does not import here: {tools.error('cutile')}")
     return None
@@ -212,13 +214,18 @@ class BackwardRow:
     evidence: str
 
 
-# mode=None's backward: the cuTile persistent kernel (ahead of Triton's from 128 to 262144 but here),
-# except where another mode's backward measured ahead of it in the same run (bench/NOTES.md, "The
-# Triton mode, second round"). The cuTile backward's best config at 7168 measured 0.885 (its sweep).
+# mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
+# ahead of it in the same run (bench/NOTES.md, "The Triton mode, second round" and "The backward in
+# CuTe DSL"). The cuTile backward's best config at 7168 measured 0.885 (its sweep); its rows split
+# over blocks exchange their sums through L2, the CuTe DSL kernel's through a cluster's shared memory.
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 6145, 8191, "triton",
                 "H100 80GB HBM3 2026-11-24, N=7168 bf16: triton 0.947 x copy, the cuTile persistent kernel "
                 "0.883; python bench/rmsnorm.py --modes triton --anchors liger"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), 65536, 262144, "tma_smem_cached",
+                "H100 80GB HBM3 2026-11-25, bf16: the CuTe DSL backward 0.943 / 0.957 / 0.931 x copy at "
+                "N=65536 / 131072 / 262144, the cuTile persistent kernel 0.923 / 0.897 / 0.800; "
+                "python bench/probe/cute_bwd_configs.py"),
 )
 
 
@@ -238,7 +245,7 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
         if choice.backward_mode == row.mode:
             return choice
         return Choice(choice.mode, f"{choice.reason}; backward: {row.mode}'s ({row.evidence})", bwd_mode=row.mode)
-    if MODES[choice.mode].bwd_backend in (None, _CUTILE_BWD):
+    if MODES[choice.mode].bwd_backend in (None, _CUTILE_BWD, _CUTE_BWD):
         return choice
     if unavailable_reason(MODES["multi_wave_cached"], dev, tools) is not None:
         return choice

@@ -1,0 +1,92 @@
+"""Probe: tma_smem_cached backward configs side by side at the bench size (2^27 elements), each as a
+ratio to a same-run copy (bytes: read x, dy + write dx = 1.5 x the copy's), with the cuTile persistent
+backward's table config timed in the same run, and each config's dw share (the same config without dw).
+
+    python bench/probe/cute_bwd_configs.py [--ns 65536,131072,262144] [--dtype bfloat16] [--out F]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.probe.common import no_gpu, write_json  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config  # noqa: E402
+from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+
+ELEMENTS = 1 << 27
+
+
+def variants(N, e):
+    out = {"analytic": analytic_config(N, e)}
+    for name, kw in (("vecs 4", dict(vecs_per_thread=4)), ("vecs 2", dict(vecs_per_thread=2)),
+                     ("slice 8K", dict(slice_bytes=8192)), ("slice 8K v4", dict(slice_bytes=8192, vecs_per_thread=4)),
+                     ("slice 32K", dict(slice_bytes=32768)), ("slice 32K v16", dict(slice_bytes=32768, vecs_per_thread=16)),
+                     ("stages 2", dict(stages=2)), ("stages 3", dict(stages=3))):
+        cfg = analytic_config(N, e, **kw)
+        if cfg is not None and cfg not in out.values():
+            out[name] = cfg
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=[32768, 65536, 131072, 262144])
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if no_gpu():
+        return 0
+    from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+
+    dev = device_info("cuda")
+    dtype = getattr(torch, args.dtype)
+    results = {}
+    for N in args.ns:
+        M = ELEMENTS // N
+        x = torch.randn(M, N, device="cuda", dtype=dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        dy = torch.randn(M, N, device="cuda", dtype=dtype)
+        rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
+        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.5)
+        copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
+        row = {"copy_ms": copy}
+
+        def timed(fn):
+            return 1.5 * copy / device_ms(fn, reps=args.reps)["median_ms"]
+
+        cut = lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.5, True, True, dev)  # noqa: E731
+        row["cutile"] = timed(cut)
+        print(f"N={N:>6} {'cutile table':<14} {row['cutile']:.3f}", flush=True)
+        for name, cfg in variants(N, dtype.itemsize).items():
+            try:
+                def run(need_dw=True, cfg=cfg):
+                    return B.launch(cfg, dy, x, w, rstd, 0.5, True, need_dw, dev.sm_count)
+                dx, dw = run()
+                ok = (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=2e-2)
+                      and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))
+                r = timed(run)
+                r_nodw = timed(lambda: run(False))
+                row[name] = {"ratio": r, "no_dw": r_nodw, "dw_share": 1 - r / r_nodw, "ok": ok}
+                print(f"N={N:>6} {name:<14} {r:.3f} (no dw {r_nodw:.3f}, dw {100 * (1 - r / r_nodw):.1f} %)"
+                      f"{'' if ok else '  WRONG'}  {cfg.short()}", flush=True)
+            except Exception as exc:  # noqa: BLE001
+                print(f"N={N:>6} {name:<14} error {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        results[str(N)] = row
+        x = dy = dx_ref = None
+        torch.cuda.empty_cache()
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "rows": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Device helpers both tma_smem_cached kernels use: the TMA bulk copy into shared memory, the push of
+one fp32 into a cluster peer's shared memory, and the per-vector column predicate."""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+
+@dsl_user_op
+def bulk_copy_g2s(smem_addr: Int32, gmem_addr: Int64, nbytes: Int32, mbar_addr: Int32, *, loc=None, ip=None):
+    """One TMA bulk copy of `nbytes` (a multiple of 16) from global to this CTA's shared memory; its
+    bytes complete on the mbarrier's transaction count."""
+    llvm.inline_asm(
+        None,
+        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
+         Int32(nbytes).ir_value(loc=loc, ip=ip), Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def store_f32_to_peer(smem_ptr: cute.Pointer, val: Float32, mbar_ptr: cute.Pointer, peer: Int32, *, loc=None, ip=None):
+    """st.async of one fp32 into CTA `peer`'s shared memory at this CTA's address of `smem_ptr`,
+    completing 4 bytes on the peer's mbarrier (the peer's copy of `mbar_ptr`)."""
+    cute.arch.store_async_dsmem(smem_ptr, _f32_bits(val, loc=loc, ip=ip), mbar_ptr, peer, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def _f32_bits(val: Float32, *, loc=None, ip=None) -> Int32:
+    return Int32(llvm.bitcast(Int32.mlir_type, Float32(val).ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+@cute.jit
+def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit: Int32) -> cute.Tensor:
+    """One flag per 16-byte copy of a thread's partition (coordinates `tXcX`, (row, col)): its
+    column < limit. Vectors never straddle the limit (it is a multiple of the vector)."""
+    n = cute.size(tXcX, mode=[0]) // atom_vals
+    m1, m2 = cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])
+    pred = cute.make_rmem_tensor(cute.make_layout((n, m1, m2)), cutlass.Boolean)
+    for i in cutlass.range_constexpr(n):
+        for j in cutlass.range_constexpr(m1):
+            for k in cutlass.range_constexpr(m2):
+                pred[i, j, k] = tXcX[i * atom_vals, j, k][1] < limit
+    return pred

@@ -1,0 +1,189 @@
+"""tma_smem_cached's backward: the CuTe DSL kernel's compile cache, launch and backend.
+
+The kernel is in rmsnorm_bwd_kernel.py, its configs and heuristic in rmsnorm_bwd_config.py. Compiled
+with `cute.compile` over fake tensors (M and the row strides symbolic), cached in process by (dtypes,
+N, config, flags), called through TVM-FFI on torch's current stream.
+
+What it takes (`unsupported` says why not; the backend then runs the cuTile persistent backward, which
+takes everything): rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples
+of 16 bytes / element size, the data 16-byte aligned), and rows a ring of two slices per CTA of at most
+CLUSTER_MAX CTAs holds (16-bit rows to 262144 elements, fp32 to 131072).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .._platform import DeviceInfo
+from .._workspace import workspace
+from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
+from .rmsnorm_fwd import _cutlass_dtype
+
+# Rows narrower than this, and fp32 rows, go to the cuTile persistent backward (bench/NOTES.md, "The
+# backward in CuTe DSL", H100): bf16 N = 16384 0.906-0.922 against cuTile's 0.955, N = 32768
+# 0.924-0.950 against 0.935-0.938 (level), N >= 65536 0.94-0.96 against 0.80-0.92; fp32 0.905-0.993
+# against cuTile's 0.980-0.994 at every width it takes.
+MIN_ROW_BYTES = 128 * 1024
+
+# ================================================================================================
+# Compile cache
+# ================================================================================================
+_COMPILED: dict = {}
+COMPILE_COUNT = [0]
+
+
+def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: BwdConfig, need_dx: bool,
+                     need_dw: bool, arch: str | None = None, keep_ptx: bool = False):
+    """The compiled backward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
+    compiles for that target without a GPU; `keep_ptx`: the result's `__ptx__` holds the PTX."""
+    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx)
+    fn = _COMPILED.get(key)
+    if fn is not None:
+        return fn
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .rmsnorm_bwd_kernel import RMSNormBwdTmaSmem
+
+    dx = _cutlass_dtype(x_dtype)
+    dw = _cutlass_dtype(w_dtype) if w_dtype is not None else dx
+    vec = 16 // x_dtype.itemsize
+    M = cute.sym_int64(symbol="M")
+    mX = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="x_stride"), 1), assumed_align=16)
+    mDY = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="dy_stride"), 1),
+                           assumed_align=16)
+    mDX = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="dx_stride"), 1),
+                           assumed_align=16)
+    mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
+    mDW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
+    mR = make_fake_tensor(cutlass.Float32, (M,), stride=(1,), assumed_align=4)
+    mP = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="clusters"), N), stride=(N, 1), assumed_align=16)
+    mT = make_fake_tensor(cutlass.Int32, (16,), stride=(1,), assumed_align=16)
+    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw)
+    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+    if keep_ptx:
+        import tempfile
+        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
+    fn = cute.compile(kernel, mX, mDY, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
+                      cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
+    COMPILE_COUNT[0] += 1
+    _COMPILED[key] = fn
+    return fn
+
+
+# ================================================================================================
+# What the kernel takes
+# ================================================================================================
+def unsupported(x2d: torch.Tensor, dy2d: torch.Tensor) -> str | None:
+    """None when the kernel takes these rows, else why not."""
+    M, N = x2d.shape
+    eb = x2d.element_size()
+    vec = 16 // eb
+    if N % vec:
+        return f"N={N} is not a multiple of {vec} (16-byte bulk copies)"
+    if M > 1 and (x2d.stride(0) % vec or dy2d.stride(0) % vec):
+        return f"row strides {x2d.stride(0)}, {dy2d.stride(0)} are not multiples of {vec} elements (16 bytes)"
+    if x2d.data_ptr() % 16 or dy2d.data_ptr() % 16:
+        return "x or dy does not start 16-byte aligned"
+    if analytic_config(N, eb) is None:
+        return f"N={N} is too long for a ring of two slices per CTA"
+    return None
+
+
+# ================================================================================================
+# Launch
+# ================================================================================================
+@functools.lru_cache(maxsize=None)
+def max_clusters(device_index: int, cluster_n: int, sm_count: int) -> int:
+    """Clusters of `cluster_n` CTAs that run at once with one CTA per SM (the occupancy API; a
+    cluster of 16 needs 16 free SMs of one GPC, so fewer than SMs / 16 may fit)."""
+    try:
+        from cutlass.utils import HardwareInfo
+        with torch.cuda.device(device_index):
+            return max(1, HardwareInfo(device_index).get_max_active_clusters(cluster_n))
+    except Exception:  # noqa: BLE001 - the occupancy query is an optimisation: SMs / cluster is safe
+        return max(1, sm_count // cluster_n)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
+           rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
+           out: tuple | None = None):
+    """(dx [M, N] contiguous in x's dtype or None, dw [N] in the weight's dtype or None) for rows
+    `unsupported` accepts, M >= 1; rstd [M] fp32 contiguous. `out`: (dx, dw) to write into."""
+    M, N = x2d.shape
+    device = x2d.device
+    has_w = weight is not None
+    need_dw = need_dw and has_w
+    if M == 1:  # one row: any stride is as good as N (the kernel reads one row)
+        x2d = x2d.as_strided((1, N), (N, 1))
+        dy2d = dy2d.as_strided((1, N), (N, 1))
+    if has_w and weight.data_ptr() % 16:
+        weight = weight.clone()
+    if out is not None:
+        dx, dw = out
+    else:
+        dx = torch.empty(M, N, dtype=x2d.dtype, device=device) if need_dx else None
+        dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
+    clusters = min(M, max_clusters(device.index, cfg.cluster_n, sm_count))
+    stream = _raw_stream(device.index)
+    part = workspace("cute_bwd_partials", (clusters if need_dw else 1) * N, torch.float32, device, stream, zero=False)
+    tickets = workspace("cute_bwd_tickets", 16, torch.int32, device, stream, zero=True)
+    fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw)
+    w_arg = weight if has_w else x2d[0]
+    ctas = clusters * cfg.cluster_n
+    reducers = min(ctas, max(1, sm_count // 2), -(-N // (4 * cfg.threads * RED_ROUNDS)))
+    fn(x2d, dy2d, w_arg, rstd, dx if need_dx else x2d, dw if need_dw else w_arg,
+       part[:(clusters if need_dw else 1) * N].view(-1, N), tickets, offset, clusters, reducers)
+    return dx, dw
+
+
+# ================================================================================================
+# The backend
+# ================================================================================================
+@dataclass(frozen=True)
+class TmaSmemBackward:
+    """tma_smem_cached's backward: the CuTe DSL kernel for 16-bit rows of at least MIN_ROW_BYTES that
+    it takes (`unsupported`), the cuTile persistent backward for every other row."""
+
+    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> BwdConfig | None:
+        return analytic_config(N, dtype.itemsize)
+
+    def not_here(self, N: int, dtype: torch.dtype) -> str | None:
+        """Why rows of N `dtype` elements go to the cuTile backward (alignment aside), or None."""
+        if dtype == torch.float32:
+            return "fp32 rows: the cuTile backward measured ahead"
+        if N * dtype.itemsize < MIN_ROW_BYTES:
+            return f"rows under {MIN_ROW_BYTES // 1024} KiB: the cuTile backward measured ahead"
+        if N % (16 // dtype.itemsize) or self.config(N, dtype) is None:
+            return f"the CuTe DSL backward does not take N={N}"
+        return None
+
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
+        why = self.not_here(N, dtype)
+        if why:
+            from ..cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+            return f"{PERSISTENT_BACKWARD.describe(M, N, dtype, dev, w_dtype)} ({why})"
+        cfg = self.config(N, dtype, dev)
+        clusters = min(M, max_clusters(dev.index, cfg.cluster_n, dev.sm_count)) if dev.index is not None else "C"
+        return (f"CuTe DSL RMSNormBwdTmaSmem (persistent), grid {clusters} clusters x {cfg.cluster_n} CTAs, "
+                f"{cfg.short()}; config: analytic (N, dtype)")
+
+    def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
+                 cfg: BwdConfig | None = None, out: tuple | None = None):
+        """`cfg`: run the CuTe kernel with it wherever it takes the rows (tests, probes)."""
+        M, N = x2d.shape
+        if (M == 0 or unsupported(x2d, dy2d) is not None or rstd.stride(0) != 1
+                or (cfg is None and self.not_here(N, x2d.dtype))):
+            from ..cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+            return PERSISTENT_BACKWARD.backward(dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev, out=out)
+        return launch(cfg or self.config(N, x2d.dtype, dev), dy2d, x2d, weight, rstd, offset, need_dx, need_dw,
+                      dev.sm_count, out)
+
+
+TMA_SMEM_BACKWARD = TmaSmemBackward()

@@ -1,0 +1,78 @@
+"""Launch configs of the tma_smem_cached backward and the analytic heuristic that picks them."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from .rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    cluster_n: int   # CTAs per row (a cluster), 1 = none
+    threads: int     # threads per CTA (a multiple of 32)
+    nvb: int         # 16-byte vectors of x per thread
+    stages: int      # row slices of x and dy in flight in shared memory (TMA ring)
+    vec: int         # elements per 16-byte vector
+
+    @property
+    def warps(self) -> int:
+        return self.threads // 32
+
+    @property
+    def slice_cols(self) -> int:
+        """Columns of one CTA's slice of a row (>= its valid columns)."""
+        return self.vec * self.threads * self.nvb
+
+    def smem_bytes(self, elem_bytes: int) -> int:
+        ring = -(-self.stages * self.slice_cols * elem_bytes // 128) * 128
+        return 2 * ring + 8 * (self.stages + 2) + 4 * self.warps + 8 * self.cluster_n + 16 + 256
+
+    def short(self) -> str:
+        return (f"cluster={self.cluster_n} threads={self.threads} vectors/thread={self.nvb} "
+                f"stages={self.stages}")
+
+
+# The analytic heuristic. The reasons (bench/NOTES.md, "The backward in CuTe DSL"):
+#   * one CTA per SM, persistent: a cluster of CTAs walks rows c, c + C, ... (C clusters), each CTA
+#     owning one slice of columns for the whole launch, so its dw partial stays in registers and its
+#     weight is loaded once;
+#   * a row's slices of x and dy come in by TMA bulk copies into a ring of STAGES slots, issued
+#     STAGES - 1 rows ahead: the DRAM reads never wait for the per-row exchange, which goes through
+#     distributed shared memory (one st.async per peer) instead of an L2 round trip;
+#   * SLICE_BYTES of x per CTA and row (so that rows of 32-256 KiB spread over 2-16 CTAs of 128
+#     threads), more where CLUSTER_MAX CTAs do not hold the row at that size; a ring of at most
+#     MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
+#     threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916 for 32 KiB slices of 256 threads;
+#     `python bench/probe/cute_bwd_configs.py`.
+SLICE_BYTES = 16 * 1024
+VECS_PER_THREAD = 8
+MIN_STAGES = 2
+MAX_STAGES = 4
+MAX_THREADS = 1024
+RED_ROUNDS = 4  # column tiles a dw reducer sums at once: 4 16-byte loads per thread in flight per partial
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=4096)
+def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
+                    vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None) -> BwdConfig | None:
+    """The config for rows of N elements of `elem_bytes`; None where no config fits (a slice ring of
+    MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared memory)."""
+    vec = 16 // elem_bytes
+    cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
+    vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
+    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-vectors // vecs_per_thread))))
+    nvb = -(-vectors // threads)
+    cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
+    cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec)
+    room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + 2 * -(-cfg.slice_cols * elem_bytes // 128) * 128
+    fit = min(MAX_STAGES, room // (2 * cfg.slice_cols * elem_bytes))
+    if stages is not None:
+        fit = stages if stages <= fit else 0
+    if fit < MIN_STAGES:
+        return None
+    return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec)

@@ -1,0 +1,318 @@
+"""The tma_smem_cached backward kernel (CuTe DSL): a persistent grid of clusters, each cluster walking
+rows c, c + C, ... with one CTA per slice of columns. A row's slices of x and dy come into a ring of
+shared-memory slots by TMA bulk copies issued `stages - 1` rows ahead; each CTA reduces its share of
+sum(x * w' * dy), the cluster's CTAs exchange their shares through distributed shared memory (one
+st.async per peer), and dx is computed from shared memory and stored with 128-bit stores. dw stays in
+fp32 registers per CTA for the whole launch; at the end each cluster writes its partial row and the
+last cluster to arrive for a slice (an atomic ticket) sums the partials in cluster order: dw is
+deterministic (no float atomics).
+
+    x^ = x * rstd,  g = w' * dy (w' = offset + w; g = dy without a weight)
+    dx = rstd * (g - x^ * mean(x^ * g)) = rstd * g - x * rstd^3 * sum(x * g) / N
+    dw = sum over rows of dy * x^
+
+Names follow CuTe's convention: m* whole tensors in global memory, g* a CTA's tile of them, s* shared
+memory, t?r?/t?s?/t?g? a thread's partition (in registers, shared, global).
+
+The kernel does not validate; rmsnorm_bwd.py (`unsupported`) and the API layer do. What it assumes:
+rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples of 16 bytes /
+element size, the bases 16-byte aligned), rstd [M] fp32 contiguous, a 16-byte-aligned weight with unit
+stride, dx contiguous, the partials [clusters, N] fp32 and one zeroed int32 ticket per CTA rank.
+"""
+from __future__ import annotations
+
+import operator
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass.memory.smem import SmemAllocator
+
+from ._device import bulk_copy_g2s, column_predicate, store_f32_to_peer
+from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
+
+
+class RMSNormBwdTmaSmem:
+    """dx and dw of y = x * rstd * (offset + w) over rows of N. Compile-time: dtypes, N, the config,
+    weight or not, dx and dw wanted or not; runtime: M, the row strides of x and dy, offset, the number
+    of clusters."""
+
+    def __init__(self, x_dtype, w_dtype, N: int, cfg: BwdConfig, has_weight: bool, need_dx: bool,
+                 need_dw: bool):
+        self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
+        self.has_weight, self.need_dx = has_weight, need_dx
+        self.need_dw = need_dw and has_weight
+        self.vec = 128 // x_dtype.width
+        self.elem_bytes = x_dtype.width // 8
+
+    # ---- host side ----------------------------------------------------------------------------
+    def _tv_layout(self):
+        # thread t -> column t*vec; value (v, k) -> column v + k*vec*threads: each thread owns 16-byte
+        # vectors, consecutive threads consecutive vectors (conflict-free shared reads, coalesced stores)
+        c = self.cfg
+        return cute.make_layout(((c.threads, 1), (self.vec, c.nvb)), stride=((self.vec, 1), (1, self.vec * c.threads)))
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mDY: cute.Tensor, mW, mRstd: cute.Tensor, mDX: cute.Tensor, mDW,
+                 mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, clusters: Int32, reducers: Int32,
+                 stream):
+        c = self.cfg
+        self.kernel(mX, mDY, mW, mRstd, mDX, mDW, mPart, mTicket, offset, reducers, self._tv_layout()).launch(
+            grid=[clusters * c.cluster_n, 1, 1], block=[c.threads, 1, 1],
+            cluster=[c.cluster_n, 1, 1] if cutlass.const_expr(c.cluster_n > 1) else None,
+            smem=c.smem_bytes(self.elem_bytes), stream=stream)
+
+    # ---- device side --------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mDY: cute.Tensor, mW, mRstd: cute.Tensor, mDX: cute.Tensor, mDW,
+               mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, reducers: Int32, tv_layout: cute.Layout):
+        c = self.cfg
+        N, vec, eb = self.N, self.vec, self.elem_bytes
+        cn, S = c.cluster_n, c.stages
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        gdim, _, _ = cute.arch.grid_dim()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        if cutlass.const_expr(cn > 1):
+            rank = cute.arch.block_idx_in_cluster()
+            cid = bidx // cn
+        else:
+            rank = Int32(0)
+            cid = bidx
+        clusters = Int32(gdim) // cn
+        M = Int32(mX.shape[0])
+        width = c.slice_cols
+        col0 = rank * width
+        cols_valid = cutlass.min(N - col0, width) if cutlass.const_expr(cn > 1) else Int32(N)
+        even = cn * width == N  # every slice full: no column predicates
+        n_rows = (M - cid + clusters - 1) // clusters  # rows cid, cid + clusters, ... (grid <= M clusters)
+
+        # ---- shared memory: the x and dy rings, their barriers, the reduction and exchange slots ----
+        smem = SmemAllocator()
+        ring = cute.make_layout((S, width), stride=(width, 1))
+        sX = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
+        sDY = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
+        mbar_full = smem.allocate_array(cutlass.Int64, num_elems=S, byte_alignment=8)
+        mbar_peer = smem.allocate_array(cutlass.Int64, num_elems=2, byte_alignment=8)
+        sRed = smem.allocate_tensor(Float32, cute.make_layout((c.warps,)), byte_alignment=16)
+        sPeer = smem.allocate_tensor(Float32, cute.make_layout((2, cn), stride=(cn, 1)), byte_alignment=16)
+        sTicket = smem.allocate_tensor(Int32, cute.make_layout((1,)), byte_alignment=16)
+
+        if tidx == 0:
+            for s in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(mbar_full + s, 1)
+            cute.arch.mbarrier_init(mbar_peer, 1)
+            cute.arch.mbarrier_init(mbar_peer + 1, 1)
+        cute.arch.mbarrier_init_fence()
+        if cutlass.const_expr(cn > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.barrier()
+
+        # ---- the ring's producer (thread 0): row cid + i*clusters into slot i % S ----
+        x_base = mX.iterator.toint() + Int64(col0) * eb
+        dy_base = mDY.iterator.toint() + Int64(col0) * eb
+        x_stride = Int64(mX.stride[0]) * eb
+        dy_stride = Int64(mDY.stride[0]) * eb
+        slot_bytes = width * eb
+        sx_base = sX.iterator.toint()
+        sdy_base = sDY.iterator.toint()
+        full_base = mbar_full.toint()
+        if tidx == 0:
+            for s in cutlass.range_constexpr(S):
+                if s < n_rows:
+                    row = Int64(cid + s * clusters)
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_full + s, 2 * cols_valid * eb)
+                    bulk_copy_g2s(sx_base + s * slot_bytes, x_base + row * x_stride, cols_valid * eb, full_base + s * 8)
+                    bulk_copy_g2s(sdy_base + s * slot_bytes, dy_base + row * dy_stride, cols_valid * eb,
+                                  full_base + s * 8)
+
+        # ---- 128-bit copies: shared -> registers, registers -> global ----
+        tiler = (1, width)
+        copy_x = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
+                                                          num_bits_per_copy=128), tv_layout, tiler)
+        thr_x = copy_x.get_slice(tidx)
+        cT = cute.make_identity_tensor(tiler)
+        tXcX = thr_x.partition_S(cT)
+        tXpX = column_predicate(tXcX, vec, cols_valid) if cutlass.const_expr(not even) else None
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
+        tXrDY = cute.make_fragment_like(tXrX)
+        tXrX.fill(0)
+        tXrDY.fill(0)
+
+        # the weight (+ offset) in fp32 registers for the whole launch, loaded while the first rows fly
+        if cutlass.const_expr(self.has_weight):
+            mW2 = cute.make_tensor(mW.iterator, cute.prepend(mW.layout, cute.make_layout((1,), stride=(0,))))
+            copy_w = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
+                                                              num_bits_per_copy=128), tv_layout, tiler)
+            thr_w = copy_w.get_slice(tidx)
+            tWgW = thr_w.partition_S(cute.local_tile(mW2, tiler, (0, rank)))
+            tWrW = cute.make_fragment_like(tWgW)
+            tWrW.fill(0)
+            tWpW = column_predicate(thr_w.partition_S(cT), 128 // self.w_dtype.width, cols_valid)
+            cute.copy(copy_w, tWgW, tWrW, pred=tWpW if cutlass.const_expr(not even) else None)
+            # the weight's registers seen in x's fragment layout (the same values in the same order),
+            # kept in the weight's dtype and widened at each use (16-bit: half the registers)
+            tXrW = cute.make_tensor(tWrW.iterator, tXrX.layout)
+
+        # dw's partial: fp32 registers in the order of x's fragment, written with fp32 128-bit copies
+        copy_p = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32,
+                                                          num_bits_per_copy=128), tv_layout, tiler)
+        thr_p = copy_p.get_slice(tidx)
+        tPpP = column_predicate(thr_p.partition_S(cT), 4, cols_valid) if cutlass.const_expr(not even) else None
+        tPrDW = cute.make_fragment_like(thr_p.partition_S(cute.local_tile(mPart, tiler, (0, rank))))
+        tPrDW.fill(0)
+        dw_acc = cute.make_tensor(tPrDW.iterator, tXrX.layout)
+
+        for i in cutlass.range(n_rows, unroll=1):
+            s = i % S
+            row = cid + i * clusters
+            rstd = mRstd[row]
+            cute.arch.mbarrier_wait(mbar_full + s, (i // S) % 2)
+            tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (s, 0)))
+            tXsDY = thr_x.partition_S(cute.local_tile(sDY, tiler, (s, 0)))
+            if cutlass.const_expr(self.need_dx):
+                # pass 1: this CTA's share of sum(x * g)
+                cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
+                cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
+                g = tXrDY.load().to(Float32)
+                if cutlass.const_expr(self.has_weight):
+                    g = g * (tXrW.load().to(Float32) + offset)
+                dot = (tXrX.load().to(Float32) * g).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+                dot = cute.arch.warp_reduction(dot, operator.add, threads_in_group=32)
+                if cutlass.const_expr(c.warps > 1):
+                    if lane == 0:
+                        sRed[warp] = dot
+                    cute.arch.barrier()
+                    dot = Float32(0.0)
+                    for j in cutlass.range_constexpr(c.warps):
+                        dot = dot + sRed[j]
+                if cutlass.const_expr(cn > 1):  # every CTA's share to every CTA of the cluster
+                    b = i % 2
+                    if tidx == 0:
+                        cute.arch.mbarrier_arrive_and_expect_tx(mbar_peer + b, cn * 4)
+                    if warp == 0:
+                        if lane < cn:
+                            store_f32_to_peer(sPeer.iterator + b * cn + rank, dot, mbar_peer + b, lane)
+                    cute.arch.mbarrier_wait(mbar_peer + b, (i // 2) % 2)
+                    dot = Float32(0.0)
+                    for j in cutlass.range_constexpr(cn):
+                        dot = dot + sPeer[b, j]
+                coef = rstd * rstd * rstd * dot / N
+                # pass 2: dx from shared memory, 128-bit stores
+                cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
+                cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
+                x = tXrX.load().to(Float32)
+                dy = tXrDY.load().to(Float32)
+                g = dy
+                if cutlass.const_expr(self.has_weight):
+                    g = dy * (tXrW.load().to(Float32) + offset)
+                dx = g * rstd - x * coef
+                tXrDX = cute.make_fragment_like(tXrX)
+                tXrDX.store(dx.to(self.x_dtype))
+                tXgDX = thr_x.partition_D(cute.local_tile(mDX, tiler, (row, rank)))
+                cute.copy(copy_x, tXrDX, tXgDX, pred=tXpX)
+                if cutlass.const_expr(self.need_dw):
+                    dw_acc.store(dw_acc.load() + dy * x * rstd)
+            else:
+                cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
+                cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
+                dw_acc.store(dw_acc.load() + tXrDY.load().to(Float32) * tXrX.load().to(Float32) * rstd)
+            # the slot is read by every thread: refill it with the row S ahead
+            cute.arch.barrier()
+            if tidx == 0:
+                if i + S < n_rows:
+                    nxt = Int64(row + S * clusters)
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_full + s, 2 * cols_valid * eb)
+                    bulk_copy_g2s(sx_base + s * slot_bytes, x_base + nxt * x_stride, cols_valid * eb, full_base + s * 8)
+                    bulk_copy_g2s(sdy_base + s * slot_bytes, dy_base + nxt * dy_stride, cols_valid * eb,
+                                  full_base + s * 8)
+
+        if cutlass.const_expr(self.need_dw):
+            # ---- dw: one cluster writes it; else each cluster's partial row, and the last `reducers`
+            # CTAs to arrive (a ticket) wait for the others, then sum the partials in cluster order,
+            # a share of the columns each ----
+            if clusters == 1:
+                mDW2 = cute.make_tensor(mDW.iterator, cute.prepend(mDW.layout, cute.make_layout((1,), stride=(0,))))
+                copy_o = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
+                                                                  num_bits_per_copy=128), tv_layout, tiler)
+                thr_o = copy_o.get_slice(tidx)
+                tOgDW = thr_o.partition_D(cute.local_tile(mDW2, tiler, (0, rank)))
+                tOrDW = cute.make_fragment_like(tOgDW)
+                cute.make_tensor(tOrDW.iterator, tXrX.layout).store(dw_acc.load().to(self.w_dtype))
+                if cutlass.const_expr(even):
+                    cute.copy(copy_o, tOrDW, tOgDW)
+                else:
+                    cute.copy(copy_o, tOrDW, tOgDW,
+                              pred=column_predicate(thr_o.partition_S(cT), 128 // self.w_dtype.width, cols_valid))
+            else:
+                cute.copy(copy_p, tPrDW, thr_p.partition_D(cute.local_tile(mPart, tiler, (cid, rank))), pred=tPpP)
+                self.reduce_dw(mPart, mDW, mTicket, sTicket, clusters, reducers, Int32(gdim), tidx)
+        if cutlass.const_expr(cn > 1):  # no CTA leaves while a peer may still write to it
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+
+    @cute.jit
+    def reduce_dw(self, mPart: cute.Tensor, mDW, mTicket: cute.Tensor, sTicket: cute.Tensor, clusters: Int32,
+                  reducers: Int32, ctas: Int32, tidx: Int32):
+        """dw = the sum of the partial rows mPart[0 .. clusters - 1] in that order (deterministic). Every
+        CTA takes a ticket (mTicket[0]) after its partial is visible; the last `reducers` (at most half
+        the SMs: the CTAs that have not arrived are running, so the wait ends) wait until all have
+        arrived, then reducer j sums column tiles j, j + reducers, ...; the last reducer done
+        (mTicket[1]) sets both counters back to 0 for the next launch on the stream."""
+        c = self.cfg
+        N = self.N
+        T = c.threads
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier()
+        first_reducer = ctas - reducers
+        if tidx == 0:
+            t = cute.arch.atomic_add(mTicket.iterator.llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            sTicket[0] = t
+            if t >= first_reducer:
+                seen = t + 1
+                while seen < ctas:
+                    seen = cute.arch.atomic_add(mTicket.iterator.llvm_ptr, Int32(0), sem="acquire", scope="gpu")
+        cute.arch.barrier()
+        j = sTicket[0] - first_reducer
+        if j >= 0:
+            cute.arch.fence_acq_rel_gpu()
+            R = RED_ROUNDS
+            width = 4 * T  # columns of one tile: a 16-byte fp32 vector per thread
+            n_groups = -(-N // (width * R))
+            rtiler = (1, width)
+            red_tv = cute.make_layout(((T, 1), (4, 1)), stride=((4, 1), (1, width)))
+            copy_r = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32,
+                                                              num_bits_per_copy=128), red_tv, rtiler)
+            copy_o = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
+                                                              num_bits_per_copy=4 * self.w_dtype.width), red_tv, rtiler)
+            thr_r = copy_r.get_slice(tidx)
+            thr_o = copy_o.get_slice(tidx)
+            tRcR = thr_r.partition_S(cute.make_identity_tensor(rtiler))
+            mDW2 = cute.make_tensor(mDW.iterator, cute.prepend(mDW.layout, cute.make_layout((1,), stride=(0,))))
+            proto = thr_r.partition_S(cute.local_tile(mPart, rtiler, (0, 0)))
+            acc = [cute.make_fragment_like(proto) for _ in range(R)]
+            tmp = [cute.make_fragment_like(proto) for _ in range(R)]
+            out = cute.make_fragment_like(thr_o.partition_D(cute.local_tile(mDW2, rtiler, (0, 0))))
+            for grp in cutlass.range(j, n_groups, reducers, unroll=1):
+                preds = [column_predicate(tRcR, 4, N - (grp * R + r) * width) for r in range(R)]
+                for r in cutlass.range_constexpr(R):
+                    acc[r].fill(0)
+                    tmp[r].fill(0)
+                for k in cutlass.range(clusters, unroll=1):
+                    for r in cutlass.range_constexpr(R):
+                        cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k, grp * R + r))), tmp[r],
+                                  pred=preds[r])
+                    for r in cutlass.range_constexpr(R):
+                        acc[r].store(acc[r].load() + tmp[r].load())
+                for r in cutlass.range_constexpr(R):
+                    out.store(acc[r].load().to(self.w_dtype))
+                    cute.copy(copy_o, out, thr_o.partition_D(cute.local_tile(mDW2, rtiler, (0, grp * R + r))),
+                              pred=preds[r])
+            if tidx == 0:
+                done = cute.arch.atomic_add((mTicket.iterator + 1).llvm_ptr, Int32(1), sem="acq_rel", scope="gpu")
+                if done == reducers - 1:
+                    mTicket[0] = Int32(0)
+                    mTicket[1] = Int32(0)

@@ -1,0 +1,246 @@
+"""tma_smem_cached backward (cutile_norms/cute/rmsnorm_bwd.py).
+
+GPU tests: dx and dw against the fp64 closed form on NaN-poisoned outputs over dtype pairs, widths
+(one CTA per row, rows over clusters of 2-16 CTAs, slices that do not fill the last CTA), M from 1 up
+(fewer rows than clusters, many rows per cluster), weight None, offset, dx or dw alone, other configs
+than the heuristic's; strided x, expanded and strided dy; bit-identical dw over runs; the rows it does
+not take go to the cuTile backward; autograd through rms_norm(mode="tma_smem_cached"); CUDA graphs;
+M * N >= 2^31. CPU tests: the config rules.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutile_norms as cn
+from tests.conftest import assert_grad_close, poisoned, random_rows, random_weight, reference_bwd64
+
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
+WIDTHS = [128, 1000, 4096, 16384, 16392, 40000, 65536, 131072, 262144]
+EPS = 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# CPU: config rules
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("N", [8, 128, 1000, 2880, 4096, 16392, 40000, 65536, 131072, 262144, 524288])
+@pytest.mark.parametrize("e", [2, 4])
+def test_config_covers_the_row(N, e):
+    from cutile_norms.cute.rmsnorm_bwd_config import MIN_STAGES, analytic_config
+    from cutile_norms.cute.rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX
+
+    cfg = analytic_config(N, e)
+    if cfg is None:
+        assert N * e > CLUSTER_MAX * 32 * 1024  # a ring of two slices of x and dy per CTA does not fit
+        return
+    assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols  # no empty CTA
+    assert 32 <= cfg.threads <= 1024 and cfg.threads % 32 == 0 and cfg.cluster_n <= CLUSTER_MAX
+    assert MIN_STAGES <= cfg.stages and cfg.smem_bytes(e) <= SMEM_MAX
+
+
+# ------------------------------------------------------------------------------------------------
+# GPU
+# ------------------------------------------------------------------------------------------------
+def _dev():
+    from cutile_norms._platform import device_info
+    return device_info("cuda")
+
+
+def _rstd(x, w, offset):
+    from cutile_norms import dispatch
+    return dispatch.backend("multi_wave_cached").forward(x, w, EPS, offset, True, _dev())[1]
+
+
+def _run(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
+    """rstd from the library's forward, then the CuTe backward (the heuristic's config, or `cfg`,
+    at any width it takes) on poisoned dx / dw."""
+    from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    M, N = x.shape
+    cfg = cfg or analytic_config(N, x.element_size())
+    rstd = _rstd(x, w, offset)
+    dx = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device)) if need_dx else None
+    dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
+    out = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, _dev(), cfg=cfg, out=(dx, dw))
+    torch.cuda.synchronize()
+    return out
+
+
+def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
+    rdx, rdw, dxs, dws = reference_bwd64(x, w, dy, EPS, offset)
+    if need_dx:
+        assert_grad_close(dx, rdx, dxs, x.dtype, f"dx {what}", seed)
+    if need_dw and w is not None:
+        assert_grad_close(dw, rdw, dws, w.dtype, f"dw {what}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", WIDTHS)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 7, 300])
+def test_matches_reference(seed, N, x_dtype, w_dtype, M):
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    if analytic_config(N, DT[x_dtype].itemsize) is None:
+        pytest.skip("a width the kernel does not take (the cuTile backward runs: test_other_rows_go_to_cutile)")
+    x = random_rows((M, N), DT[x_dtype], "cuda")
+    w = random_weight(N, DT[w_dtype], "cuda")
+    dy = random_rows((M, N), DT[x_dtype], "cuda")
+    dx, dw = _run(x, w, dy, 0.5)
+    _check(x, w, dy, 0.5, dx, dw, f"N={N} M={M} {x_dtype}/{w_dtype}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4096, 65536, 262144])
+@pytest.mark.parametrize("case", ["no_weight", "dx_only", "dw_only", "offset1_fp32_weight"])
+def test_no_weight_one_grad_and_offset(seed, N, case):
+    M = 64
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    dy = random_rows((M, N), torch.bfloat16, "cuda")
+    w = None if case == "no_weight" else random_weight(N, torch.float32 if "fp32" in case else torch.bfloat16, "cuda")
+    offset = 1.0 if "offset1" in case else 0.0
+    need_dx, need_dw = case != "dw_only", case != "dx_only"
+    dx, dw = _run(x, w, dy, offset, need_dx=need_dx, need_dw=need_dw)
+    if not need_dx:
+        assert dx is None
+    if not need_dw or w is None:
+        assert dw is None
+    _check(x, w, dy, offset, dx, dw, case, seed, need_dx, need_dw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [65536, 262144])
+@pytest.mark.parametrize("variant", [dict(vecs_per_thread=4), dict(vecs_per_thread=16), dict(slice_bytes=16384),
+                                     dict(stages=2)])
+def test_other_configs(seed, N, variant):
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    cfg = analytic_config(N, 2, **variant)
+    if cfg is None:
+        pytest.skip("no such config at this width")
+    M = 2000 if N <= 65536 else 500  # many rows per cluster: the ring wraps many times
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy = random_rows((M, N), torch.bfloat16, "cuda")
+    dx, dw = _run(x, w, dy, 0.0, cfg=cfg)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} {cfg.short()}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4096, 65536])
+def test_strided_x_and_non_contiguous_dy(seed, N):
+    M = 40
+    x = random_rows((M, N + 64), torch.bfloat16, "cuda")[:, :N]
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy_row = random_rows((1, N), torch.bfloat16, "cuda")
+    for dy, what in ((dy_row.expand(M, N), "expanded dy"),
+                     (random_rows((M, 2 * N), torch.bfloat16, "cuda")[:, N:], "strided dy")):
+        dx, dw = _run(x, w, dy, 0.0)
+        _check(x, w, dy, 0.0, dx, dw, f"N={N} {what}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [65536, 262144])
+def test_dw_is_bit_identical_over_runs(seed, N):
+    M = 1000
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.float32, "cuda")
+    dy = random_rows((M, N), torch.bfloat16, "cuda")
+    first = _run(x, w, dy, 0.0)
+    for _ in range(4):
+        again = _run(x, w, dy, 0.0)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1]), f"run to run [seed {seed}]"
+    _check(x, w, dy, 0.0, *first, f"N={N}", seed)
+
+
+@pytest.mark.gpu
+def test_other_rows_go_to_cutile(seed):
+    """Rows the kernel does not take (N not a multiple of the vector, a start off 16 bytes, too long)
+    and rows where the cuTile backward measured ahead (narrower than MIN_ROW_BYTES, fp32) run the
+    cuTile backward; describe() says so and the grads are right."""
+    from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD, unsupported
+
+    cases = ((torch.bfloat16, 65537, 65537, 0, True), (torch.bfloat16, 65536, 65536 + 8, 1, True),
+             (torch.bfloat16, 1 << 20, 1 << 20, 0, True), (torch.bfloat16, 32768, 32768, 0, False),
+             (torch.float32, 65536, 65536, 0, False))
+    for dtype, N, base_cols, start, misfit in cases:
+        x = random_rows((4, base_cols + start), dtype, "cuda")[:, start:start + N]
+        assert (unsupported(x, x) is not None) == misfit, (N, start)
+        assert "cuTile" in TMA_SMEM_BACKWARD.describe(4, N, dtype, _dev()) or misfit, (dtype, N)
+        w = random_weight(N, dtype, "cuda")
+        dy = random_rows((4, N), dtype, "cuda")
+        rstd = _rstd(x, w, 0.0)
+        dx, dw = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, _dev())
+        _check(x, w, dy, 0.0, dx, dw, f"{dtype} N={N} start={start}", seed)
+    assert "CuTe DSL" in TMA_SMEM_BACKWARD.describe(4, 131072, torch.bfloat16, _dev())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N", [4096, 131072])
+def test_autograd_through_rms_norm(seed, x_dtype, w_dtype, N):
+    x = random_rows((48, N), DT[x_dtype], "cuda").requires_grad_()
+    w = random_weight(N, DT[w_dtype], "cuda").requires_grad_()
+    y = cn.rms_norm(x, w, EPS, mode="tma_smem_cached", offset=1.0)
+    dy = random_rows((48, N), DT[x_dtype], "cuda")
+    y.backward(dy)
+    rdx, rdw, dxs, dws = reference_bwd64(x.detach(), w.detach(), dy, EPS, 1.0)
+    assert_grad_close(x.grad, rdx, dxs, DT[x_dtype], "dx", seed)
+    assert_grad_close(w.grad, rdw, dws, w.dtype, "dw", seed)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_forward_and_backward(seed):
+    """Forward + backward captured in one CUDA graph and replayed with new inputs (the tickets come back
+    to 0; a capture gets fresh ones), then an eager launch on the same stream."""
+    N, M = 131072, 96
+    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
+    dy = random_rows((M, N), torch.bfloat16, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # compile and warm outside the capture
+            cn.rms_norm(x, w, EPS, mode="tma_smem_cached").backward(dy)
+            x.grad = w.grad = None
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cn.rms_norm(x, w, EPS, mode="tma_smem_cached").backward(dy)
+    for i in range(3):
+        with torch.no_grad():
+            x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+            dy.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+            x.grad.fill_(float("nan"))
+            w.grad.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _check(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"graph replay {i}", seed)
+    x2 = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w2 = w.detach().clone().requires_grad_()
+    cn.rms_norm(x2, w2, EPS, mode="tma_smem_cached").backward(dy)
+    _check(x2.detach(), w2.detach(), dy, 0.0, x2.grad, w2.grad, "eager after graph", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+def test_past_2_31_elements(seed):
+    N = 65536
+    M = (1 << 31) // N + 5
+    x = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    dx, dw = _run(x, w, dy, 0.0)
+    rows = torch.cat([torch.arange(3), torch.arange(M - 3, M)]).cuda()
+    rdx, _, dxs, _ = reference_bwd64(x[rows], w, dy[rows], EPS, 0.0)
+    assert_grad_close(dx[rows], rdx, dxs, torch.bfloat16, "dx head and tail rows", seed)
+    rdw = torch.zeros(N, dtype=torch.float64, device="cuda")
+    dws = torch.zeros_like(rdw)
+    for r0 in range(0, M, 4096):  # the fp64 reference in row chunks (a whole one would not fit)
+        xc, dyc = x[r0:r0 + 4096].double(), dy[r0:r0 + 4096].double()
+        t = dyc * xc * torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + EPS)
+        rdw += t.sum(dim=0)
+        dws += t.abs().sum(dim=0)
+    assert_grad_close(dw, rdw, dws, torch.bfloat16, "dw", seed)

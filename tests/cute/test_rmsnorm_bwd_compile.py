@@ -1,0 +1,52 @@
+"""Compile checks (CPU only, no GPU): every tma_smem_cached backward variant the library can launch is
+built to a real sm_90a and sm_100a cubin by `cute.compile` over fake tensors (CUTE_DSL_ARCH), and the
+PTX shows what the kernel is meant to do: bulk copies into the ring on mbarriers, 128-bit shared loads
+and global stores, the cluster exchange through distributed shared memory, integer atomics only (the
+dw tickets): no float atomics.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from cutile_norms.cute.rmsnorm_bwd import MIN_ROW_BYTES, compile_backward
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+ARCHS = ["sm_90a", "sm_100a"]
+DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
+# the widths the backend runs it at (rows of MIN_ROW_BYTES and more), and two narrow ones the tests run
+WIDTHS = [1000, 4096, 16384, 32768, 40000, 65536, 131072, 262144]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+@pytest.mark.parametrize("N", WIDTHS)
+def test_compiles(N, x_dtype, w_dtype, arch):
+    cfg = analytic_config(N, DT[x_dtype].itemsize)
+    if cfg is None:
+        assert N * DT[x_dtype].itemsize >= MIN_ROW_BYTES  # only wide fp32 rows have no config
+        pytest.skip("no config: the cuTile backward runs")
+    assert compile_backward(DT[x_dtype], DT[w_dtype], N, cfg, True, True, arch) is not None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("has_w,need_dx,need_dw", [(False, True, False), (True, True, False), (True, False, True)])
+@pytest.mark.parametrize("N", [4096, 65536, 262144])
+def test_compiles_one_grad_and_no_weight_variants(N, has_w, need_dx, need_dw, arch):
+    w = torch.bfloat16 if has_w else None
+    assert compile_backward(torch.bfloat16, w, N, analytic_config(N, 2), need_dx, need_dw, arch) is not None
+
+
+def test_ptx_cluster_rows():
+    cfg = analytic_config(262144, 2)
+    assert cfg.cluster_n == 16
+    ptx = compile_backward(torch.bfloat16, torch.bfloat16, 262144, cfg, True, True, "sm_90a", keep_ptx=True).__ptx__
+    assert ".target sm_90a" in ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx and "mapa.shared::cluster" in ptx
+    assert "ld.shared.v4" in ptx and "st.global.v4" in ptx
+    atomics = re.findall(r"\batom\.[\w.]+", ptx)  # the dw tickets: take one, poll, done; no float atomics
+    assert len(atomics) == 3 and all(a.endswith(".add.u32") for a in atomics), atomics
