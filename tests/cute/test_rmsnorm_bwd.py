@@ -156,6 +156,25 @@ def test_dw_is_bit_identical_over_runs(seed, N):
 
 
 @pytest.mark.gpu
+def test_cluster_count_is_the_same_from_another_thread():
+    """autograd runs the backward on its own thread, where the occupancy query once failed (no current
+    context) and the fallback launched more clusters than fit at once (0.68 x copy instead of 0.94)."""
+    import threading
+
+    from cutile_norms.cute.rmsnorm_bwd import max_clusters
+
+    sms = _dev().sm_count
+    found = {}
+    max_clusters.cache_clear()
+    worker = threading.Thread(target=lambda: found.update({cn: max_clusters(0, cn, sms) for cn in (2, 8, 16)}))
+    worker.start()
+    worker.join()
+    max_clusters.cache_clear()
+    assert found == {cn: max_clusters(0, cn, sms) for cn in (2, 8, 16)}
+    assert all(1 <= found[cn] <= sms // cn for cn in found)
+
+
+@pytest.mark.gpu
 def test_other_rows_go_to_cutile(seed):
     """Rows the kernel does not take (N not a multiple of the vector, a start off 16 bytes, too long)
     and rows where the cuTile backward measured ahead (narrower than MIN_ROW_BYTES, fp32) run the
