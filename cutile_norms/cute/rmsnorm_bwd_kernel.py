@@ -32,6 +32,13 @@ from ._device import bulk_copy_g2s, column_predicate, store_f32_to_peer
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
 
 
+def _fill_slot(mbar, mbar_addr, sx_addr, sdy_addr, x_addr, dy_addr, nbytes):
+    """(One thread) a row's x and dy slices, `nbytes` each, into a ring slot, completing on its mbarrier."""
+    cute.arch.mbarrier_arrive_and_expect_tx(mbar, 2 * nbytes)
+    bulk_copy_g2s(sx_addr, x_addr, nbytes, mbar_addr)
+    bulk_copy_g2s(sdy_addr, dy_addr, nbytes, mbar_addr)
+
+
 class RMSNormBwdTmaSmem:
     """dx and dw of y = x * rstd * (offset + w) over rows of N. Compile-time: dtypes, N, the config,
     weight or not, dx and dw wanted or not; runtime: M, the row strides of x and dy, offset, the number
@@ -93,8 +100,8 @@ class RMSNormBwdTmaSmem:
         ring = cute.make_layout((S, width), stride=(width, 1))
         sX = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
         sDY = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
-        mbar_full = smem.allocate_array(cutlass.Int64, num_elems=S, byte_alignment=8)
-        mbar_peer = smem.allocate_array(cutlass.Int64, num_elems=2, byte_alignment=8)
+        mbar_full = smem.allocate_array(Int64, num_elems=S, byte_alignment=8)
+        mbar_peer = smem.allocate_array(Int64, num_elems=2, byte_alignment=8)
         sRed = smem.allocate_tensor(Float32, cute.make_layout((c.warps,)), byte_alignment=16)
         sPeer = smem.allocate_tensor(Float32, cute.make_layout((2, cn), stride=(cn, 1)), byte_alignment=16)
         sTicket = smem.allocate_tensor(Int32, cute.make_layout((1,)), byte_alignment=16)
@@ -120,14 +127,13 @@ class RMSNormBwdTmaSmem:
         sx_base = sX.iterator.toint()
         sdy_base = sDY.iterator.toint()
         full_base = mbar_full.toint()
+        nbytes = cols_valid * eb  # of x, and of dy, per row and CTA
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 if s < n_rows:
                     row = Int64(cid + s * clusters)
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_full + s, 2 * cols_valid * eb)
-                    bulk_copy_g2s(sx_base + s * slot_bytes, x_base + row * x_stride, cols_valid * eb, full_base + s * 8)
-                    bulk_copy_g2s(sdy_base + s * slot_bytes, dy_base + row * dy_stride, cols_valid * eb,
-                                  full_base + s * 8)
+                    _fill_slot(mbar_full + s, full_base + s * 8, sx_base + s * slot_bytes, sdy_base + s * slot_bytes,
+                               x_base + row * x_stride, dy_base + row * dy_stride, nbytes)
 
         # ---- 128-bit copies: shared -> registers, registers -> global ----
         tiler = (1, width)
@@ -225,10 +231,8 @@ class RMSNormBwdTmaSmem:
             if tidx == 0:
                 if i + S < n_rows:
                     nxt = Int64(row + S * clusters)
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_full + s, 2 * cols_valid * eb)
-                    bulk_copy_g2s(sx_base + s * slot_bytes, x_base + nxt * x_stride, cols_valid * eb, full_base + s * 8)
-                    bulk_copy_g2s(sdy_base + s * slot_bytes, dy_base + nxt * dy_stride, cols_valid * eb,
-                                  full_base + s * 8)
+                    _fill_slot(mbar_full + s, full_base + s * 8, sx_base + s * slot_bytes, sdy_base + s * slot_bytes,
+                               x_base + nxt * x_stride, dy_base + nxt * dy_stride, nbytes)
 
         if cutlass.const_expr(self.need_dw):
             # ---- dw: one cluster writes it; else each cluster's partial row, and the last `reducers`
