@@ -263,9 +263,10 @@ class RMSNormBwdTmaSmem:
                   reducers: Int32, ctas: Int32, tidx: Int32):
         """dw = the sum of the partial rows mPart[0 .. clusters - 1] in that order (deterministic). Every
         CTA takes a ticket (mTicket[0]) after its partial is visible; the last `reducers` (at most half
-        the SMs: the CTAs that have not arrived are running, so the wait ends) wait until all have
-        arrived, then reducer j sums column tiles j, j + reducers, ...; the last reducer done
-        (mTicket[1]) sets both counters back to 0 for the next launch on the stream."""
+        the SMs) wait until all have arrived: the grid holds only the clusters that fit at once, so the
+        CTAs not yet arrived are running (beside another kernel, they start as its CTAs finish and
+        ours leave), and the wait ends. Reducer j then sums column tiles j, j + reducers, ...; the last
+        reducer done (mTicket[1]) sets both counters back to 0 for the next launch on the stream."""
         c = self.cfg
         N = self.N
         T = c.threads
