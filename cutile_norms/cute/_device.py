@@ -1,5 +1,6 @@
 """Device helpers both tma_smem_cached kernels use: the TMA bulk copy into shared memory, the push of
-one fp32 into a cluster peer's shared memory, and the per-vector column predicate."""
+one fp32 into a cluster peer's shared memory, the per-vector column predicate, vector copies over a
+thread-value layout, and a vector seen as rows."""
 from __future__ import annotations
 
 import cutlass
@@ -47,3 +48,14 @@ def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit
             for k in cutlass.range_constexpr(m2):
                 pred[i, j, k] = tXcX[i * atom_vals, j, k][1] < limit
     return pred
+
+
+def vector_copy(dtype, tv_layout: cute.Layout, tiler, bits: int = 128):
+    """A tiled copy of `bits` per instruction (128: one 16-byte vector) with `tv_layout` over `tiler`."""
+    return cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=bits),
+                                tv_layout, tiler)
+
+
+def as_rows(mV: cute.Tensor, rows: int) -> cute.Tensor:
+    """A 1-D tensor (the weight, dw) seen as `rows` identical rows (row stride 0), to tile like x."""
+    return cute.make_tensor(mV.iterator, cute.prepend(mV.layout, cute.make_layout((rows,), stride=(0,))))

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from .._platform import DeviceInfo
-from .._workspace import workspace
+from .._workspace import current_raw_stream, workspace
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
-from .rmsnorm_fwd import _cutlass_dtype
+from .rmsnorm_fwd import _compile_options, _cutlass_dtype
 
 # Rows narrower than this, and fp32 rows, go to the cuTile persistent backward (bench/NOTES.md, "The
 # backward in CuTe DSL", H100): bf16 N = 16384 0.906-0.922 against cuTile's 0.955, N = 32768
@@ -63,12 +63,9 @@ def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, 
     mP = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="clusters"), N), stride=(N, 1), assumed_align=16)
     mT = make_fake_tensor(cutlass.Int32, (16,), stride=(1,), assumed_align=16)
     kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw)
-    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
-    if keep_ptx:
-        import tempfile
-        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
     fn = cute.compile(kernel, mX, mDY, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
-                      cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
+                      cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
+                      options=_compile_options(arch, keep_ptx))
     COMPILE_COUNT[0] += 1
     _COMPILED[key] = fn
     return fn
@@ -121,9 +118,6 @@ def max_clusters(device_index: int, cluster_n: int, sm_count: int) -> int:
         return max(1, sm_count // cluster_n - (1 if cluster_n > 1 else 0))
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
            rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
            out: tuple | None = None):
@@ -144,7 +138,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         dx = torch.empty(M, N, dtype=x2d.dtype, device=device) if need_dx else None
         dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
     clusters = min(M, max_clusters(device.index, cfg.cluster_n, sm_count))
-    stream = _raw_stream(device.index)
+    stream = current_raw_stream(device.index)
     part = workspace("cute_bwd_partials", (clusters if need_dw else 1) * N, torch.float32, device, stream, zero=False)
     tickets = workspace("cute_bwd_tickets", 16, torch.int32, device, stream, zero=True)
     fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw)

@@ -28,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import bulk_copy_g2s, column_predicate, store_f32_to_peer
+from ._device import as_rows, bulk_copy_g2s, column_predicate, store_f32_to_peer, vector_copy
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
 
 
@@ -137,8 +137,7 @@ class RMSNormBwdTmaSmem:
 
         # ---- 128-bit copies: shared -> registers, registers -> global ----
         tiler = (1, width)
-        copy_x = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
-                                                          num_bits_per_copy=128), tv_layout, tiler)
+        copy_x = vector_copy(self.x_dtype, tv_layout, tiler)
         thr_x = copy_x.get_slice(tidx)
         cT = cute.make_identity_tensor(tiler)
         tXcX = thr_x.partition_S(cT)
@@ -148,13 +147,11 @@ class RMSNormBwdTmaSmem:
         tXrX.fill(0)
         tXrDY.fill(0)
 
-        # the weight (+ offset) in fp32 registers for the whole launch, loaded while the first rows fly
+        # the weight in registers for the whole launch, loaded while the first rows fly
         if cutlass.const_expr(self.has_weight):
-            mW2 = cute.make_tensor(mW.iterator, cute.prepend(mW.layout, cute.make_layout((1,), stride=(0,))))
-            copy_w = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
-                                                              num_bits_per_copy=128), tv_layout, tiler)
+            copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
             thr_w = copy_w.get_slice(tidx)
-            tWgW = thr_w.partition_S(cute.local_tile(mW2, tiler, (0, rank)))
+            tWgW = thr_w.partition_S(cute.local_tile(as_rows(mW, 1), tiler, (0, rank)))
             tWrW = cute.make_fragment_like(tWgW)
             tWrW.fill(0)
             tWpW = column_predicate(thr_w.partition_S(cT), 128 // self.w_dtype.width, cols_valid)
@@ -164,8 +161,7 @@ class RMSNormBwdTmaSmem:
             tXrW = cute.make_tensor(tWrW.iterator, tXrX.layout)
 
         # dw's partial: fp32 registers in the order of x's fragment, written with fp32 128-bit copies
-        copy_p = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32,
-                                                          num_bits_per_copy=128), tv_layout, tiler)
+        copy_p = vector_copy(Float32, tv_layout, tiler)
         thr_p = copy_p.get_slice(tidx)
         tPpP = column_predicate(thr_p.partition_S(cT), 4, cols_valid) if cutlass.const_expr(not even) else None
         tPrDW = cute.make_fragment_like(thr_p.partition_S(cute.local_tile(mPart, tiler, (0, rank))))
@@ -238,19 +234,11 @@ class RMSNormBwdTmaSmem:
             # ---- dw: one cluster writes it; else each cluster's partial row, and the last `reducers`
             # CTAs to arrive (a ticket) wait for the others, then sum the partials in cluster order,
             # a share of the columns each ----
-            if clusters == 1:
-                mDW2 = cute.make_tensor(mDW.iterator, cute.prepend(mDW.layout, cute.make_layout((1,), stride=(0,))))
-                copy_o = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
-                                                                  num_bits_per_copy=128), tv_layout, tiler)
-                thr_o = copy_o.get_slice(tidx)
-                tOgDW = thr_o.partition_D(cute.local_tile(mDW2, tiler, (0, rank)))
-                tOrDW = cute.make_fragment_like(tOgDW)
-                cute.make_tensor(tOrDW.iterator, tXrX.layout).store(dw_acc.load().to(self.w_dtype))
-                if cutlass.const_expr(even):
-                    cute.copy(copy_o, tOrDW, tOgDW)
-                else:
-                    cute.copy(copy_o, tOrDW, tOgDW,
-                              pred=column_predicate(thr_o.partition_S(cT), 128 // self.w_dtype.width, cols_valid))
+            if clusters == 1:  # dw has the weight's dtype and columns: the weight's copy and predicate
+                tWgDW = thr_w.partition_D(cute.local_tile(as_rows(mDW, 1), tiler, (0, rank)))
+                tWrDW = cute.make_fragment_like(tWgDW)
+                cute.make_tensor(tWrDW.iterator, tXrX.layout).store(dw_acc.load().to(self.w_dtype))
+                cute.copy(copy_w, tWrDW, tWgDW, pred=tWpW if cutlass.const_expr(not even) else None)
             else:
                 cute.copy(copy_p, tPrDW, thr_p.partition_D(cute.local_tile(mPart, tiler, (cid, rank))), pred=tPpP)
                 self.reduce_dw(mPart, mDW, mTicket, sTicket, clusters, reducers, Int32(gdim), tidx)
@@ -289,14 +277,12 @@ class RMSNormBwdTmaSmem:
             n_groups = -(-N // (width * R))
             rtiler = (1, width)
             red_tv = cute.make_layout(((T, 1), (4, 1)), stride=((4, 1), (1, width)))
-            copy_r = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32,
-                                                              num_bits_per_copy=128), red_tv, rtiler)
-            copy_o = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
-                                                              num_bits_per_copy=4 * self.w_dtype.width), red_tv, rtiler)
+            copy_r = vector_copy(Float32, red_tv, rtiler)
+            copy_o = vector_copy(self.w_dtype, red_tv, rtiler, 4 * self.w_dtype.width)
             thr_r = copy_r.get_slice(tidx)
             thr_o = copy_o.get_slice(tidx)
             tRcR = thr_r.partition_S(cute.make_identity_tensor(rtiler))
-            mDW2 = cute.make_tensor(mDW.iterator, cute.prepend(mDW.layout, cute.make_layout((1,), stride=(0,))))
+            mDW2 = as_rows(mDW, 1)
             proto = thr_r.partition_S(cute.local_tile(mPart, rtiler, (0, 0)))
             acc = [cute.make_fragment_like(proto) for _ in range(R)]
             tmp = [cute.make_fragment_like(proto) for _ in range(R)]

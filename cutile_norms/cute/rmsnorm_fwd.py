@@ -30,6 +30,17 @@ def _cutlass_dtype(dtype: torch.dtype):
     return _CUTLASS_DTYPES[dtype]
 
 
+def _compile_options(arch: str | None, keep_ptx: bool) -> str:
+    """cute.compile's options: TVM-FFI calls; `arch` ("sm_90a", "sm_100a") to compile for that target
+    without a GPU (None: the current GPU's); `keep_ptx`: the PTX kept (in a temporary folder, its text
+    in the result's `__ptx__`)."""
+    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+    if keep_ptx:
+        import tempfile
+        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
+    return options
+
+
 # ================================================================================================
 # Compile cache
 # ================================================================================================
@@ -63,12 +74,8 @@ def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, c
     mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
     mR = make_fake_tensor(cutlass.Float32, (R,), stride=(1,), assumed_align=4)
     kernel = RMSNormFwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, store_rstd, contiguous)
-    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
-    if keep_ptx:  # the files go to a temporary folder, the text to fn.__ptx__
-        import tempfile
-        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
     fn = cute.compile(kernel, mX, mW, mY, mR, cutlass.Float32(1e-6), cutlass.Float32(0.0),
-                      make_fake_stream(use_tvm_ffi_env_stream=True), options=options)
+                      make_fake_stream(use_tvm_ffi_env_stream=True), options=_compile_options(arch, keep_ptx))
     COMPILE_COUNT[0] += 1
     _COMPILED[key] = fn
     return fn

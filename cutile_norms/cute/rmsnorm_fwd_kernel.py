@@ -19,7 +19,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import bulk_copy_g2s, column_predicate, store_f32_to_peer
+from ._device import as_rows, bulk_copy_g2s, column_predicate, store_f32_to_peer, vector_copy
 from .rmsnorm_fwd_config import FwdConfig
 
 
@@ -118,8 +118,7 @@ class RMSNormFwdTmaSmem:
 
         # ---- one 128-bit copy for shared -> registers and registers -> global ----
         tiler = (c.rpg, width)
-        copy_x = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.x_dtype,
-                                                          num_bits_per_copy=128), tv_layout, tiler)
+        copy_x = vector_copy(self.x_dtype, tv_layout, tiler)
         thr_x = copy_x.get_slice(tidx)
 
         cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column in the CTA's tile)
@@ -131,10 +130,9 @@ class RMSNormFwdTmaSmem:
 
         # the weight (+ offset), loaded while the bulk copies fly
         if cutlass.const_expr(self.has_weight):
-            mW2 = cute.make_tensor(mW.iterator, cute.prepend(mW.layout, cute.make_layout((c.rpg,), stride=(0,))))
+            mW2 = as_rows(mW, c.rpg)
             gW = cute.local_tile(mW2, tiler, (0, rank))
-            copy_w = cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.w_dtype,
-                                                              num_bits_per_copy=128), tv_layout, tiler)
+            copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
             tWgW = copy_w.get_slice(tidx).partition_S(gW)
             tWrW = cute.make_fragment_like(tWgW)
             tWrW.fill(0)

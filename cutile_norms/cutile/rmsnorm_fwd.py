@@ -14,6 +14,7 @@ import cuda.tile as ct
 import torch
 
 from .._platform import DeviceInfo
+from .._workspace import current_raw_stream as _raw_stream
 from .._workspace import workspace
 from .rmsnorm_fwd_config import (  # noqa: F401 (re-exported: the bench, probes and tests import them from here)
     FAMILIES, FwdConfig, analytical_config, cached_piece_min, default_config, measured_configs, split_part,
@@ -170,11 +171,6 @@ def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool,
 
 def _flat(t: torch.Tensor, length: int, offset: int = 0) -> torch.Tensor:
     return t.as_strided((length,), (1,), t.storage_offset() + offset)
-
-
-# the raw CUstream handle of the current stream: ct.launch takes it, and building a torch.cuda.Stream
-# object per call cost 2.9 us of a 23 us call on an H200 host (bench/NOTES.md)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def grid_size(cfg: FwdConfig, M: int, sm_count: int) -> int:

@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._workspace import current_raw_stream
+
 # Under TRITON_INTERPRET=1 (the CPU CI) programs run one after another: no program may wait for
 # another, so a split launch runs as two launches (partial sums, then the rest).
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -195,10 +197,7 @@ def resident_programs(kernel, args: tuple, consts: dict, num_warps: int, num_sta
     return hit
 
 
-_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
 def raw_stream(device: torch.device) -> int:
     """The current stream's handle (the workspaces are kept per stream); 0 for CPU tensors."""
-    return _raw(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" and _raw else 0
+    return current_raw_stream(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" and current_raw_stream else 0
