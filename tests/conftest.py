@@ -161,6 +161,19 @@ def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
                             f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
 
 
+def check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True, eps=1e-6):
+    """A backward's dx and dw (those asked for) against the fp64 closed form: the dtypes, then
+    assert_grad_close."""
+    ex, ew, sx, sw = reference_bwd64(x, w, dy, eps, offset)
+    if need_dx:
+        assert dx.dtype == x.dtype
+        assert_grad_close(dx, ex, sx, x.dtype, f"{what} dx", seed)
+    if need_dw and w is not None:
+        assert dw.dtype == w.dtype
+        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+
+
+
 __all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "poisoned", "check_forward",
            "reference_bwd64",
            "assert_grad_close", "rms_norm_reference"]

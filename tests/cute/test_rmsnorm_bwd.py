@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
-from tests.conftest import assert_grad_close, poisoned, random_rows, random_weight, reference_bwd64
+from tests.conftest import assert_grad_close, check_backward, poisoned, random_rows, random_weight, reference_bwd64
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
@@ -69,11 +69,7 @@ def _run(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
 
 
 def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
-    rdx, rdw, dxs, dws = reference_bwd64(x, w, dy, EPS, offset)
-    if need_dx:
-        assert_grad_close(dx, rdx, dxs, x.dtype, f"dx {what}", seed)
-    if need_dw and w is not None:
-        assert_grad_close(dw, rdw, dws, w.dtype, f"dw {what}", seed)
+    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_grad_close, poisoned, random_rows, random_weight, reference_bwd64
+from tests.conftest import assert_grad_close, check_backward, poisoned, random_rows, random_weight, reference_bwd64
 
 MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -80,13 +80,7 @@ def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
 
 
 def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
-    ex, ew, sx, sw = reference_bwd64(x, w, dy, EPS, offset)
-    if need_dx:
-        assert dx.dtype == x.dtype
-        assert_grad_close(dx, ex, sx, x.dtype, f"{what} dx", seed)
-    if need_dw and w is not None:
-        assert dw.dtype == w.dtype
-        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS)
 
 
 # ------------------------------------------------------------------------------------------------

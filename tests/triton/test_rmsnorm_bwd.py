@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_grad_close, poisoned, random_rows, random_weight, reference_bwd64
+from tests.conftest import check_backward, poisoned, random_rows, random_weight
 from tests.triton._util import DEVICES, device_for, sync
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -35,13 +35,7 @@ def _run(x, w, dy, offset, device, cfg=None, need_dx=True, need_dw=True):
 
 
 def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
-    ex, ew, sx, sw = reference_bwd64(x, w, dy, EPS, offset)
-    if need_dx:
-        assert dx.dtype == x.dtype
-        assert_grad_close(dx, ex, sx, x.dtype, f"{what} dx", seed)
-    if need_dw and w is not None:
-        assert dw.dtype == w.dtype
-        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS)
 
 
 @pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4097, 8192, 8193, 40000, 262144, 1 << 20, 3_000_017])
