@@ -174,6 +174,64 @@ def check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=T
 
 
 
+def check_backward_past_2_31(run, N, seed, eps=1e-6):
+    """A backward over M * N > 2^31 bf16 elements (int64 row offsets): `run(x, w, dy)` -> (dx, dw);
+    dx checked on rows at both ends, dw against an fp64 reference summed in row chunks (a whole one
+    would not fit in memory)."""
+    M = (1 << 31) // N + 5
+    x = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dy = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
+    dx, dw = run(x, w, dy)
+    rows = torch.cat([torch.arange(3), torch.arange(M - 3, M)]).cuda()
+    rdx, _, dxs, _ = reference_bwd64(x[rows], w, dy[rows], eps, 0.0)
+    assert_grad_close(dx[rows], rdx, dxs, torch.bfloat16, "dx head and tail rows", seed)
+    rdw = torch.zeros(N, dtype=torch.float64, device="cuda")
+    dws = torch.zeros_like(rdw)
+    for r0 in range(0, M, 4096):
+        xc, dyc = x[r0:r0 + 4096].double(), dy[r0:r0 + 4096].double()
+        t = dyc * xc * torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + eps)
+        rdw += t.sum(dim=0)
+        dws += t.abs().sum(dim=0)
+    assert_grad_close(dw, rdw, dws, torch.bfloat16, "dw", seed)
+
+
+def check_graph_forward_backward(mode, M, N, seed, eps=1e-6):
+    """rms_norm(mode=mode) forward + backward captured in one CUDA graph (after two warm-up runs on a
+    side stream, which compile outside the capture) and replayed three times with new x and dy, the
+    grads poisoned before each replay and checked against the fp64 closed form; then an eager
+    forward + backward on the same stream (whatever counters, slots or tickets the kernels keep must
+    be back in their starting state)."""
+    import cutile_norms as cn
+
+    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
+    dy = random_rows((M, N), torch.bfloat16, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            cn.rms_norm(x, w, eps, mode=mode).backward(dy)
+            x.grad = w.grad = None
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cn.rms_norm(x, w, eps, mode=mode).backward(dy)
+    for i in range(3):
+        with torch.no_grad():
+            x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+            dy.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+            x.grad.fill_(float("nan"))
+            w.grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_backward(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"{mode} graph replay {i}", seed, eps=eps)
+    x2 = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
+    w2 = w.detach().clone().requires_grad_()
+    cn.rms_norm(x2, w2, eps, mode=mode).backward(dy)
+    check_backward(x2.detach(), w2.detach(), dy, 0.0, x2.grad, w2.grad, f"{mode} eager after graph", seed, eps=eps)
+
+
 __all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "poisoned", "check_forward",
            "reference_bwd64",
            "assert_grad_close", "rms_norm_reference"]

@@ -109,6 +109,11 @@ def bwd_variants(N, dev):
                     out[f"split {split} {vpt}/thr{' pf' if pf else ''}"] = B.BwdConfig(
                         rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
                         programs_per_sm=pps, prefetch=pf)
+                if part & (part - 1) == 0 and part * split == N:  # x and dy by TMA, pipelined (rms_norm_bwd_tma_kernel)
+                    for stages in (2, 3, 4):
+                        out[f"split {split} {vpt}/thr tma{stages}"] = B.BwdConfig(
+                            rows=1, split=split, part=part, block_n=part, chunks=1, num_warps=warps,
+                            programs_per_sm=pps, prefetch=True, tma_stages=stages)
     return out
 
 

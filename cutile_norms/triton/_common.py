@@ -59,6 +59,13 @@ def _poll(idx, mask, flag, zero):
 
 
 @triton.jit
+def slot_word(flag, partial):
+    """The int64 a program publishes in its exchange slot: `flag` in the high word, the fp32 bits of
+    `partial` in the low one."""
+    return (flag << 32) | (partial.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
 def _low_float(slots):
     return (slots & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
 
@@ -83,8 +90,7 @@ def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr,
         slot_row = SLOTS + tl.cast(tile, tl.int64) * slot_row_stride(SPLIT)
         mine = tl.sum(partial, axis=0)
         if PHASE != 2:
-            lo = mine.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-            tl.atomic_xchg(slot_row + part, (flag << 32) | lo, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(slot_row + part, slot_word(flag, mine), sem="relaxed", scope="gpu")
         total = partial
         if PHASE != 1:
             lanes = tl.arange(0, SPLIT)
@@ -93,8 +99,7 @@ def exchange(SLOTS, tile, rows, row_ok, partial, part, flag, ROWS: tl.constexpr,
     else:
         slot_rows = SLOTS + rows * slot_row_stride(SPLIT)
         if PHASE != 2:
-            lo = partial.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-            tl.atomic_xchg(slot_rows + part, (flag << 32) | lo, mask=row_ok, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(slot_rows + part, slot_word(flag, partial), mask=row_ok, sem="relaxed", scope="gpu")
         total = partial
         if PHASE != 1:
             idx = slot_rows[:, None] + tl.arange(0, SPLIT)[None, :]

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import cutile_norms as cn
-from tests.conftest import assert_grad_close, check_backward, poisoned, random_rows, random_weight, reference_bwd64
+from tests.conftest import (assert_grad_close, check_backward, check_backward_past_2_31, check_graph_forward_backward,
+                            poisoned, random_rows, random_weight, reference_bwd64)
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
@@ -208,54 +209,11 @@ def test_autograd_through_rms_norm(seed, x_dtype, w_dtype, N):
 
 @pytest.mark.gpu
 def test_cuda_graph_forward_and_backward(seed):
-    """Forward + backward captured in one CUDA graph and replayed with new inputs (the tickets come back
-    to 0; a capture gets fresh ones), then an eager launch on the same stream."""
-    N, M = 131072, 96
-    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
-    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
-    dy = random_rows((M, N), torch.bfloat16, "cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # compile and warm outside the capture
-            cn.rms_norm(x, w, EPS, mode="tma_smem_cached").backward(dy)
-            x.grad = w.grad = None
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        cn.rms_norm(x, w, EPS, mode="tma_smem_cached").backward(dy)
-    for i in range(3):
-        with torch.no_grad():
-            x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
-            dy.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
-            x.grad.fill_(float("nan"))
-            w.grad.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        _check(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"graph replay {i}", seed)
-    x2 = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
-    w2 = w.detach().clone().requires_grad_()
-    cn.rms_norm(x2, w2, EPS, mode="tma_smem_cached").backward(dy)
-    _check(x2.detach(), w2.detach(), dy, 0.0, x2.grad, w2.grad, "eager after graph", seed)
+    """The tickets come back to 0 after each replay; a capture gets fresh ones."""
+    check_graph_forward_backward("tma_smem_cached", 96, 131072, seed, EPS)
 
 
 @pytest.mark.gpu
 @pytest.mark.big
 def test_past_2_31_elements(seed):
-    N = 65536
-    M = (1 << 31) // N + 5
-    x = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
-    w = random_weight(N, torch.bfloat16, "cuda")
-    dy = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
-    dx, dw = _run(x, w, dy, 0.0)
-    rows = torch.cat([torch.arange(3), torch.arange(M - 3, M)]).cuda()
-    rdx, _, dxs, _ = reference_bwd64(x[rows], w, dy[rows], EPS, 0.0)
-    assert_grad_close(dx[rows], rdx, dxs, torch.bfloat16, "dx head and tail rows", seed)
-    rdw = torch.zeros(N, dtype=torch.float64, device="cuda")
-    dws = torch.zeros_like(rdw)
-    for r0 in range(0, M, 4096):  # the fp64 reference in row chunks (a whole one would not fit)
-        xc, dyc = x[r0:r0 + 4096].double(), dy[r0:r0 + 4096].double()
-        t = dyc * xc * torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + EPS)
-        rdw += t.sum(dim=0)
-        dws += t.abs().sum(dim=0)
-    assert_grad_close(dw, rdw, dws, torch.bfloat16, "dw", seed)
+    check_backward_past_2_31(lambda x, w, dy: _run(x, w, dy, 0.0), 65536, seed, EPS)

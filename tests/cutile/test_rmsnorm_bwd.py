@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_grad_close, check_backward, poisoned, random_rows, random_weight, reference_bwd64
+from tests.conftest import (assert_grad_close, check_backward, check_graph_forward_backward, poisoned, random_rows,
+                            random_weight, reference_bwd64)
 
 MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -246,38 +247,8 @@ def test_autograd_leading_dims_sum_loss_and_module(seed):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("N", [4096, 65536])
 def test_cuda_graph_forward_and_backward(seed, mode, N):
-    """Forward + backward captured in one CUDA graph, replayed with new inputs: grads against the
-    reference each time (the counters and slots come back to their state; fresh ones are captured)."""
-    import cutile_norms as cn
-
-    M = 64
-    static_x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
-    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
-    static_dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # compile and warm outside the capture
-            cn.rms_norm(static_x, w, EPS, mode=mode).backward(static_dy)
-            static_x.grad = w.grad = None
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cn.rms_norm(static_x, w, EPS, mode=mode).backward(static_dy)
-    for i in range(3):
-        with torch.no_grad():
-            static_x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
-            static_dy.copy_(torch.randn(M, N, device="cuda").to(torch.bfloat16))
-            static_x.grad.fill_(float("nan"))
-            w.grad.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _check(static_x.detach(), w.detach(), static_dy, 0.0, static_x.grad, w.grad, f"graph replay {i}", seed)
-    # eager launches on the same stream afterwards still find their counters at 0
-    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
-    w2 = w.detach().clone().requires_grad_()
-    cn.rms_norm(x, w2, EPS, mode=mode).backward(static_dy)
-    _check(x.detach(), w2.detach(), static_dy, 0.0, x.grad, w2.grad, "eager after graph", seed)
+    """The counters and slots come back to their state after each replay; fresh ones are captured."""
+    check_graph_forward_backward(mode, 64, N, seed, EPS)
 
 
 @pytest.mark.gpu

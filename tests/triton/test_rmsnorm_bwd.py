@@ -3,14 +3,16 @@
 CPU (Triton's interpreter, small shapes) and GPU: dx and dw against the fp64 closed form on
 NaN-poisoned outputs, over dtype pairs, widths (narrow rows several per tile, 2^k +- 1, odd, split
 rows, chunked parts), weight None, offset, dx or dw alone, strided x, expanded dy; dw bit-identical
-over repeated runs. GPU only: full-size rows, CUDA graphs, M * N >= 2^31.
+over repeated runs; split rows by TMA (rms_norm_bwd_tma_kernel) and the rows it declines. GPU only:
+full-size rows, CUDA graphs, M * N >= 2^31 (both kernels).
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.conftest import check_backward, poisoned, random_rows, random_weight
+from tests.conftest import (check_backward, check_backward_past_2_31, check_graph_forward_backward, poisoned,
+                            random_rows, random_weight)
 from tests.triton._util import DEVICES, device_for, sync
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -126,6 +128,58 @@ def test_strided_x_expanded_dy_and_determinism(seed, device, N):
         assert torch.equal(dx.view(torch.int16), runs[0][0].view(torch.int16)), f"dx differs between runs [seed {seed}]"
 
 
+# (split, part, N, num_warps): parts of one TMA box (256 columns) or several (C = part / 256 boxes)
+TMA_CASES = [(4, 256, 1024, 4), (2, 2048, 4096, 4), (8, 512, 4096, 2)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("split,part,N,warps", TMA_CASES)
+@pytest.mark.parametrize("x_dtype,w_dtype,offset", [("bfloat16", "bfloat16", 0.0), ("bfloat16", "float32", 1.0),
+                                                    ("float32", "float32", 0.0), ("float16", None, 0.0)])
+def test_tma_split_rows(seed, device, split, part, N, warps, x_dtype, w_dtype, offset):
+    """rms_norm_bwd_tma_kernel: x's rows strided (16-byte aligned, so TMA takes them), one row and
+    13 rows over the grid's row groups, weight None, offset, dx alone; dx and dw bit-identical on a
+    later launch (the exchange's flags flip each launch)."""
+    from cutile_norms.triton.rmsnorm_bwd import BwdConfig, tma_applies
+
+    cfg = BwdConfig(rows=1, split=split, part=part, block_n=part, chunks=1, num_warps=warps, programs_per_sm=1,
+                    prefetch=True, tma_stages=3)
+    for M in (1, 13):
+        x = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
+        w = random_weight(N, DT[w_dtype], device) if w_dtype else None
+        dy = torch.randn(M, N, device=device).to(DT[x_dtype])
+        assert M == 1 or tma_applies(cfg, x, dy, x.stride(0), dy.stride(0), True, True)
+        first = _run(x, w, dy, offset, device, cfg=cfg)
+        _check(x, w, dy, offset, *first, f"TMA {cfg.short()} M={M} {x_dtype}/{w_dtype}", seed)
+        again = _run(x, w, dy, offset, device, cfg=cfg)
+        for a, b, what in zip(first, again, ("dx", "dw")):
+            assert b is None or torch.equal(a, b), f"{what} differs between launches [seed {seed}]"
+        dx, _ = _run(x, w, dy, offset, device, cfg=cfg, need_dw=False)
+        _check(x, w, dy, offset, dx, None, f"TMA dx alone M={M}", seed, need_dw=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["misaligned_x", "expanded_dy", "odd_stride", "uneven_parts"])
+def test_tma_declined_rows_take_the_pointer_kernel(seed, device, case):
+    """Rows TMA cannot address (a start or row stride that is not 16-byte aligned, dy's row stride 0)
+    and parts that do not tile the row go to rms_norm_bwd_kernel with the same config: still right."""
+    from cutile_norms.triton.rmsnorm_bwd import BwdConfig, tma_applies
+
+    M, N = 9, 4096
+    cfg = BwdConfig(rows=1, split=4, part=1024, block_n=1024, chunks=1, num_warps=4, programs_per_sm=1,
+                    prefetch=True, tma_stages=3)
+    x = random_rows((M, N + 8), torch.bfloat16, device)
+    x = {"misaligned_x": x[:, 3:N + 3], "odd_stride": random_rows((M, N + 3), torch.bfloat16, device)[:, :N]}.get(case, x[:, :N])
+    dy = torch.randn(1 if case == "expanded_dy" else M, N, device=device).to(torch.bfloat16).expand(M, N)
+    if case == "uneven_parts":
+        cfg = BwdConfig(rows=1, split=4, part=1040, block_n=2048, chunks=1, num_warps=4, programs_per_sm=1,
+                        prefetch=True, tma_stages=3)
+    assert not tma_applies(cfg, x, dy, x.stride(0), dy.stride(0), True, True), case
+    w = random_weight(N, torch.bfloat16, device)
+    dx, dw = _run(x, w, dy, 0.0, device, cfg=cfg)
+    _check(x, w, dy.contiguous(), 0.0, dx, dw, case, seed)
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU only
 # ------------------------------------------------------------------------------------------------
@@ -146,35 +200,8 @@ def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
 @pytest.mark.gpu
 @pytest.mark.parametrize("N", [4096, 65536])
 def test_cuda_graph_forward_and_backward(seed, N):
-    import cutile_norms as cn
-
-    M = 64
-    x = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
-    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_()
-    dy = torch.randn(M, N, device="cuda").to(torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            cn.rms_norm(x, w, EPS, mode="triton").backward(dy)
-            x.grad = w.grad = None
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cn.rms_norm(x, w, EPS, mode="triton").backward(dy)
-    for i in range(3):
-        with torch.no_grad():
-            x.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
-            dy.copy_(torch.randn(M, N, device="cuda").to(torch.bfloat16))
-            x.grad.fill_(float("nan"))
-            w.grad.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _check(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"graph replay {i}", seed)
-    x2 = random_rows((M, N), torch.bfloat16, "cuda").requires_grad_()
-    w2 = w.detach().clone().requires_grad_()
-    cn.rms_norm(x2, w2, EPS, mode="triton").backward(dy)
-    _check(x2.detach(), w2.detach(), dy, 0.0, x2.grad, w2.grad, "eager after graph", seed)
+    """The exchange's flags flip on every replay as on an eager launch (65536: the TMA kernel)."""
+    check_graph_forward_backward("triton", 64, N, seed, EPS)
 
 
 @pytest.mark.gpu
@@ -212,3 +239,11 @@ def test_full_size_bf16(seed):
         _check(x, w, dy, 0.0, dx, dw, f"full size N={N}", seed)
         del x, dy, dx, dw
         torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+@pytest.mark.big
+@pytest.mark.parametrize("N", [8192, 65536])
+def test_past_2_31_elements(seed, N):
+    """int64 row offsets: rms_norm_bwd_kernel (8192) and rms_norm_bwd_tma_kernel (65536)."""
+    check_backward_past_2_31(lambda x, w, dy: _run(x, w, dy, 0.0, "cuda"), N, seed, EPS)
