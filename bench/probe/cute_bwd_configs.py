@@ -2,7 +2,7 @@
 ratio to a same-run copy (bytes: read x, dy + write dx = 1.5 x the copy's), with the cuTile persistent
 backward's table config timed in the same run, and each config's dw share (the same config without dw).
 
-    python bench/probe/cute_bwd_configs.py [--ns 65536,131072,262144] [--dtype bfloat16] [--out F]
+    python bench/probe/cute_bwd_configs.py [--ns 65536,131072,262144] [--dtype bfloat16] [--reducers 16,132] [--out F]
 """
 from __future__ import annotations
 
@@ -42,6 +42,8 @@ def main() -> int:
     p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=[32768, 65536, 131072, 262144])
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reducers", type=lambda s: [int(v) for v in s.split(",") if v], default=[],
+                   help="the analytic config again with this many dw reducers each (default: the heuristic's)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if no_gpu():
@@ -67,10 +69,12 @@ def main() -> int:
         cut = lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.5, True, True, dev)  # noqa: E731
         row["cutile"] = timed(cut)
         print(f"N={N:>6} {'cutile table':<14} {row['cutile']:.3f}", flush=True)
-        for name, cfg in variants(N, dtype.itemsize).items():
+        runs = [(name, cfg, None) for name, cfg in variants(N, dtype.itemsize).items()]
+        runs += [(f"reducers {r}", analytic_config(N, dtype.itemsize), r) for r in args.reducers]
+        for name, cfg, reducers in runs:
             try:
-                def run(need_dw=True, cfg=cfg):
-                    return B.launch(cfg, dy, x, w, rstd, 0.5, True, need_dw, dev.sm_count)
+                def run(need_dw=True, cfg=cfg, reducers=reducers):
+                    return B.launch(cfg, dy, x, w, rstd, 0.5, True, need_dw, dev.sm_count, reducers=reducers)
                 dx, dw = run()
                 ok = (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=2e-2)
                       and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))

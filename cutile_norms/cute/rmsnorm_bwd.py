@@ -120,9 +120,10 @@ def max_clusters(device_index: int, cluster_n: int, sm_count: int) -> int:
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
            rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
-           out: tuple | None = None):
+           out: tuple | None = None, reducers: int | None = None):
     """(dx [M, N] contiguous in x's dtype or None, dw [N] in the weight's dtype or None) for rows
-    `unsupported` accepts, M >= 1; rstd [M] fp32 contiguous. `out`: (dx, dw) to write into."""
+    `unsupported` accepts, M >= 1; rstd [M] fp32 contiguous. `out`: (dx, dw) to write into.
+    `reducers`: the CTAs that sum dw's partials (probes; default: the heuristic below)."""
     M, N = x2d.shape
     device = x2d.device
     has_w = weight is not None
@@ -144,7 +145,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw)
     w_arg = weight if has_w else x2d[0]
     ctas = clusters * cfg.cluster_n
-    reducers = min(ctas, max(1, sm_count // 2), -(-N // (4 * cfg.threads * RED_ROUNDS)))
+    reducers = min(ctas, reducers or min(max(1, sm_count // 2), -(-N // (4 * cfg.threads * RED_ROUNDS))))
     fn(x2d, dy2d, w_arg, rstd, dx if need_dx else x2d, dw if need_dw else w_arg,
        part[:(clusters if need_dw else 1) * N].view(-1, N), tickets, offset, clusters, reducers)
     return dx, dw
