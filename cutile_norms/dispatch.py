@@ -222,10 +222,10 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 6145, 8191, "triton",
                 "H100 80GB HBM3 2026-11-24, N=7168 bf16: triton 0.947 x copy, the cuTile persistent kernel "
                 "0.883; python bench/rmsnorm.py --modes triton --anchors liger"),
-    BackwardRow("sm_90", ("bfloat16", "float16"), 65536, 262144, "tma_smem_cached",
-                "H100 80GB HBM3 2026-11-25, bf16: the CuTe DSL backward 0.943 / 0.957 / 0.931 x copy at "
-                "N=65536 / 131072 / 262144, the cuTile persistent kernel 0.923 / 0.897 / 0.800; "
-                "python bench/probe/cute_bwd_configs.py"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), 32768, 262144, "tma_smem_cached",
+                "H100 80GB HBM3 2026-11-25, bf16: the CuTe DSL backward 0.948 / 0.967 / 0.957 / 0.937 x copy "
+                "at N=32768 / 65536 / 131072 / 262144, the cuTile persistent kernel 0.935 / 0.918 / 0.894 / "
+                "0.798; python bench/probe/cute_bwd_configs.py"),
 )
 
 

@@ -151,7 +151,7 @@ def test_mode_none_runs_the_cutile_backward_behind_a_triton_forward(fake_table, 
 
 def test_mode_none_takes_the_backward_table_row():
     """BACKWARD_TABLE (with the shipped forward table): at 7168 (16-bit) Triton's backward measured ahead
-    of the cuTile kernel, from 65536 (16-bit) the CuTe DSL one; at other widths, in fp32 and without
+    of the cuTile kernel, from 32768 (16-bit) the CuTe DSL one; at other widths, in fp32 and without
     Triton, the cuTile kernel runs."""
     for dtype in (torch.bfloat16, torch.float16):
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 4096, 7168)
@@ -162,12 +162,12 @@ def test_mode_none_takes_the_backward_table_row():
     no_triton = Toolchain(cutile=None, cute=None, triton="`import triton` failed: ModuleNotFoundError")
     c = dispatch.resolve(None, H100, no_triton, torch.bfloat16, 4096, 7168)
     assert c.backward_mode == c.mode != "triton", c
-    # 16-bit rows of 65536 to 262144 elements: the CuTe DSL backward (its backend takes misaligned rows
+    # 16-bit rows of 32768 to 262144 elements: the CuTe DSL backward (its backend takes misaligned rows
     # to the cuTile kernel), whatever the forward
-    for dtype, N in ((torch.bfloat16, 65536), (torch.float16, 262144), (torch.bfloat16, 100000)):
+    for dtype, N in ((torch.bfloat16, 32768), (torch.bfloat16, 65536), (torch.float16, 262144), (torch.bfloat16, 100000)):
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N)
         assert c.backward_mode == "tma_smem_cached", (dtype, N, c)
-    for dtype, N in ((torch.bfloat16, 32768), (torch.float32, 262144), (torch.bfloat16, 1 << 20)):
+    for dtype, N in ((torch.bfloat16, 16384), (torch.float32, 262144), (torch.bfloat16, 1 << 20)):
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N)
         assert c.backward_mode != "tma_smem_cached" or c.mode == "tma_smem_cached", (dtype, N, c)
 

@@ -2,7 +2,7 @@
 ratio to a same-run copy (bytes: read x, dy + write dx = 1.5 x the copy's), with the cuTile persistent
 backward's table config timed in the same run, and each config's dw share (the same config without dw).
 
-    python bench/probe/cute_bwd_configs.py [--ns 65536,131072,262144] [--dtype bfloat16] [--reducers 16,132] [--out F]
+    python bench/probe/cute_bwd_configs.py [--ns 65536,131072,262144] [--dtype bfloat16] [--reducers 16,132] [--offset 0.5] [--out F]
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def variants(N, e):
     for name, kw in (("vecs 4", dict(vecs_per_thread=4)), ("vecs 2", dict(vecs_per_thread=2)),
                      ("slice 8K", dict(slice_bytes=8192)), ("slice 8K v4", dict(slice_bytes=8192, vecs_per_thread=4)),
                      ("slice 32K", dict(slice_bytes=32768)), ("slice 32K v16", dict(slice_bytes=32768, vecs_per_thread=16)),
-                     ("stages 2", dict(stages=2)), ("stages 3", dict(stages=3))):
+                     ("stages 2", dict(stages=2)), ("stages 3", dict(stages=3)), ("stages 4", dict(stages=4))):
         cfg = analytic_config(N, e, **kw)
         if cfg is not None and cfg not in out.values():
             out[name] = cfg
@@ -44,6 +44,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--reducers", type=lambda s: [int(v) for v in s.split(",") if v], default=[],
                    help="the analytic config again with this many dw reducers each (default: the heuristic's)")
+    p.add_argument("--offset", type=float, default=0.0, help="w' = offset + w (0: the variant without the add)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if no_gpu():
@@ -59,14 +60,14 @@ def main() -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         dy = torch.randn(M, N, device="cuda", dtype=dtype)
         rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
-        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.5)
+        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, args.offset)
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         row = {"copy_ms": copy}
 
         def timed(fn):
             return 1.5 * copy / device_ms(fn, reps=args.reps)["median_ms"]
 
-        cut = lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.5, True, True, dev)  # noqa: E731
+        cut = lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, args.offset, True, True, dev)  # noqa: E731
         row["cutile"] = timed(cut)
         print(f"N={N:>6} {'cutile table':<14} {row['cutile']:.3f}", flush=True)
         runs = [(name, cfg, None) for name, cfg in variants(N, dtype.itemsize).items()]
@@ -74,7 +75,7 @@ def main() -> int:
         for name, cfg, reducers in runs:
             try:
                 def run(need_dw=True, cfg=cfg, reducers=reducers):
-                    return B.launch(cfg, dy, x, w, rstd, 0.5, True, need_dw, dev.sm_count, reducers=reducers)
+                    return B.launch(cfg, dy, x, w, rstd, args.offset, True, need_dw, dev.sm_count, reducers=reducers)
                 dx, dw = run()
                 ok = (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=2e-2)
                       and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))

@@ -22,10 +22,10 @@ from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
 from .rmsnorm_fwd import _compile_options, _cutlass_dtype
 
 # Rows narrower than this, and fp32 rows, go to the cuTile persistent backward (bench/NOTES.md, "The
-# backward in CuTe DSL", H100): bf16 N = 16384 0.906-0.922 against cuTile's 0.955, N = 32768
-# 0.924-0.950 against 0.935-0.938 (level), N >= 65536 0.94-0.96 against 0.80-0.92; fp32 0.905-0.993
-# against cuTile's 0.980-0.994 at every width it takes.
-MIN_ROW_BYTES = 128 * 1024
+# backward in CuTe DSL" and "Two ring slots for small clusters", H100): bf16 N = 16384 0.907-0.922
+# against cuTile's 0.946-0.955; with two ring slots N = 32768 0.948 against 0.935, N >= 65536
+# 0.937-0.967 against 0.80-0.92; fp32 0.905-0.993 against cuTile's 0.980-0.994 at every width it takes.
+MIN_ROW_BYTES = 64 * 1024
 
 # ================================================================================================
 # Compile cache
@@ -35,10 +35,11 @@ COMPILE_COUNT = [0]
 
 
 def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: BwdConfig, need_dx: bool,
-                     need_dw: bool, arch: str | None = None, keep_ptx: bool = False):
+                     need_dw: bool, arch: str | None = None, keep_ptx: bool = False, has_offset: bool = True):
     """The compiled backward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
-    compiles for that target without a GPU; `keep_ptx`: the result's `__ptx__` holds the PTX."""
-    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx)
+    compiles for that target without a GPU; `keep_ptx`: the result's `__ptx__` holds the PTX;
+    `has_offset` False: a variant that takes offset as 0."""
+    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset)
     fn = _COMPILED.get(key)
     if fn is not None:
         return fn
@@ -62,7 +63,7 @@ def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, 
     mR = make_fake_tensor(cutlass.Float32, (M,), stride=(1,), assumed_align=4)
     mP = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="clusters"), N), stride=(N, 1), assumed_align=16)
     mT = make_fake_tensor(cutlass.Int32, (16,), stride=(1,), assumed_align=16)
-    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw)
+    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw, has_offset)
     fn = cute.compile(kernel, mX, mDY, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
                       cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                       options=_compile_options(arch, keep_ptx))
@@ -142,7 +143,8 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     stream = current_raw_stream(device.index)
     part = workspace("cute_bwd_partials", (clusters if need_dw else 1) * N, torch.float32, device, stream, zero=False)
     tickets = workspace("cute_bwd_tickets", 16, torch.int32, device, stream, zero=True)
-    fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw)
+    fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw,
+                          has_offset=has_w and offset != 0.0)
     w_arg = weight if has_w else x2d[0]
     ctas = clusters * cfg.cluster_n
     reducers = min(ctas, reducers or min(max(1, sm_count // 2), -(-N // (4 * cfg.threads * RED_ROUNDS))))

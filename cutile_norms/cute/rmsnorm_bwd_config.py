@@ -44,11 +44,15 @@ class BwdConfig:
 #     threads), more where CLUSTER_MAX CTAs do not hold the row at that size; a ring of at most
 #     MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
 #     threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916 for 32 KiB slices of 256 threads;
-#     `python bench/probe/cute_bwd_configs.py`.
+#     `python bench/probe/cute_bwd_configs.py`;
+#   * clusters of up to SMALL_CLUSTER CTAs keep MIN_STAGES slots: a smaller ring lets more CTAs share
+#     an SM (8 warps of one CTA left the issue slots idle, ncu), bf16 N = 65536 (clusters of 8) 0.963-0.969
+#     against 0.940-0.946 with 4 slots in three runs; clusters of 16 measured the same with 2, 3 or 4.
 SLICE_BYTES = 16 * 1024
 VECS_PER_THREAD = 8
 MIN_STAGES = 2
 MAX_STAGES = 4
+SMALL_CLUSTER = 8
 MAX_THREADS = 1024
 RED_ROUNDS = 4  # column tiles a dw reducer sums at once: 4 16-byte loads per thread in flight per partial
 
@@ -60,8 +64,9 @@ def _pow2_ceil(n: int) -> int:
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None) -> BwdConfig | None:
-    """The config for rows of N elements of `elem_bytes`; None where no config fits (a slice ring of
-    MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared memory)."""
+    """The config for rows of N elements of `elem_bytes` (`stages`: that many ring slots instead of the
+    rule's); None where no config fits (a slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs
+    does not fit shared memory)."""
     vec = 16 // elem_bytes
     cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
@@ -71,8 +76,10 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec)
     room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + 2 * -(-cfg.slice_cols * elem_bytes // 128) * 128
     fit = min(MAX_STAGES, room // (2 * cfg.slice_cols * elem_bytes))
-    if stages is not None:
+    if stages is not None:  # asked for (probes, tests): as long as it fits
         fit = stages if stages <= fit else 0
+    elif cluster_n <= SMALL_CLUSTER:
+        fit = min(fit, MIN_STAGES)
     if fit < MIN_STAGES:
         return None
     return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec)

@@ -41,13 +41,15 @@ def _fill_slot(mbar, mbar_addr, sx_addr, sdy_addr, x_addr, dy_addr, nbytes):
 
 class RMSNormBwdTmaSmem:
     """dx and dw of y = x * rstd * (offset + w) over rows of N. Compile-time: dtypes, N, the config,
-    weight or not, dx and dw wanted or not; runtime: M, the row strides of x and dy, offset, the number
+    weight or not, dx and dw wanted or not, offset zero or not; runtime: M, the row strides of x and dy, offset, the number
     of clusters."""
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: BwdConfig, has_weight: bool, need_dx: bool,
-                 need_dw: bool):
+                 need_dw: bool, has_offset: bool = True):
         self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
         self.has_weight, self.need_dx = has_weight, need_dx
+        # offset == 0 compiled without the add (one instruction per element and pass, of ~15 in all)
+        self.has_offset = has_offset
         self.need_dw = need_dw and has_weight
         self.vec = 128 // x_dtype.width
         self.elem_bytes = x_dtype.width // 8
@@ -70,6 +72,14 @@ class RMSNormBwdTmaSmem:
             smem=c.smem_bytes(self.elem_bytes), stream=stream)
 
     # ---- device side --------------------------------------------------------------------------
+    @cute.jit
+    def weight(self, tXrW: cute.Tensor, offset: Float32):
+        """w' = offset + w in fp32, widened from the weight's registers at each use."""
+        w = tXrW.load().to(Float32)
+        if cutlass.const_expr(self.has_offset):
+            w = w + offset
+        return w
+
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mDY: cute.Tensor, mW, mRstd: cute.Tensor, mDX: cute.Tensor, mDW,
                mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, reducers: Int32, tv_layout: cute.Layout):
@@ -181,7 +191,7 @@ class RMSNormBwdTmaSmem:
                 cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
                 g = tXrDY.load().to(Float32)
                 if cutlass.const_expr(self.has_weight):
-                    g = g * (tXrW.load().to(Float32) + offset)
+                    g = g * self.weight(tXrW, offset)
                 dot = (tXrX.load().to(Float32) * g).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
                 dot = cute.arch.warp_reduction(dot, operator.add, threads_in_group=32)
                 if cutlass.const_expr(c.warps > 1):
@@ -210,7 +220,7 @@ class RMSNormBwdTmaSmem:
                 dy = tXrDY.load().to(Float32)
                 g = dy
                 if cutlass.const_expr(self.has_weight):
-                    g = dy * (tXrW.load().to(Float32) + offset)
+                    g = dy * self.weight(tXrW, offset)
                 dx = g * rstd - x * coef
                 tXrDX = cute.make_fragment_like(tXrX)
                 tXrDX.store(dx.to(self.x_dtype))
