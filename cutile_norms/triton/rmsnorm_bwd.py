@@ -1,4 +1,4 @@
-"""RMSNorm backward in Triton: the persistent kernel, the dw reduction, their config, launch, backend.
+"""RMSNorm backward in Triton: the persistent kernels, the dw reduction, their config, launch, backend.
 
 The math, all in fp32 (w' = offset + w, xhat = x * rstd with rstd saved by the forward):
     g = dy * w'        dx = rstd * (g - xhat * mean(g * xhat))        dw = sum over rows of dy * xhat
@@ -17,6 +17,9 @@ p // SPLIT, p // SPLIT + R, ...), the forward's tiling (`split_for`, rows per ti
   * parts too long for registers (N > SPLIT_MAX x TILE_ELEMS) run in chunks: the dot in a first
     pass over x and dy (kept in L2), dx in a second; dw accumulates in the program's own row of the
     R x N buffer (read-modify-write, no other program touches it).
+  * split rows on sm_90+ (parts a power of two that tile the row, TMA-addressable rows) run
+    `rms_norm_bwd_tma_kernel`: x and dy by TMA, Triton's pipeliner issuing them rows ahead into
+    shared memory instead of the register prefetch; same exchange and dw.
 """
 from __future__ import annotations
 
