@@ -50,10 +50,19 @@ from ._common import (
 # Kernel
 # ================================================================================================
 @triton.jit
+def _weight(W, cols, ok, offset, HAS_OFFSET: tl.constexpr):
+    """w' = offset + w in fp32 at `cols`; offset == 0 compiled without the add (HAS_OFFSET)."""
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_OFFSET:
+        w = w + offset
+    return w
+
+
+@triton.jit
 def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
-                        ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr,
-                        PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
+                        ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, HAS_OFFSET: tl.constexpr,
+                        STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
                         PHASE: tl.constexpr, INT64: tl.constexpr):
     # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
     # for another) a split launch runs twice: PHASE 1 publishes the partial sums, PHASE 2 finishes.
@@ -80,7 +89,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
         cols = col0 + lanes
         col_ok = (lanes < PART) & (cols < N)
         if HAS_W and not ONE_TILE:
-            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+            w = _weight(W, cols, col_ok, offset, HAS_OFFSET)
         if PREFETCH:  # the first tile's x; each tile then loads the next one's before its reduction
             rows_n = group * ROWS + tl.arange(0, ROWS)
             if INT64:
@@ -125,7 +134,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                 y = x * rstd[:, None]
                 if HAS_W:
                     if ONE_TILE:
-                        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+                        w = _weight(W, cols, col_ok, offset, HAS_OFFSET)
                     y = y * w[None, :]
                 tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
             else:
@@ -138,7 +147,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                                  eviction_policy="evict_first").to(tl.float32)
                     yc = xc * rstd[:, None]
                     if HAS_W:
-                        wc = tl.load(W + cols_c, mask=ok_c, other=0.0).to(tl.float32) + offset
+                        wc = _weight(W, cols_c, ok_c, offset, HAS_OFFSET)
                         yc = yc * wc[None, :]
                     tl.store(y_rows + cols_c[None, :], yc.to(Y.dtype.element_ty), mask=mask_c)
             if STORE_RSTD:
@@ -245,7 +254,8 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     args = (x2d, weight if weight is not None else y, y, rstd if store_rstd else y, slots, M, stride,
             eps, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
-                  HAS_W=weight is not None, STORE_RSTD=store_rstd, PREFETCH=cfg.prefetch and cfg.chunks == 1,
+                  HAS_W=weight is not None, HAS_OFFSET=offset != 0.0, STORE_RSTD=store_rstd,
+                  PREFETCH=cfg.prefetch and cfg.chunks == 1,
                   ONE_TILE=cfg.programs_per_sm == 0 and (cfg.split > 1 or cfg.one_tile),
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if cfg.prefetch else 0),
                                     max(stride, N)))
