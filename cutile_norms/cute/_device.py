@@ -1,6 +1,6 @@
-"""Device helpers both tma_smem_cached kernels use: the TMA bulk copy into shared memory, the push of
-one fp32 into a cluster peer's shared memory, the per-vector column predicate, vector copies over a
-thread-value layout, and a vector seen as rows."""
+"""Device helpers both tma_smem_cached kernels use: the CTA's place in its cluster, the TMA bulk copy
+into shared memory, the push of one fp32 into a cluster peer's shared memory, the per-vector column
+predicate, vector copies over a thread-value layout, and a vector seen as rows."""
 from __future__ import annotations
 
 import cutlass
@@ -8,6 +8,15 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
+
+
+def cluster_position(cluster_n: int):
+    """(this CTA's rank in its cluster, the cluster's index in the grid) for a 1-D grid of clusters of
+    `cluster_n` CTAs (1: no clusters, every CTA its own)."""
+    bidx, _, _ = cute.arch.block_idx()
+    if cluster_n > 1:
+        return cute.arch.block_idx_in_cluster(), bidx // cluster_n
+    return Int32(0), bidx
 
 
 @dsl_user_op

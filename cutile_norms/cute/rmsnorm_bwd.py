@@ -53,11 +53,12 @@ def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, 
     dw = _cutlass_dtype(w_dtype) if w_dtype is not None else dx
     vec = 16 // x_dtype.itemsize
     M = cute.sym_int64(symbol="M")
-    mX = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="x_stride"), 1), assumed_align=16)
-    mDY = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="dy_stride"), 1),
-                           assumed_align=16)
-    mDX = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="dx_stride"), 1),
-                           assumed_align=16)
+
+    def rows(stride_symbol):  # [M, N] in x's dtype, 16-byte aligned rows at a symbolic row stride
+        return make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol=stride_symbol), 1),
+                                assumed_align=16)
+
+    mX, mDY, mDX = rows("x_stride"), rows("dy_stride"), rows("dx_stride")
     mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
     mDW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
     mR = make_fake_tensor(cutlass.Float32, (M,), stride=(1,), assumed_align=4)

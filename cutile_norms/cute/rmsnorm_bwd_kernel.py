@@ -28,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import as_rows, bulk_copy_g2s, column_predicate, store_f32_to_peer, vector_copy
+from ._device import as_rows, bulk_copy_g2s, cluster_position, column_predicate, store_f32_to_peer, vector_copy
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
 
 
@@ -87,16 +87,10 @@ class RMSNormBwdTmaSmem:
         N, vec, eb = self.N, self.vec, self.elem_bytes
         cn, S = c.cluster_n, c.stages
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
         gdim, _, _ = cute.arch.grid_dim()
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
-        if cutlass.const_expr(cn > 1):
-            rank = cute.arch.block_idx_in_cluster()
-            cid = bidx // cn
-        else:
-            rank = Int32(0)
-            cid = bidx
+        rank, cid = cluster_position(cn)
         clusters = Int32(gdim) // cn
         M = Int32(mX.shape[0])
         width = c.slice_cols

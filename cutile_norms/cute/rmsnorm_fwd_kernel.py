@@ -19,7 +19,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import as_rows, bulk_copy_g2s, column_predicate, store_f32_to_peer, vector_copy
+from ._device import as_rows, bulk_copy_g2s, cluster_position, column_predicate, store_f32_to_peer, vector_copy
 from .rmsnorm_fwd_config import FwdConfig
 
 
@@ -63,15 +63,9 @@ class RMSNormFwdTmaSmem:
         N, vec, eb = self.N, self.vec, self.elem_bytes
         cn = c.cluster_n
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
-        if cutlass.const_expr(cn > 1):
-            rank = cute.arch.block_idx_in_cluster()
-            tile = bidx // cn
-        else:
-            rank = Int32(0)
-            tile = bidx
+        rank, tile = cluster_position(cn)
         M = mX.shape[0]
         width = c.tile_cols  # columns of one CTA's tile (>= its valid columns)
         row_stride_s = c.smem_row_stride(N)
