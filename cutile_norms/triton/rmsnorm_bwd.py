@@ -341,15 +341,24 @@ def grid_groups(cfg: BwdConfig, M: int, sm_count: int, resident: int = 32) -> in
 # ================================================================================================
 # Launch
 # ================================================================================================
+def has_tma(dev: DeviceInfo) -> bool:
+    """The device has TMA (NVIDIA sm_90+), or Triton is interpreted."""
+    return INTERPRET or (dev.vendor == "nvidia" and dev.arch is not None and dev.arch >= (9, 0))
+
+
+def tma_config(cfg: BwdConfig, N: int) -> bool:
+    """The config asks for TMA and its parts can be read by it: split rows whose parts are one
+    power-of-two box of at least 256 columns, tiling the row exactly."""
+    part = cfg.part
+    return (cfg.tma_stages > 0 and cfg.split > 1 and cfg.chunks == 1
+            and part >= 256 and part & (part - 1) == 0 and part * cfg.split == N)
+
+
 def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, sdy: int, need_dx: bool,
                 tma_capable: bool) -> bool:
-    """Whether `rms_norm_bwd_tma_kernel` runs: split rows whose parts are a power of two and tile the
-    row exactly, on a GPU with TMA (or the interpreter), rows that TMA can address (16-byte aligned
-    starts and row strides, no zero stride)."""
-    N = x2d.shape[1]
-    part = cfg.part
-    return (tma_capable and cfg.tma_stages > 0 and need_dx and cfg.split > 1 and cfg.chunks == 1
-            and part >= 256 and part & (part - 1) == 0 and part * cfg.split == N
+    """Whether `rms_norm_bwd_tma_kernel` runs: `tma_config`, on a GPU with TMA (or the interpreter),
+    for rows that TMA can address (16-byte aligned starts and row strides, no zero stride)."""
+    return (tma_capable and need_dx and tma_config(cfg, x2d.shape[1])
             and all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0
                     for t, s in ((x2d, sx), (dy2d, sdy))))
 
@@ -440,8 +449,7 @@ class TritonBackward:
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
         cfg = self.config(N, dtype, dev)
         R = grid_groups(cfg, M, max(1, dev.sm_count))
-        kernel = "rms_norm_bwd_tma_kernel" if cfg.tma_stages and cfg.part * cfg.split == N \
-            and cfg.part & (cfg.part - 1) == 0 and dev.arch is not None and dev.arch >= (9, 0) else "rms_norm_bwd_kernel"
+        kernel = "rms_norm_bwd_tma_kernel" if has_tma(dev) and tma_config(cfg, N) else "rms_norm_bwd_kernel"
         return (f"Triton {kernel} (persistent), grid ({R * cfg.split},) = {R} row groups x {cfg.split} "
                 f"parts, {cfg.short()}" + (", then dw_reduce_kernel over the R partial rows" if R > 1 else "")
                 + f"; config: analytic (N, dtype, {dev.vendor})")
@@ -449,9 +457,8 @@ class TritonBackward:
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
                  cfg: BwdConfig | None = None, out: tuple | None = None):
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
-        tma_capable = INTERPRET or (dev.vendor == "nvidia" and dev.arch is not None and dev.arch >= (9, 0))
         return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, max(1, dev.sm_count), out,
-                      tma_capable)
+                      has_tma(dev))
 
 
 TRITON_BACKWARD = TritonBackward()
