@@ -29,7 +29,7 @@ processes share one GPU), rarely 0; x sometimes 1-D, 3-D or 4-D. Layouts: contig
 a wider tensor (row stride N + pad, sometimes an odd start), a transposed view (last-dim stride != 1).
 Backward: loss = (y.float() * g).sum(), y.backward(dy) with dy dense / expanded (stride 0) / a column
 slice / transposed, or y.sum(); grads of x and w, or of one of them. ~30% of cases are forward only
-(no_grad, inference_mode, or nothing requiring grad). One case past M * N = 2^31 (bf16, N = 8192) runs
+(no_grad, inference_mode, or nothing requiring grad). One case past M * N = 2^32 (bf16, N = 8192) runs
 alone as test_fuzz_past_int32_gpu (marked big), checked row chunk by row chunk in fp64.
 
 Tolerances: y per conftest.TOLERANCES (elementwise); dx and dw as tests/cutile/test_rmsnorm_bwd.py's
@@ -543,10 +543,11 @@ def test_check_close_is_strict():
 
 
 # ------------------------------------------------------------------------------------------------
-# Past int32 indexing: M * N > 2^31 (bf16, 4 GiB per tensor), checked in fp64 one row chunk at a time
+# Past 32-bit indexing: M * N > 2^32 (bf16, 8 GiB per tensor; a 32-bit element index read as unsigned
+# still holds at 2^31), checked in fp64 one row chunk at a time
 # ------------------------------------------------------------------------------------------------
 BIG_N = 8192
-BIG_M = (1 << 31) // BIG_N + 3
+BIG_M = (1 << 32) // BIG_N + 3
 BIG_CHUNK = 8192  # rows per fp64 check: 512 MiB per fp64 temporary
 
 
@@ -561,8 +562,8 @@ def _check_big_y(y, x, w, eps, offset, what):
 @pytest.mark.big
 def test_fuzz_past_int32_gpu():
     """Inference forward in every mode (and mode=None), then forward + backward in one cuTile mode (the
-    seed picks it: they share the backward kernel), on M * N = 2^31 + 3 * 8192 elements: the launches
-    are cut into row chunks. Every row is checked against fp64, a chunk at a time; dw sums all rows."""
+    seed picks it: they share the backward kernel), on M * N = 2^32 + 3 * 8192 elements: the launches
+    cross both 2^31 and 2^32 elements. Every row is checked against fp64, a chunk at a time; dw sums all rows."""
     repro = replay_line("test_fuzz_past_int32_gpu")
     elem = BIG_M * BIG_N * 2
     free, _ = torch.cuda.mem_get_info()

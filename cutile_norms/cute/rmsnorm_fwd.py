@@ -70,7 +70,10 @@ def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, c
     S = cute.sym_int64(divisibility=vec, symbol="row_stride")
     R = M if store_rstd else cute.sym_int64(symbol="rstd_len")
     mX = make_fake_tensor(dx, (M, N), stride=(N if contiguous else S, 1), assumed_align=16)
-    mY = make_fake_tensor(dx, (M, N), stride=(N, 1), assumed_align=16)
+    # y's row stride (N at run time) is a symbolic int64: with the constant N the row offset was a
+    # 32-bit element index, which wraps past 2^32 elements and wrote late rows over early ones
+    mY = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="y_stride"), 1),
+                          assumed_align=16)
     mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
     mR = make_fake_tensor(cutlass.Float32, (R,), stride=(1,), assumed_align=4)
     kernel = RMSNormFwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, store_rstd, contiguous)

@@ -13,6 +13,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_bwd import MIN_ROW_BYTES, compile_backward
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+from tests.cute.ptx_util import address_ops
 
 ARCHS = ["sm_90a", "sm_100a"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -50,3 +51,13 @@ def test_ptx_cluster_rows():
     assert "ld.shared.v4" in ptx and "st.global.v4" in ptx
     atomics = re.findall(r"\batom\.[\w.]+", ptx)  # the dw tickets: take one, poll, done; no float atomics
     assert len(atomics) == 3 and all(a.endswith(".add.u32") for a in atomics), atomics
+
+
+@pytest.mark.parametrize("N", [32768, 262144])
+def test_ptx_dx_offsets_are_64_bit(N):
+    """dx's row offset is a 64-bit product of the row and dx's row stride (a 32-bit element index wraps
+    past 2^32 elements)."""
+    ptx = compile_backward(torch.bfloat16, torch.bfloat16, N, analytic_config(N, 2), True, False, "sm_90a",
+                           keep_ptx=True).__ptx__
+    ops = address_ops(ptx, "st.global.v4")
+    assert ops & {"mad.lo.s64", "mul.lo.s64"}, f"dx's address: {sorted(ops)}"

@@ -10,6 +10,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_fwd import compile_forward
 from cutile_norms.cute.rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX, analytic_config
+from tests.cute.ptx_util import address_ops
 
 ARCHS = ["sm_90a", "sm_100a"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -78,3 +79,11 @@ def test_ptx_cluster_rows():
     assert "cp.async.bulk.shared::cluster.global" in ptx
     assert "st.async.shared::cluster.mbarrier::complete_tx::bytes" in ptx and "mapa.shared::cluster" in ptx
     assert "barrier.cluster.wait" in ptx and "st.global.v4" in ptx
+
+
+@pytest.mark.parametrize("N,contiguous", [(128, True), (8192, True), (8192, False), (262144, True)])
+def test_ptx_y_offsets_are_64_bit(N, contiguous):
+    """y's row offset is a 64-bit product of the row and y's row stride: a 32-bit element index (read
+    as unsigned) wrapped past 2^32 elements and wrote late rows over the first ones."""
+    ops = address_ops(_ptx(N, torch.bfloat16, torch.bfloat16, contiguous), "st.global.v4")
+    assert ops & {"mad.lo.s64", "mul.lo.s64"}, f"y's address: {sorted(ops)}"

@@ -1,0 +1,113 @@
+"""Every GPU mode (and mode=None) past 2^32 elements: the inference forward, the forward that saves rstd
+for autograd, and the backward (dx and dw), on bf16 x of M * N = 2^32 + 64 * N elements.
+
+Offsets past 2^32 elements overflow a 32-bit element index even when it is read as unsigned (an index
+below 2^32 can pass unnoticed as one), so the rows checked are the first, those on either side of the
+2^31 and 2^32 element boundaries, the middle and the last, each against the fp64 reference; dw sums
+every row (its fp64 reference is summed in row chunks). Two widths: 8192 (one CTA or block per row
+tile) and 262144 (rows split over a cluster or over blocks). Each output is poisoned before it is freed,
+so a later mode that leaves rows unwritten cannot pass on an earlier mode's values.
+
+Marked `big`: x, dy, y and dx take ~8.6 GiB each (tests/run_sharded.py runs these alone).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutile_norms as cn
+from cutile_norms import dispatch
+from tests.conftest import (assert_close, assert_grad_close, poisoned, random_rows, random_weight, reference64,
+                            reference_bwd64)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.big]
+
+EPS = 1e-6
+# every mode with a GPU kernel: "torch" is the fp32 oracle made of torch ops (its indexing is torch's)
+MODES = [m for m in dispatch.MODES if m != "torch"] + [None]
+WIDTHS = {8192: torch.bfloat16, 262144: torch.float32}  # N -> the weight's dtype (both kinds covered)
+CHUNK_ELEMS = 1 << 27  # elements per chunk of the fp64 dw reference and of the input fill
+
+
+def _rows_to_check(M: int, N: int) -> torch.Tensor:
+    edges = [0, 1, M // 2, M - 1]
+    for boundary in (1 << 31, 1 << 32):
+        r = boundary // N
+        edges += [r - 1, r, r + 1]
+    return torch.tensor(sorted({r for r in edges if 0 <= r < M}), device="cuda")
+
+
+def _random_big(M: int, N: int) -> torch.Tensor:
+    t = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+    step = max(1, CHUNK_ELEMS // N)
+    for r0 in range(0, M, step):
+        t[r0:r0 + step] = random_rows((min(step, M - r0), N), torch.bfloat16, "cuda")
+    return t
+
+
+@pytest.fixture(scope="module", params=sorted(WIDTHS))
+def big_inputs(request):
+    N = request.param
+    M = (1 << 32) // N + 64
+    need = 4 * M * N * 2 + (6 << 30)  # x, dy, y, dx + the references' chunks
+    free, _ = torch.cuda.mem_get_info()
+    if free < need:
+        pytest.skip(f"needs ~{need >> 30} GiB of free GPU memory, {free >> 30} free")
+    torch.manual_seed(N)
+    x = _random_big(M, N)
+    dy = _random_big(M, N)
+    w = random_weight(N, WIDTHS[N], "cuda")
+    # dw's fp64 reference (and the magnitudes its tolerance scales with), summed over every row
+    ew = torch.zeros(N, dtype=torch.float64, device="cuda")
+    sw = torch.zeros_like(ew)
+    step = max(1, CHUNK_ELEMS // N)
+    for r0 in range(0, M, step):
+        xc, dyc = x[r0:r0 + step].double(), dy[r0:r0 + step].double()
+        t = dyc * xc * torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + EPS)
+        ew += t.sum(dim=0)
+        sw += t.abs().sum(dim=0)
+        del xc, dyc, t
+    yield x, dy, w, ew, sw, _rows_to_check(M, N)
+    del x, dy
+    torch.cuda.empty_cache()
+
+
+def _check_rows(y, x, w, rows, what, seed):
+    ey, _ = reference64(x[rows], w, EPS, 0.0)
+    assert_close(y[rows], ey, x.dtype, f"{what} rows {rows.tolist()}", seed)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m))
+def test_forward_and_backward_past_2_32_elements(big_inputs, mode, seed):
+    x, dy, w, ew, sw, rows = big_inputs
+    M, N = x.shape
+    why = cn.available_modes().get(mode) if mode is not None else None
+    if why:
+        pytest.skip(why)
+    tag = f"mode={mode} x=bf16[{M}, {N}] w={str(w.dtype).removeprefix('torch.')}"
+
+    with torch.no_grad():  # the inference path (no rstd)
+        y = cn.rms_norm(x, w, EPS, mode=mode)
+    torch.cuda.synchronize()
+    _check_rows(y, x, w, rows, f"{tag} inference y", seed)
+    poisoned(y)
+    del y
+
+    xg = x.detach().requires_grad_()
+    wg = w.detach().clone().requires_grad_()
+    y = cn.rms_norm(xg, wg, EPS, mode=mode)  # the forward that saves rstd
+    torch.cuda.synchronize()
+    _check_rows(y.detach(), x, w, rows, f"{tag} training y", seed)
+    y.backward(dy)
+    torch.cuda.synchronize()
+    poisoned(y.detach())
+    del y
+    dx, dw = xg.grad, wg.grad
+    assert dx is not None and dx.dtype == x.dtype and dx.shape == x.shape, f"{tag}: dx missing or wrong"
+    assert dw is not None and dw.dtype == w.dtype and dw.shape == (N,), f"{tag}: dw missing or wrong"
+    ex, _, sx, _ = reference_bwd64(x[rows], w, dy[rows], EPS, 0.0)
+    assert_grad_close(dx[rows], ex, sx, x.dtype, f"{tag} dx rows {rows.tolist()}", seed)
+    assert_grad_close(dw, ew, sw, w.dtype, f"{tag} dw", seed)
+    poisoned(dx)
+    del dx, xg
+    torch.cuda.empty_cache()
