@@ -17,8 +17,11 @@ import argparse
 import datetime
 import importlib.metadata
 import json
+import math
 import os
 import platform
+import random
+import statistics
 import sys
 import time
 import traceback
@@ -34,13 +37,23 @@ from bench.timing import copy_baseline_ms, device_ms, gpu_us, per_call_us  # noq
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms.reference import rms_norm_reference  # noqa: E402
 
-DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
+# the widths real models use (hidden sizes and head dims of Llama, Qwen, Mistral, Gemma, GPT, Grok,
+# Nemotron and others) and the powers of two to 262144; each run adds random multiples of 8 (--random)
+MODEL_NS = [896, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 14336, 16384, 18432,
+            20480, 24576, 28672, 32768, 65536, 131072, 262144]
+DEFAULT_NS = sorted(set(MODEL_NS) | {128, 512, 1024, 2880})
 SMALL_MS = [1, 64, 1024]
 SMALL_NS = [4096]
 ELEMENTS = 1 << 27
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
           "float32": torch.float32, "fp32": torch.float32}
-OUR_MODES = ["multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached", "triton"]
+OUR_MODES = [m for m in dispatch.MODES if m != "torch"]  # every GPU mode
+
+
+def random_widths(count: int, seed: int, lo: int = 1024, hi: int = 262144) -> list[int]:
+    """`count` multiples of 8 drawn log-uniformly in [lo, hi] from `seed` (the bench prints the seed)."""
+    rng = random.Random(seed)
+    return [max(lo, min(hi, 8 * round(2 ** rng.uniform(math.log2(lo), math.log2(hi)) / 8))) for _ in range(count)]
 
 
 def log(msg: str) -> None:
@@ -156,48 +169,79 @@ def implementations(args) -> tuple[dict, dict]:
 # ------------------------------------------------------------------------------------------------
 # sweeps
 # ------------------------------------------------------------------------------------------------
+def merge_runs(recs: list[dict]) -> dict:
+    """One implementation's records of several runs at one shape: the median of each number, and
+    `<key>_runs` with every run's value; the first error if any run failed."""
+    failed = next((r for r in recs if "error" in r), None)
+    if failed is not None:
+        return failed
+    out = {"impl": recs[0]["impl"]}
+    for key in recs[0]:
+        if key != "impl":
+            values = [r[key] for r in recs]
+            out[key] = statistics.median(values)
+            if len(values) > 1:
+                out[f"{key}_runs"] = [round(v, 4) for v in values]
+    return out
+
+
 def run(args) -> dict:
     dtype = DTYPES[args.dtype]
     dev = torch.cuda.get_device_properties(0)
     impls, skipped = implementations(args)
     result = {"gpu": dev.name, "arch": f"sm_{dev.major}{dev.minor}", "sm_count": dev.multi_processor_count,
-              "dtype": str(dtype).removeprefix("torch."), "date": datetime.datetime.now().isoformat(timespec="seconds"),
+              "memory_gib": round(dev.total_memory / 2 ** 30), "dtype": str(dtype).removeprefix("torch."),
+              "date": datetime.datetime.now().isoformat(timespec="seconds"), "runs": args.runs,
+              "random_seed": args.seed, "random_ns": args.random_ns,
               "command": "python bench/rmsnorm.py " + " ".join(sys.argv[1:]), "versions": versions(),
               "skipped": skipped, "sweep": [], "small_m": []}
     log(f"# {dev.name} ({result['arch']}, {dev.multi_processor_count} SMs), {result['dtype']}, "
-        f"{len(impls)} implementations; skipped: {skipped or 'none'}")
+        f"{len(impls)} implementations, {args.runs} runs per point (medians); random widths {args.random_ns} "
+        f"(seed {args.seed}); skipped: {skipped or 'none'}")
     eps = 1e-6
     e = torch.empty((), dtype=dtype).element_size()
-    progress = Progress(len(impls) * (len(args.ns) + len(args.small_n) * len(args.small_m)))
+    progress = Progress(args.runs * len(impls) * (len(args.ns) + len(args.small_n) * len(args.small_m)))
     for N in args.ns:
         M = max(1, ELEMENTS // N)
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        copy = copy_baseline_ms(x)
-        copy_gbps = 2 * M * N * e / (copy["median_ms"] * 1e-3) / 1e9
-        row = {"N": N, "M": M, "copy_ms": copy["median_ms"], "copy_variants_ms": copy["variants_ms"],
-               "copy_gbps": copy_gbps, "impls": []}
         fwd_bytes, bwd_bytes = 2 * M * N * e + N * e, 3 * M * N * e + 2 * N * e
-        for name, fn in impls.items():
-            progress.step(f"N={N} {name}")
-            rec = measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward, small=False,
-                          forward=args.forward)
+        copies, recs = [], {name: [] for name in impls}
+        for _ in range(args.runs):  # interleaved: each run times the copy, then every implementation
+            copy = copy_baseline_ms(x)
+            copies.append(copy["median_ms"])
+            copy_gbps = 2 * M * N * e / (copy["median_ms"] * 1e-3) / 1e9
+            for name, fn in impls.items():
+                progress.step(f"N={N} {name}")
+                recs[name].append(measure(name, fn, x, w, eps, copy_gbps, fwd_bytes, bwd_bytes, args.backward,
+                                          small=False, forward=args.forward))
+        copy_ms = statistics.median(copies)
+        row = {"N": N, "M": M, "copy_ms": copy_ms, "copy_runs_ms": copies,
+               "copy_gbps": 2 * M * N * e / (copy_ms * 1e-3) / 1e9, "impls": []}
+        for name in impls:
+            rec = merge_runs(recs[name])
             row["impls"].append(rec)
             log(f"N={N:>6} M={M:>7} {name:<28} " + (rec.get("error") or
                 (f"fwd {rec['fwd_gbps']:6.0f} GB/s {rec['fwd_vs_copy']:.3f}x" if "fwd_gbps" in rec else "") +
                 (f"  bwd {rec['bwd_gbps']:6.0f} GB/s {rec['bwd_vs_copy']:.3f}x" if "bwd_gbps" in rec else "")))
-        log(f"N={N:>6} copy {copy_gbps:.0f} GB/s")
+        log(f"N={N:>6} copy {row['copy_gbps']:.0f} GB/s")
         result["sweep"].append(row)
         del x, w
         torch.cuda.empty_cache()
     for N, M in ((n, m) for n in args.small_n for m in args.small_m):
         x = torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        row = {"N": N, "M": M, "copy_us": gpu_us(lambda: x.clone()), "copy_call_us": per_call_us(lambda: x.clone()),
-               "impls": []}
-        for name, fn in impls.items():
-            progress.step(f"small M={M} N={N} {name}")
-            rec = measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True, forward=args.forward)
+        copies, recs = [], {name: [] for name in impls}
+        for _ in range(args.runs):
+            copies.append((gpu_us(lambda: x.clone()), per_call_us(lambda: x.clone())))
+            for name, fn in impls.items():
+                progress.step(f"small M={M} N={N} {name}")
+                recs[name].append(measure(name, fn, x, w, eps, 1.0, 0, 0, args.backward, small=True,
+                                          forward=args.forward))
+        row = {"N": N, "M": M, "copy_us": statistics.median(c[0] for c in copies),
+               "copy_call_us": statistics.median(c[1] for c in copies), "impls": []}
+        for name in impls:
+            rec = merge_runs(recs[name])
             row["impls"].append(rec)
             log(f"small M={M:>5} N={N:>6} {name:<28} " + (rec.get("error") or
                 (f"fwd {rec['fwd_us']:6.1f} us ({rec['fwd_us'] / row['copy_us']:.2f}x copy), per call "
@@ -361,6 +405,9 @@ def main(argv=None) -> int:
     p.add_argument("--small-m", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_MS)
     p.add_argument("--small-n", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_NS,
                    help="widths of the small-M sweep")
+    p.add_argument("--random", type=int, default=10, help="random multiples of 8 in 1024..262144 added to --ns")
+    p.add_argument("--seed", type=int, default=None, help="the random widths' seed (default: drawn and printed)")
+    p.add_argument("--runs", type=int, default=3, help="interleaved runs per point; tables show their medians")
     p.add_argument("--modes", type=lambda s: [v for v in s.split(",") if v], default=OUR_MODES)
     p.add_argument("--anchors", type=lambda s: [v for v in s.split(",") if v and v != "none"],
                    default=list(anchor_registry.ANCHORS))
@@ -371,6 +418,10 @@ def main(argv=None) -> int:
     p.add_argument("--write-table", action="store_true", help="write the mode=None table for this GPU/dtype")
     args = p.parse_args(argv)
     args.dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    args.random_ns = sorted(set(random_widths(args.random, args.seed)) - set(args.ns))
+    args.ns = sorted(set(args.ns) | set(args.random_ns))
 
     if not torch.cuda.is_available():
         log("No CUDA GPU here: nothing was timed. This bench needs an NVIDIA GPU (sm_90+ for the cuTile and "

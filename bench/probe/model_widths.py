@@ -1,0 +1,140 @@
+"""Probe: every forward and backward kernel (and the tma_smem_cached launch-config candidates) at the
+widths real models use and at random multiples of 8, as ratios to a same-run copy, medians of
+interleaved rounds. It backs the rules that pick a kernel between measured widths (dispatch.py) and
+the CuTe DSL forward's config rule (cute/rmsnorm_fwd_config.py).
+
+    python bench/probe/model_widths.py [--only fwd|bwd] [--ns ...] [--random 6] [--rounds 3] [--out F]
+
+Bytes: forward = the copy's (read x, write y); backward = 1.5 x the copy's (read x, dy; write dx).
+Every output is checked against the fp32 reference (the last 64 rows) before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench import anchors as anchor_registry  # noqa: E402
+from bench.probe.common import no_gpu, write_json  # noqa: E402
+from bench.rmsnorm import MODEL_NS, check_output, random_widths  # noqa: E402
+from bench.timing import ratios_to_copy  # noqa: E402
+from cutile_norms import dispatch  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cute import rmsnorm_bwd as cute_bwd  # noqa: E402
+from cutile_norms.cute import rmsnorm_fwd as cute_fwd  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config as bwd_config  # noqa: E402
+from cutile_norms.cute.rmsnorm_fwd_config import analytic_config as fwd_config  # noqa: E402
+from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+
+ELEMENTS = 1 << 27
+FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
+    "tma slice 32K": dict(slice_bytes=32 * 1024),
+    "tma slice 64K": dict(slice_bytes=64 * 1024),
+    "tma slice 64K v16": dict(slice_bytes=64 * 1024, vecs_per_thread=16),
+    "tma slice 128K": dict(slice_bytes=128 * 1024),
+}
+
+
+def forward_fns(x, w, dev):
+    fns = {}
+    for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload", "triton"):
+        backend = dispatch.backend(mode)
+        fns[mode] = (lambda b: (lambda: b.forward(x, w, 1e-6, 0.0, False, dev)[0]))(backend)
+    N, e = x.shape[1], x.element_size()
+    seen = set()
+    if cute_fwd.TMA_SMEM_CACHED.unsupported(x) is None:
+        for name, kw in {"tma analytic": {}, **FWD_CANDIDATES}.items():
+            cfg = fwd_config(N, e, **kw)
+            if cfg is not None and cfg not in seen:
+                seen.add(cfg)
+                fns[name] = (lambda c: (lambda: cute_fwd.launch(c, x, w, 1e-6, 0.0, False)[0]))(cfg)
+    quack, _ = anchor_registry.load(["quack"])
+    if quack:
+        fns["quack"] = lambda: quack["quack"](x, w, 1e-6)
+    return fns
+
+
+def backward_fns(x, w, dy, rstd, dev):
+    from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+    from cutile_norms.triton.rmsnorm_bwd import TRITON_BACKWARD
+
+    fns = {"cutile": lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, dev),
+           "triton": lambda: TRITON_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, dev)}
+    cfg = bwd_config(x.shape[1], x.element_size())
+    if cfg is not None and cute_bwd.unsupported(x, dy) is None:
+        fns["cute"] = lambda: cute_bwd.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
+    quack, _ = anchor_registry.load(["quack"])
+    if quack:
+        xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+        y = quack["quack"](xg, wg, 1e-6)
+        fns["quack"] = lambda: torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)
+    return fns
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=MODEL_NS)
+    p.add_argument("--random", type=int, default=6, help="random multiples of 8 in 1024..262144 added")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--only", choices=["fwd", "bwd"], default=None)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if no_gpu():
+        return 0
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    ns = sorted(set(args.ns) | set(random_widths(args.random, seed)))
+    dev = device_info("cuda")
+    dtype = getattr(torch, args.dtype)
+    print(f"# {torch.cuda.get_device_name()} {args.dtype}, seed {seed}, widths {ns}", flush=True)
+    results = {}
+    for N in ns:
+        M = ELEMENTS // N
+        x = torch.randn(M, N, device="cuda", dtype=dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        row = {}
+        if args.only in (None, "fwd"):
+            fns = forward_fns(x, w, dev)
+            for k in list(fns):
+                wrong = check_output(fns[k]()[-64:], x[-64:], w, 1e-6)
+                if wrong:
+                    print(f"N={N:>6} fwd {k}: {wrong}", flush=True)
+                    del fns[k]
+            ratios = ratios_to_copy(x, fns, args.rounds)
+            row["fwd"] = {k: statistics.median(v) for k, v in ratios.items()}
+            row["fwd_rounds"] = {k: [round(r, 4) for r in v] for k, v in ratios.items()}
+        if args.only in (None, "bwd"):
+            dy = torch.randn_like(x)
+            rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
+            dx_ref, _ = rms_norm_backward(dy[-64:], x[-64:], w, rstd[-64:])
+            fns = backward_fns(x, w, dy, rstd, dev)
+            for k in list(fns):
+                dx = fns[k]()[0]
+                if not torch.allclose(dx[-64:].float(), dx_ref.float(), rtol=2e-2, atol=2e-2):
+                    print(f"N={N:>6} bwd {k}: wrong dx", flush=True)
+                    del fns[k]
+            ratios = ratios_to_copy(x, fns, args.rounds)
+            row["bwd"] = {k: 1.5 * statistics.median(v) for k, v in ratios.items()}
+            del dy, rstd
+        results[str(N)] = row
+        for part in ("fwd", "bwd"):
+            if part in row:
+                best = max(row[part], key=row[part].get)
+                print(f"N={N:>6} {part} " + "  ".join(f"{k} {v:.3f}" for k, v in row[part].items())
+                      + f"  | best {best}", flush=True)
+        del x, w
+        torch.cuda.empty_cache()
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "seed": seed, "rows": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
