@@ -171,5 +171,29 @@ class TmaSmemCachedForward:
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
         return launch(cfg, x2d, weight, eps, offset, store_rstd, out, out_shape)
 
+    def launcher(self, M: int, N: int, stride: int, dtype: torch.dtype, w_dtype: torch.dtype | None,
+                 store_rstd: bool, dev: DeviceInfo):
+        """run(x2d, weight, eps, offset, out_shape) -> (y, rstd or None) for one call signature (M rows
+        at row `stride`, as `unsupported` accepts them): the config, the compiled kernel and the rstd
+        placeholder resolved once, so that a call allocates y and launches (at M <= 64 a call is host
+        bound: this path is what a decode step pays per norm)."""
+        contiguous = M == 1 or stride == N
+        fn = compile_forward(dtype, w_dtype, N, self.config(N, dtype, dev), store_rstd, contiguous)
+        device = torch.device("cuda", dev.index)
+        dummy = None if store_rstd else _dummy_rstd(device)
+
+        def run(x2d, weight, eps, offset, out_shape):
+            if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
+                x2d = x2d.as_strided((M, N), (N, 1))
+            if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
+                weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+            y = torch.empty(out_shape, dtype=dtype, device=device)
+            y2d = y.view(M, N)
+            rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else dummy
+            fn(x2d, weight if weight is not None else y2d[0], y2d, rstd, eps, offset)
+            return y, rstd if store_rstd else None
+
+        return run
+
 
 TMA_SMEM_CACHED = TmaSmemCachedForward()

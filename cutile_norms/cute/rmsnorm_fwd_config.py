@@ -56,9 +56,20 @@ class FwdConfig:
 #     CTAs of 256 threads, 0.929 for 8 CTAs of 512 and 0.752-0.827 for 16 CTAs of 256-1024 threads;
 #     `python bench/probe/cute_configs.py --ns 262144 --dtype float32`). The fewest threads that hold
 #     the slice: every thread's 32 loads are in flight at once, and three such CTAs share an SM.
+#   * rows of SLICE_BYTES - ONE_CTA_BYTES (16-bit N = 8193 ... 24576) in one CTA, not a cluster: on an
+#     H200, bf16 N = 10240 / 12288 / 18432 / 20480 / 24576 measured 0.978 / 0.970 / 0.970 / 0.972 /
+#     0.963 x copy in one CTA against 0.671 / 0.747 / 0.681 / 0.599 / 0.672 over clusters of 2-4 (each
+#     CTA of such a cluster holds one short slice of one row and leaves: its fixed costs, the cluster
+#     barrier, the exchange and its own copy of the weight's slice, are not spread over enough bytes);
+#     `python bench/probe/model_widths.py --only fwd`. A CTA of up to 48 KiB leaves room for four per SM.
+#   * such a row's threads: the power of two (128-1024) whose vectors tile the row with the fewest
+#     padding vectors (at most 16 per thread), ties to the one nearest VECS_PER_THREAD per thread:
+#     N = 18432 as 256 threads x 9 vectors (no padding) 0.970 against 512 x 5 (256 padding vectors,
+#     predicated off) 0.950, same H200 run.
 TILE_BYTES = 16 * 1024
 WIDE_SLICE_BYTES = 32 * 1024
 SLICE_BYTES = 16 * 1024
+ONE_CTA_BYTES = 48 * 1024
 CLUSTER_MAX = 16
 VECS_PER_THREAD = 8
 MAX_THREADS = 1024
@@ -78,6 +89,8 @@ def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice
     CLUSTER_MAX CTAs' shared memory)."""
     vec = 16 // elem_bytes
     row_bytes = N * elem_bytes
+    if slice_bytes == SLICE_BYTES and SLICE_BYTES < row_bytes <= ONE_CTA_BYTES:
+        return _one_cta_config(N, vec)
     cluster_n = min(cluster_max, _pow2_ceil(-(-row_bytes // slice_bytes)))
     if vecs_per_thread == VECS_PER_THREAD and 1 < cluster_n < 16:
         vecs_per_thread //= 2
@@ -101,3 +114,12 @@ def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice
     if cfg.smem_bytes(elem_bytes, N) > SMEM_MAX:
         return None
     return cfg
+
+
+def _one_cta_config(N: int, vec: int) -> FwdConfig:
+    """A row of SLICE_BYTES - ONE_CTA_BYTES in one CTA: the thread count that pads the fewest vectors
+    (at most 16 per thread), ties to VECS_PER_THREAD per thread (see ONE_CTA_BYTES)."""
+    vectors = -(-N // vec)
+    fits = [t for t in (128, 256, 512, 1024) if -(-vectors // t) <= 16]
+    tpr = min(fits, key=lambda t: (t * -(-vectors // t) - vectors, abs(-(-vectors // t) - VECS_PER_THREAD)))
+    return FwdConfig(rows=1, rpg=1, tpr=tpr, nvb=-(-vectors // tpr), cluster_n=1, vec=vec)
