@@ -35,6 +35,7 @@ import cutile_norms as cn  # noqa: E402
 from bench import anchors as anchor_registry  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, gpu_us, per_call_us  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
+from cutile_norms._platform import gpu_model  # noqa: E402
 from cutile_norms.reference import rms_norm_reference  # noqa: E402
 
 # the widths real models use (hidden sizes and head dims of Llama, Qwen, Mistral, Gemma, GPT, Grok,
@@ -329,68 +330,55 @@ def plot(result: dict, path: str) -> str | None:
     return None
 
 
-def _ranges(points: list, m_max: int, m_min: int = 1, n_last: int = 1 << 40) -> list[dict]:
-    """Table rows from (N, mode, evidence) points sorted by N: each point's mode from the geometric
-    midpoint to its neighbours (adjacent points with the same mode merge), for M in [m_min, m_max];
-    the last point's range ends at n_last."""
-    rows, prev_hi = [], 0
-    for i, (n, mode, evidence) in enumerate(points):
-        hi = n_last if i == len(points) - 1 else int((n * points[i + 1][0]) ** 0.5)
-        if rows and rows[-1]["mode"] == mode:
-            rows[-1]["n_max"], rows[-1]["evidence"] = hi, rows[-1]["evidence"] + "; " + evidence
-        else:
-            rows.append({"n_min": prev_hi + 1, "n_max": hi, "m_min": m_min, "m_max": m_max, "mode": mode,
-                         "evidence": evidence})
-        prev_hi = hi
+def band_rows(points: dict, elem_bytes: int) -> list[dict]:
+    """mode=None's rows from {N: {mode: ratio to copy}} by dispatch.FORWARD_RULE: per band of row bytes
+    (dispatch.FORWARD_BAND_EDGES), the mode whose worst ratio over the band's measured widths is the
+    highest, for every M."""
+    edges = [0, *dispatch.FORWARD_BAND_EDGES, 1 << 50]
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        ns = sorted(n for n in points if lo < n * elem_bytes <= hi)
+        common = set.intersection(*(set(points[n]) for n in ns)) if ns else set()
+        if not common:
+            continue
+        worst = {m: min(points[n][m] for n in ns) for m in common}
+        ranked = sorted(common, key=lambda m: (-worst[m], m))
+        best = ranked[0]
+        runner = f"; runner-up {ranked[1]} worst {worst[ranked[1]]:.3f}" if len(ranked) > 1 else ""
+        rows.append({"n_min": lo // elem_bytes + 1, "n_max": min(hi // elem_bytes, 1 << 40), "m_min": 1,
+                     "m_max": 1 << 40, "mode": best,
+                     "evidence": f"worst of {len(ns)} widths {worst[best]:.3f}x copy (N={ns[0]}..{ns[-1]}: "
+                                 + ", ".join(f"{n} {points[n][best]:.3f}" for n in ns) + f"){runner}"})
     return rows
 
 
-def _small_m_points(result: dict, candidates: list[str], m_lo: int, m_hi: int) -> tuple[list, int]:
-    """(N, mode, evidence) per width of the small-M sweep's rows with m_lo <= M < m_hi, and the largest
-    M among them; per width, the mode whose worst GPU time over those Ms is nearest the fastest's
-    (differences are tenths of a microsecond)."""
-    rows = [r for r in result["small_m"] if m_lo <= r["M"] < m_hi]
-    points = []
-    for n in sorted({r["N"] for r in rows}):
-        times = [({r["impl"][3:]: r["fwd_us"] for r in row["impls"] if r["impl"][3:] in candidates and "fwd_us" in r}, row)
-                 for row in rows if row["N"] == n]
-        common = set.intersection(*(set(t) for t, _ in times))
-        if not common:
-            continue
-        worst = {m: max(t[m] / min(t[c] for c in common) for t, _ in times) for m in common}
-        mode = min(sorted(common), key=worst.get)
-        us = ", ".join(f"M={row['M']}: {t[mode]:.1f} us (copy {row['copy_us']:.1f})" for t, row in times)
-        points.append((n, mode, f"N={n}: {us}; at most {worst[mode]:.2f}x the fastest mode"))
-    return points, max((r["M"] for r in rows), default=0)
+def table_key_for(table: dict, arch: str, gpu: str) -> str:
+    """Where this GPU's rows go: the arch's table if it is this GPU's (or there is none yet), else
+    the model's own ("sm_90/H200")."""
+    src = table.get("source", {}).get(arch)
+    return arch if src is None or src.get("gpu") == gpu else f"{arch}/{gpu_model(gpu)}"
 
 
 def write_table(result: dict) -> str:
-    """The mode=None table for this arch/dtype from the measured forward winners (cuTile stable
-    modes). Rows first for small M (below the SM count: every grid is below one wave, latency
-    counts), then for a few waves (M up to 16x the SM count: a persistent grid launches fewer
-    blocks), both from the small-M sweep and only up to twice its widest N; then by N for every M
-    (the full-size sweep). resolve() takes the first row that matches."""
+    """The mode=None table for this GPU model and dtype from the sweep's forward ratios of the stable
+    modes (dispatch.FORWARD_RULE)."""
+    points = {row["N"]: {r["impl"][3:]: r["fwd_vs_copy"] for r in row["impls"] if "fwd_vs_copy" in r}
+              for row in result["sweep"]}
+    return write_rows(points, result["dtype"], result["arch"], result["gpu"], result["command"], result["date"])
+
+
+def write_rows(points: dict, dtype: str, arch: str, gpu: str, command: str, date: str) -> str:
+    """Writes band_rows of {N: {mode: ratio}} (the stable modes' ratios to a copy; other keys are
+    ignored) into tuning/rmsnorm_fwd.json under this GPU's table key, with the command that measured them."""
     candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
-    points = []
-    for row in result["sweep"]:
-        scored = sorted(((r["fwd_vs_copy"], r["impl"][3:]) for r in row["impls"]
-                         if r["impl"][3:] in candidates and "fwd_vs_copy" in r), reverse=True)
-        if scored:
-            best = scored[0]
-            runner = f"; runner-up {scored[1][1]} {scored[1][0]:.3f}x" if len(scored) > 1 else ""
-            points.append((row["N"], best[1], f"N={row['N']}: {best[0]:.3f}x copy{runner}"))
-    sms = result["sm_count"]
-    small, small_m_max = _small_m_points(result, candidates, 1, sms)
-    waves, waves_m_max = _small_m_points(result, candidates, sms, 16 * sms)
-    rows = _ranges(small, small_m_max, 1, 2 * small[-1][0]) if small else []
-    if waves:
-        rows += _ranges(waves, waves_m_max, small_m_max + 1, 2 * waves[-1][0])
-    rows += _ranges(points, 1 << 40)
+    points = {n: {m: r for m, r in p.items() if m in candidates} for n, p in points.items()}
+    e = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     table = json.load(open(dispatch.TABLE_PATH)) if os.path.exists(dispatch.TABLE_PATH) else {"source": {}, "tables": {}}
-    table["tables"].setdefault(result["arch"], {})[result["dtype"]] = rows
-    src = table["source"].setdefault(result["arch"], {})
-    src["gpu"] = result["gpu"]
-    src.setdefault("commands", {})[result["dtype"]] = {"command": result["command"], "date": result["date"]}
+    key = table_key_for(table, arch, gpu)
+    table["tables"].setdefault(key, {})[dtype] = band_rows({n: p for n, p in points.items() if p}, e)
+    src = table["source"].setdefault(key, {})
+    src["gpu"] = gpu
+    src.setdefault("commands", {})[dtype] = {"command": command, "date": date}
     os.makedirs(os.path.dirname(dispatch.TABLE_PATH), exist_ok=True)
     with open(dispatch.TABLE_PATH, "w") as f:
         json.dump(table, f, indent=1)
@@ -401,7 +389,7 @@ def write_table(result: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_NS)
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",") if v], default=DEFAULT_NS)
     p.add_argument("--small-m", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_MS)
     p.add_argument("--small-n", type=lambda s: [int(v) for v in s.split(",") if v], default=SMALL_NS,
                    help="widths of the small-M sweep")

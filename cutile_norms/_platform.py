@@ -94,6 +94,23 @@ def table_arch(dev: DeviceInfo, tables: dict) -> str | None:
     return max(below)[2] if below else None
 
 
+def gpu_model(name: str) -> str:
+    """The GPU model in a device name, as the measured tables name it: "NVIDIA H100 80GB HBM3" -> "H100",
+    "NVIDIA H200" -> "H200" (the first word after the vendor)."""
+    words = name.removeprefix("NVIDIA ").split()
+    return words[0] if words else name
+
+
+def table_key(dev: DeviceInfo, tables: dict) -> str | None:
+    """The key of the measured table mode=None uses on `dev`: "<arch>/<model>" where this GPU model was
+    measured on its own (e.g. "sm_90/H200"), else the arch's ("sm_90": the model its `source` names,
+    which every unmeasured GPU of that arch, and of a newer unmeasured arch, borrows; see table_arch)."""
+    arch = table_arch(dev, tables)
+    if arch == dev.arch_name and f"{arch}/{gpu_model(dev.name)}" in tables:
+        return f"{arch}/{gpu_model(dev.name)}"
+    return arch
+
+
 def triton_interpreted() -> bool:
     """TRITON_INTERPRET=1: Triton runs its kernels on CPU tensors (the CPU CI's way to run them)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

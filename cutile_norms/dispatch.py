@@ -1,10 +1,13 @@
 """The one place that decides which kernel runs.
 
 `MODES` maps every mode name to its implementation and to what it needs (vendor, arch, DSL); a mode
-that cannot run says why. `mode=None` picks from the measured table in `tuning/rmsnorm_fwd.json`
-(written by `python bench/rmsnorm.py --write-table`), never an experimental or unbuilt kernel; an
-NVIDIA arch with no rows of its own borrows the nearest measured arch's (warning once), and only
-where nothing applies (CPU, no table) does the reference run. `explain()` prints the decision and its evidence.
+that cannot run says why. `mode=None` picks the forward from the measured tables in
+`tuning/rmsnorm_fwd.json` (one per GPU model that was measured on its own, e.g. "sm_90/H200", else
+the arch's; written by `python bench/rmsnorm.py --write-table` by FORWARD_RULE below) and the backward
+from BACKWARD_TABLE and cute_backward_refusal, never an experimental or unbuilt kernel. A GPU with no
+table of its own borrows its arch's (or the nearest measured arch's) and warns once; only where
+nothing applies (CPU, no table) does the reference run. `explain()` prints the decision, the table
+and row used and their evidence.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
-from ._platform import DeviceInfo, Toolchain, table_arch, triton_interpreted
+from ._platform import DeviceInfo, Toolchain, table_arch, table_key, triton_interpreted
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 
@@ -165,7 +168,8 @@ def instead_of(dev: DeviceInfo, tools: Toolchain, mode: str, why: str) -> Choice
 
 
 def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
-    """mode=None: the measured best mode for (arch, dtype, N, M); where nothing is measured or what is
+    """mode=None: the measured mode for (GPU model, dtype, N), the same for every M (a row's result
+    never depends on the batch it comes in: see FORWARD_RULE); where nothing is measured or what is
     measured cannot run here (AMD, NVIDIA below sm_90, cuTile missing) the Triton kernels; the
     reference on CPU tensors or where Triton cannot run either."""
     if dev.vendor == "cpu":
@@ -174,83 +178,134 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
         return _fallback(dev, tools, f"AMD GPU {dev.name} (cuTile and CuTe DSL are NVIDIA-only)")
     table = measured_table()
     tables = table.get("tables", {})
-    arch = table_arch(dev, tables)
-    if arch is None:
+    key = table_key(dev, tables)
+    if key is None:
         return _fallback(dev, tools, f"no measurements for {dev.arch_name} ({dev.name}) in "
                                      f"{os.path.basename(TABLE_PATH)}")
-    borrowed = ""
-    if arch != dev.arch_name:
-        borrowed = f"; {dev.arch_name} not measured, the {arch} table stands in (measure it: {MEASURE_COMMAND})"
-        if dev.arch_name not in _warned_arches:
-            _warned_arches.add(dev.arch_name)
-            warnings.warn(f"cutile_norms: {dev.name} ({dev.arch_name}) has no measured table; mode=None uses the "
-                          f"nearest measured arch's ({arch}). Measure this GPU and write its rows with: "
-                          f"{MEASURE_COMMAND}", UnmeasuredDeviceWarning, stacklevel=4)
     dname = str(dtype).removeprefix("torch.")
-    for row in tables[arch].get(dname, []):
+    if dname not in tables[key] and "/" in key:  # this model measured, not in this dtype: its arch's rows
+        key = key.split("/")[0]
+    borrowed = ""
+    src = table.get("source", {}).get(key, {})
+    if src.get("gpu") != dev.name:
+        borrowed = (f"; {dev.name} not measured in {dname}, the {key} table ({src.get('gpu', '?')}) stands in "
+                    f"(measure it: {MEASURE_COMMAND})")
+        if (dev.name, dname) not in _warned_arches:
+            _warned_arches.add((dev.name, dname))
+            warnings.warn(f"cutile_norms: {dev.name} ({dev.arch_name}) has no measured {dname} table; mode=None "
+                          f"uses the {key} table, measured on {src.get('gpu', '?')}. Measure this GPU and write "
+                          f"its rows with: {MEASURE_COMMAND}", UnmeasuredDeviceWarning, stacklevel=4)
+    for row in tables[key].get(dname, []):
         if row["n_min"] <= N <= row["n_max"] and row["m_min"] <= M <= row["m_max"]:
             mode = MODES[row["mode"]]
             why_not = unavailable_reason(mode, dev, tools)
             if mode.status != STABLE or why_not:
-                return _fallback(dev, tools, f"the measured table {arch}/{row['mode']} row cannot run here "
+                return _fallback(dev, tools, f"the measured table {key}/{row['mode']} row cannot run here "
                                              f"({why_not or mode.status}){borrowed}")
-            src = table.get("source", {}).get(arch, {})
             command = src.get("commands", {}).get(dname, {}).get("command", "?")
-            why = (f"measured table {arch}/{dname}: N in [{row['n_min']}, {row['n_max']}], "
-                   f"M in [{row['m_min']}, {row['m_max']}] -> {row['mode']} ({row['evidence']}; "
-                   f"{src.get('gpu', '?')}, {command}){borrowed}")
-            return _with_best_backward(Choice(mode.name, why), dev, tools, backward_row(arch, dname, N))
-    return _fallback(dev, tools, f"the measured table for {arch} has no row for {dname}, N={N}, M={M}{borrowed}")
+            why = (f"measured table {key}/{dname}: N in [{row['n_min']}, {row['n_max']}] -> {row['mode']} "
+                   f"({row['evidence']}; {src.get('gpu', '?')}, {command}){borrowed}")
+            return _with_best_backward(Choice(mode.name, why), dev, tools, backward_row(key, dname, N))
+    return _fallback(dev, tools, f"the measured table {key} has no row for {dname}, N={N}, M={M}{borrowed}")
+
+
+# FORWARD_RULE, how `python bench/rmsnorm.py --write-table` turns a sweep into rows (bench/rmsnorm.py,
+# write_table): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes
+# the mode whose worst ratio to a copy over every width measured in it (the widths real models use
+# and the random ones of that run) is the highest, for every M. Why bands and not the nearest
+# measured width: inside a band the kernels keep their shape (tma_smem_cached holds a row in one
+# CTA up to 48 KiB and in a cluster of 4 up to 64 KiB; beyond, clusters of 5-16 CTAs whose last slice
+# may be part empty, which measured 0.74-0.83 x copy at N = 98368 and 36568 on an H100 where the
+# powers of two gave 0.975-0.998), so a mode that holds at a band's measured widths holds between
+# them; the nearest-width rule put modes measured within 0.1 % of each other in alternate ranges and
+# missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One mode per
+# width for every M: rows are bit-identical whatever the batch (tests/test_batch_invariance.py),
+# and at M <= 64, where a call is host bound, the modes' GPU times differ by tenths of a microsecond
+# while tma_smem_cached's host path is the cheapest (bench/decode.py).
+FORWARD_BAND_EDGES = (64 * 1024,)
 
 
 @dataclass(frozen=True)
 class BackwardRow:
-    """A width range where mode=None's backward is another mode's than the cuTile persistent kernel."""
-    arch: str
+    """A band of row bytes where mode=None's backward is another mode's than the cuTile persistent
+    kernel (`table`: a measured table's key, as table_key gives it)."""
+    table: str
     dtypes: tuple[str, ...]
-    n_min: int
-    n_max: int
+    bytes_min: int
+    bytes_max: int
     mode: str
     evidence: str
 
 
 # mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
-# ahead of it in the same run (bench/NOTES.md, "The Triton mode, second round" and "The backward in
-# CuTe DSL"). The cuTile backward's best config at 7168 measured 0.885 (its sweep); its rows split
-# over blocks exchange their sums through L2, the CuTe DSL kernel's through a cluster's shared memory.
+# ahead of it in the same run. The cuTile backward's configs are measured at the sweep's widths and
+# scaled to the nearest (cutile/rmsnorm_bwd.py), which holds at the powers of two (0.94-0.97 x copy)
+# and not between them (H100 bf16, N = 12288 / 20480 / 24576 / 28672: 0.849 / 0.561 / 0.838 / 0.865).
+# The CuTe DSL kernel exchanges a row's sum through a cluster's shared memory and holds from 24 KiB
+# rows wherever its slices tile the row exactly (cute/rmsnorm_bwd_config.py, exact_tiling):
+# 0.909-0.971 at 12288-262144, where part-empty slices gave 0.32-0.61; rows it cannot tile exactly
+# stay on the cuTile kernel (N = 18112: 0.928 against 0.483).
 BACKWARD_TABLE = (
-    BackwardRow("sm_90", ("bfloat16", "float16"), 6145, 8191, "triton",
-                "H100 80GB HBM3 2026-11-24, N=7168 bf16: triton 0.947 x copy, the cuTile persistent kernel "
-                "0.883; python bench/rmsnorm.py --modes triton --anchors liger"),
-    BackwardRow("sm_90", ("bfloat16", "float16"), 32768, 262144, "tma_smem_cached",
-                "H100 80GB HBM3 2026-11-25, bf16: the CuTe DSL backward 0.948 / 0.967 / 0.957 / 0.937 x copy "
-                "at N=32768 / 65536 / 131072 / 262144, the cuTile persistent kernel 0.935 / 0.918 / 0.894 / "
-                "0.798; python bench/probe/cute_bwd_configs.py"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
+                "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
+                "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), 24 * 1024, 512 * 1024, "tma_smem_cached",
+                "H100 80GB HBM3 2026-11-25, bf16, the CuTe DSL backward against the cuTile persistent kernel: "
+                "N=12288 0.912 / 0.850, 14336 0.925 / 0.868, 16384 0.919 / 0.943, 18432 0.892 / 0.932, "
+                "20480 0.890 / 0.563, 24576 0.942 / 0.838, 28672 0.940 / 0.865, 40960 0.953 / 0.514, "
+                "49152 0.943 / 0.810, 65536 0.971 / 0.923, 131072 0.957 / 0.893, 262144 0.937 / 0.797 x copy: "
+                "the better worst case; python bench/probe/model_widths.py --only bwd"),
 )
 
 
-def backward_row(arch: str | None, dtype_name: str, N: int) -> BackwardRow | None:
-    return next((r for r in BACKWARD_TABLE if r.arch == arch and dtype_name in r.dtypes and r.n_min <= N <= r.n_max),
-                None)
+def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
+    """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment),
+    or None. This is where tma_smem_cached's backward is decided, for mode=None and for the mode
+    asked for by name: the cuTile persistent backward takes every other row."""
+    from .cute.rmsnorm_bwd_config import analytic_config, exact_tiling
+
+    if dtype == torch.float32:
+        return "fp32 rows: the cuTile backward measured ahead"
+    if N * dtype.itemsize < 24 * 1024:
+        return "rows under 24 KiB: the cuTile backward measured ahead"
+    cfg = analytic_config(N, dtype.itemsize)
+    if N % (16 // dtype.itemsize) or cfg is None:
+        return f"the CuTe DSL backward does not take N={N}"
+    if cfg.cluster_n * cfg.threads * cfg.nvb * cfg.vec != N and exact_tiling(N, dtype.itemsize) is None:
+        return (f"N={N} has no exact tiling by the CuTe DSL backward's slices (part-empty slices measured "
+                f"0.32-0.61 x copy): the cuTile backward runs")
+    return None
+
+
+def backward_row(key: str | None, dtype_name: str, N: int) -> BackwardRow | None:
+    """BACKWARD_TABLE's row for this table key (a model's, else its arch's), dtype and width."""
+    rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
+    for k in ((key, key.split("/")[0]) if key and "/" in key else (key,)):
+        if any(r.table == k for r in rows):
+            e = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
+            return next((r for r in rows if r.table == k and r.bytes_min <= N * e <= r.bytes_max
+                         and (r.mode != "tma_smem_cached" or cute_backward_refusal(N, getattr(torch, dtype_name))
+                              is None)), None)
+    return None
 
 
 def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: BackwardRow | None = None) -> Choice:
-    """mode=None: the forward table picks the forward only. `row` (BACKWARD_TABLE's, for this arch,
+    """mode=None: the forward table picks the forward only. `row` (BACKWARD_TABLE's, for this table,
     dtype and N): that mode's backward runs where it can. Else, where the forward has a backward of its
     own (triton) and the cuTile persistent backward can run, that one runs behind autograd: on an H100
     it measured ahead of Triton's at every other width and dtype (bf16 0.945-0.976 x copy against
     0.888-0.954 to 16384 and 0.80-0.94 against 0.75-0.86 beyond; fp32 N=16384 0.98 against 0.82;
-    bench/NOTES.md, The backward and The Triton mode, second round)."""
+    bench/NOTES.md, The backward and The Triton mode, second round). tma_smem_cached's own backward is
+    the CuTe DSL kernel only where cute_backward_refusal says so."""
     if row is not None and unavailable_reason(MODES[row.mode], dev, tools) is None:
         if choice.backward_mode == row.mode:
             return choice
         return Choice(choice.mode, f"{choice.reason}; backward: {row.mode}'s ({row.evidence})", bwd_mode=row.mode)
-    if MODES[choice.mode].bwd_backend in (None, _CUTILE_BWD, _CUTE_BWD):
-        return choice
-    if unavailable_reason(MODES["multi_wave_cached"], dev, tools) is not None:
-        return choice
-    return Choice(choice.mode, choice.reason + "; backward: the cuTile persistent kernel (measured ahead of "
-                  f"{choice.mode}'s at every width)", bwd_mode="multi_wave_cached")
+    if choice.mode == "tma_smem_cached" or MODES[choice.mode].bwd_backend not in (None, _CUTILE_BWD, _CUTE_BWD):
+        if unavailable_reason(MODES["multi_wave_cached"], dev, tools) is None:
+            return Choice(choice.mode, choice.reason + "; backward: the cuTile persistent kernel (measured ahead "
+                          f"of {choice.mode}'s at this width)", bwd_mode="multi_wave_cached")
+    return choice
 
 
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
@@ -267,4 +322,7 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
         raise refusal[0](refusal[1])
     if mode.backend and mode.status == STABLE and mode.dsl != "torch" and is_experimental(backend(mode.name)):
         raise RuntimeError(f"mode {mode.name!r} is registered stable but its backend is experimental")
+    if mode.name == "tma_smem_cached" and cute_backward_refusal(N, dtype):
+        return Choice(mode.name, f"asked for explicitly; backward: the cuTile persistent kernel "
+                                 f"({cute_backward_refusal(N, dtype)})", bwd_mode="multi_wave_cached")
     return Choice(mode.name, "asked for explicitly")

@@ -4,6 +4,9 @@ interleaved rounds. It backs the rules that pick a kernel between measured width
 the CuTe DSL forward's config rule (cute/rmsnorm_fwd_config.py).
 
     python bench/probe/model_widths.py [--only fwd|bwd] [--ns ...] [--random 6] [--rounds 3] [--out F]
+        [--kernels k1,k2,...]   (default: every kernel; names as printed, "None" = rms_norm with mode=None)
+    python bench/probe/model_widths.py --write-table OUT.json [--command "..."]
+        (mode=None's rows for that run's GPU and dtype from its forward ratios: bench/rmsnorm.py, write_rows)
 
 Bytes: forward = the copy's (read x, write y); backward = 1.5 x the copy's (read x, dy; write dx).
 Every output is checked against the fp32 reference (the last 64 rows) before it is timed.
@@ -11,6 +14,8 @@ Every output is checked against the fp32 reference (the last 64 rows) before it 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import random
 import statistics
@@ -23,8 +28,9 @@ sys.path.insert(0, ROOT)
 
 from bench import anchors as anchor_registry  # noqa: E402
 from bench.probe.common import no_gpu, write_json  # noqa: E402
-from bench.rmsnorm import MODEL_NS, check_output, random_widths  # noqa: E402
+from bench.rmsnorm import MODEL_NS, check_output, random_widths, write_rows  # noqa: E402
 from bench.timing import ratios_to_copy  # noqa: E402
+import cutile_norms as cn  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as cute_bwd  # noqa: E402
@@ -43,7 +49,7 @@ FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
 
 
 def forward_fns(x, w, dev):
-    fns = {}
+    fns = {"None": lambda: cn.rms_norm(x, w, 1e-6)}
     for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload", "triton"):
         backend = dispatch.backend(mode)
         fns[mode] = (lambda b: (lambda: b.forward(x, w, 1e-6, 0.0, False, dev)[0]))(backend)
@@ -67,9 +73,15 @@ def backward_fns(x, w, dy, rstd, dev):
 
     fns = {"cutile": lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, dev),
            "triton": lambda: TRITON_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, dev)}
+    xn, wn = x.detach().requires_grad_(), w.detach().requires_grad_()
+    yn = cn.rms_norm(xn, wn, 1e-6)  # mode=None's backward, through autograd as a training step runs it
+    fns["None"] = lambda: torch.autograd.grad(yn, (xn, wn), dy, retain_graph=True)
     cfg = bwd_config(x.shape[1], x.element_size())
+    padded = bwd_config(x.shape[1], x.element_size(), exact=False)  # the rule without its exact tiling
     if cfg is not None and cute_bwd.unsupported(x, dy) is None:
         fns["cute"] = lambda: cute_bwd.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
+        if padded != cfg:
+            fns["cute padded"] = lambda: cute_bwd.launch(padded, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
     quack, _ = anchor_registry.load(["quack"])
     if quack:
         xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
@@ -87,7 +99,20 @@ def main() -> int:
     p.add_argument("--only", choices=["fwd", "bwd"], default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None)
+    p.add_argument("--write-table", default=None, metavar="JSON",
+                   help="write mode=None's rows from a finished run's --out JSON (no GPU needed)")
+    p.add_argument("--command", default="python bench/probe/model_widths.py --only fwd",
+                   help="with --write-table: the command that measured it (recorded beside the rows)")
+    p.add_argument("--kernels", type=lambda s: set(v for v in s.split(",") if v), default=None,
+                   help="only these kernels (and their anchors), by the names the table prints")
     args = p.parse_args()
+    if args.write_table:
+        run = json.load(open(args.write_table))
+        names = {"tma analytic": "tma_smem_cached"}  # the probe's name of the mode's own config
+        points = {int(n): {names.get(k, k): v for k, v in row["fwd"].items()} for n, row in run["rows"].items()}
+        print(write_rows(points, run["dtype"], run.get("arch", "sm_90"), run["gpu"], args.command,
+                         run.get("date", "?")))
+        return 0
     if no_gpu():
         return 0
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
@@ -102,7 +127,7 @@ def main() -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         row = {}
         if args.only in (None, "fwd"):
-            fns = forward_fns(x, w, dev)
+            fns = pick(forward_fns(x, w, dev), args.kernels)
             for k in list(fns):
                 wrong = check_output(fns[k]()[-64:], x[-64:], w, 1e-6)
                 if wrong:
@@ -115,7 +140,7 @@ def main() -> int:
             dy = torch.randn_like(x)
             rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
             dx_ref, _ = rms_norm_backward(dy[-64:], x[-64:], w, rstd[-64:])
-            fns = backward_fns(x, w, dy, rstd, dev)
+            fns = pick(backward_fns(x, w, dy, rstd, dev), args.kernels)
             for k in list(fns):
                 dx = fns[k]()[0]
                 if not torch.allclose(dx[-64:].float(), dx_ref.float(), rtol=2e-2, atol=2e-2):
@@ -132,8 +157,14 @@ def main() -> int:
                       + f"  | best {best}", flush=True)
         del x, w
         torch.cuda.empty_cache()
-    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "seed": seed, "rows": results})
+        # after every width: a run stopped at its time limit keeps what it measured
+        write_json(args.out, {"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "seed": seed,
+                              "arch": dev.arch_name, "date": datetime.date.today().isoformat(), "rows": results})
     return 0
+
+
+def pick(fns: dict, kernels: set | None) -> dict:
+    return fns if kernels is None else {k: f for k, f in fns.items() if k in kernels}
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ The kernel is in rmsnorm_bwd_kernel.py, its configs and heuristic in rmsnorm_bwd
 with `cute.compile` over fake tensors (M and the row strides symbolic), cached in process by (dtypes,
 N, config, flags), called through TVM-FFI on torch's current stream.
 
-What it takes (`unsupported` says why not; the backend then runs the cuTile persistent backward, which
-takes everything): rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples
+Which widths and dtypes it runs is decided in dispatch.py (cute_backward_refusal). What it takes
+(`unsupported` says why not; the backend then runs the cuTile persistent backward, which takes
+everything): rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples
 of 16 bytes / element size, the data 16-byte aligned), and rows a ring of two slices per CTA of at most
 CLUSTER_MAX CTAs holds (16-bit rows to 262144 elements, fp32 to 131072).
 """
@@ -21,11 +22,6 @@ from .._workspace import current_raw_stream, workspace
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
 from .rmsnorm_fwd import _compile_options, _cutlass_dtype
 
-# Rows narrower than this, and fp32 rows, go to the cuTile persistent backward (bench/NOTES.md, "The
-# backward in CuTe DSL" and "Two ring slots for small clusters", H100): bf16 N = 16384 0.907-0.922
-# against cuTile's 0.946-0.955; with two ring slots N = 32768 0.948 against 0.935, N >= 65536
-# 0.937-0.967 against 0.80-0.92; fp32 0.905-0.993 against cuTile's 0.980-0.994 at every width it takes.
-MIN_ROW_BYTES = 64 * 1024
 
 # ================================================================================================
 # Compile cache
@@ -159,38 +155,26 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
 # ================================================================================================
 @dataclass(frozen=True)
 class TmaSmemBackward:
-    """tma_smem_cached's backward: the CuTe DSL kernel for 16-bit rows of at least MIN_ROW_BYTES that
-    it takes (`unsupported`), the cuTile persistent backward for every other row."""
+    """tma_smem_cached's backward: the CuTe DSL kernel. Which rows it gets is decided in
+    dispatch.cute_backward_refusal (the cuTile persistent backward runs the others); here only a call's
+    tensors can send it there: rows `unsupported` refuses (alignment, strides), M = 0."""
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> BwdConfig | None:
         return analytic_config(N, dtype.itemsize)
 
-    def not_here(self, N: int, dtype: torch.dtype) -> str | None:
-        """Why rows of N `dtype` elements go to the cuTile backward (alignment aside), or None."""
-        if dtype == torch.float32:
-            return "fp32 rows: the cuTile backward measured ahead"
-        if N * dtype.itemsize < MIN_ROW_BYTES:
-            return f"rows under {MIN_ROW_BYTES // 1024} KiB: the cuTile backward measured ahead"
-        if N % (16 // dtype.itemsize) or self.config(N, dtype) is None:
-            return f"the CuTe DSL backward does not take N={N}"
-        return None
-
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
-        why = self.not_here(N, dtype)
-        if why:
-            from ..cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
-            return f"{PERSISTENT_BACKWARD.describe(M, N, dtype, dev, w_dtype)} ({why})"
         cfg = self.config(N, dtype, dev)
+        if cfg is None:
+            return f"CuTe DSL RMSNormBwdTmaSmem: none (N={N} too long)"
         clusters = min(M, max_clusters(dev.index, cfg.cluster_n, dev.sm_count)) if dev.index is not None else "C"
         return (f"CuTe DSL RMSNormBwdTmaSmem (persistent), grid {clusters} clusters x {cfg.cluster_n} CTAs, "
                 f"{cfg.short()}; config: analytic (N, dtype)")
 
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
                  cfg: BwdConfig | None = None, out: tuple | None = None):
-        """`cfg`: run the CuTe kernel with it wherever it takes the rows (tests, probes)."""
+        """`cfg`: run the CuTe kernel with it (tests, probes)."""
         M, N = x2d.shape
-        if (M == 0 or unsupported(x2d, dy2d) is not None or rstd.stride(0) != 1
-                or (cfg is None and self.not_here(N, x2d.dtype))):
+        if M == 0 or unsupported(x2d, dy2d) is not None or rstd.stride(0) != 1:
             from ..cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
             return PERSISTENT_BACKWARD.backward(dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev, out=out)
         return launch(cfg or self.config(N, x2d.dtype, dev), dy2d, x2d, weight, rstd, offset, need_dx, need_dw,

@@ -45,6 +45,14 @@ class BwdConfig:
 #     MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
 #     threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916 for 32 KiB slices of 256 threads;
 #     `python bench/probe/cute_bwd_configs.py`;
+#   * slices that tile the row exactly where such a tiling exists (cluster_n x threads x nvb vectors =
+#     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS; the slice nearest
+#     slice_bytes): a last CTA with a part-empty slice runs its column predicates on every load and
+#     store of the loop, and those rows measured 0.32-0.59 x copy (bf16, H100: N = 20480 / 18112 /
+#     101784 / 244712 with 128 / 40 / 589 / 1013 padding vectors) against 0.909-0.942 for full slices
+#     at 12288-28672; `python bench/probe/model_widths.py --only bwd`. Rows with no exact tiling (a
+#     vector count with fewer than 2^7 in its factors) keep the padded rule; dispatch runs the cuTile
+#     backward on them (`exact_tiling`).
 #   * clusters of up to SMALL_CLUSTER CTAs keep MIN_STAGES slots: a smaller ring lets more CTAs share
 #     an SM (8 warps of one CTA left the issue slots idle, ncu), bf16 N = 65536 (clusters of 8) 0.963-0.969
 #     against 0.940-0.946 with 4 slots in three runs; clusters of 16 measured the same with 2, 3 or 4.
@@ -54,6 +62,7 @@ MIN_STAGES = 2
 MAX_STAGES = 4
 SMALL_CLUSTER = 8
 MAX_THREADS = 1024
+MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers)
 RED_ROUNDS = 4  # column tiles a dw reducer sums at once: 4 16-byte loads per thread in flight per partial
 
 
@@ -61,18 +70,38 @@ def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def exact_tiling(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES) -> tuple[int, int, int] | None:
+    """(cluster_n, threads, nvb) whose slices hold the row's 16-byte vectors exactly (no padding), the
+    slice nearest `slice_bytes` (ties: fewer threads); None where none exists (see MAX_VECS). The
+    rule below takes it only where its own slices would pad the row."""
+    vec = 16 // elem_bytes
+    if N % vec:
+        return None
+    vectors = N // vec
+    target = slice_bytes // 16
+    fits = [(c, t, vectors // (c * t)) for c in range(1, CLUSTER_MAX + 1) for t in (128, 256, 512, 1024)
+            if vectors % (c * t) == 0 and vectors // (c * t) <= MAX_VECS]
+    if not fits:
+        return None
+    return min(fits, key=lambda f: (abs(f[1] * f[2] - target), f[1]))
+
+
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
-                    vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None) -> BwdConfig | None:
+                    vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None,
+                    exact: bool = True) -> BwdConfig | None:
     """The config for rows of N elements of `elem_bytes` (`stages`: that many ring slots instead of the
-    rule's); None where no config fits (a slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs
-    does not fit shared memory)."""
+    rule's; `exact=False`: the padded rule even where an exact tiling exists, for probes); None where
+    no config fits (a slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared
+    memory)."""
     vec = 16 // elem_bytes
     cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
     threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
+    if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:
+        cluster_n, threads, nvb = exact_tiling(N, elem_bytes, slice_bytes) or (cluster_n, threads, nvb)
     cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec)
     room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + 2 * -(-cfg.slice_cols * elem_bytes // 128) * 128
     fit = min(MAX_STAGES, room // (2 * cfg.slice_cols * elem_bytes))

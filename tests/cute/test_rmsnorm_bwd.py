@@ -172,24 +172,29 @@ def test_cluster_count_is_the_same_from_another_thread():
 
 
 @pytest.mark.gpu
-def test_other_rows_go_to_cutile(seed):
+def test_rows_it_does_not_take_go_to_cutile(seed):
     """Rows the kernel does not take (N not a multiple of the vector, a start off 16 bytes, too long)
-    and rows where the cuTile backward measured ahead (narrower than MIN_ROW_BYTES, fp32) run the
-    cuTile backward; describe() says so and the grads are right."""
+    run the cuTile backward from this backend, with right grads; rows dispatch sends to the cuTile
+    backward (narrower than 24 KiB, fp32, no exact tiling) get it through autograd with
+    mode="tma_smem_cached", and explain() names it."""
     from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD, unsupported
 
-    cases = ((torch.bfloat16, 65537, 65537, 0, True), (torch.bfloat16, 65536, 65536 + 8, 1, True),
-             (torch.bfloat16, 1 << 20, 1 << 20, 0, True), (torch.bfloat16, 16384, 16384, 0, False),
-             (torch.float32, 65536, 65536, 0, False))
-    for dtype, N, base_cols, start, misfit in cases:
-        x = random_rows((4, base_cols + start), dtype, "cuda")[:, start:start + N]
-        assert (unsupported(x, x) is not None) == misfit, (N, start)
-        assert "cuTile" in TMA_SMEM_BACKWARD.describe(4, N, dtype, _dev()) or misfit, (dtype, N)
-        w = random_weight(N, dtype, "cuda")
-        dy = random_rows((4, N), dtype, "cuda")
+    cases = ((65537, 65537, 0), (65536, 65536 + 8, 1), (1 << 20, 1 << 20, 0))
+    for N, base_cols, start in cases:
+        x = random_rows((4, base_cols + start), torch.bfloat16, "cuda")[:, start:start + N]
+        assert unsupported(x, x) is not None, (N, start)
+        w = random_weight(N, torch.bfloat16, "cuda")
+        dy = random_rows((4, N), torch.bfloat16, "cuda")
         rstd = _rstd(x, w, 0.0)
         dx, dw = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, _dev())
-        _check(x, w, dy, 0.0, dx, dw, f"{dtype} N={N} start={start}", seed)
+        _check(x, w, dy, 0.0, dx, dw, f"N={N} start={start}", seed)
+    for dtype, N in ((torch.bfloat16, 8192), (torch.float32, 65536), (torch.bfloat16, 18112)):
+        x = random_rows((4, N), dtype, "cuda").requires_grad_()
+        w = random_weight(N, dtype, "cuda").requires_grad_()
+        assert "backward: cuTile" in cn.explain(x, w, mode="tma_smem_cached"), (dtype, N)
+        dy = random_rows((4, N), dtype, "cuda")
+        cn.rms_norm(x, w, EPS, mode="tma_smem_cached").backward(dy)
+        _check(x.detach(), w.detach(), dy, 0.0, x.grad, w.grad, f"{dtype} N={N} through autograd", seed)
     assert "CuTe DSL" in TMA_SMEM_BACKWARD.describe(4, 131072, torch.bfloat16, _dev())
 
 
