@@ -246,6 +246,12 @@ class BackwardRow:
 # 0.909-0.971 at 12288-262144, where part-empty slices gave 0.32-0.61; rows it cannot tile exactly
 # stay on the cuTile kernel (N = 18112: 0.928 against 0.483).
 BACKWARD_TABLE = (
+    BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
+                "H100 80GB HBM3 2026-11-24/25, bf16, Triton's backward against the cuTile persistent kernel: "
+                "N=128 0.936 / 0.957, 512 0.937 / 0.945, 896 0.933 / 0.783, 1024 0.933 / 0.955, 1536 0.912 / "
+                "0.870 x copy: the better worst case (the cuTile kernel's configs hold at the powers of two "
+                "they were measured at, not between); python bench/probe/model_widths.py --only bwd, "
+                "python bench/rmsnorm.py --modes triton"),
     BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
                 "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
                 "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
