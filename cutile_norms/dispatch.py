@@ -268,7 +268,7 @@ def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
     """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment),
     or None. This is where tma_smem_cached's backward is decided, for mode=None and for the mode
     asked for by name: the cuTile persistent backward takes every other row."""
-    from .cute.rmsnorm_bwd_config import analytic_config, exact_tiling
+    from .cute.rmsnorm_bwd_config import analytic_config
 
     if dtype == torch.float32:
         return "fp32 rows: the cuTile backward measured ahead"
@@ -277,7 +277,7 @@ def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
     cfg = analytic_config(N, dtype.itemsize)
     if N % (16 // dtype.itemsize) or cfg is None:
         return f"the CuTe DSL backward does not take N={N}"
-    if cfg.cluster_n * cfg.threads * cfg.nvb * cfg.vec != N and exact_tiling(N, dtype.itemsize) is None:
+    if cfg.cluster_n * cfg.threads * cfg.nvb * cfg.vec != N:  # its config tiles the row exactly where it can
         return (f"N={N} has no exact tiling by the CuTe DSL backward's slices (part-empty slices measured "
                 f"0.32-0.61 x copy): the cuTile backward runs")
     return None
@@ -328,7 +328,8 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
         raise refusal[0](refusal[1])
     if mode.backend and mode.status == STABLE and mode.dsl != "torch" and is_experimental(backend(mode.name)):
         raise RuntimeError(f"mode {mode.name!r} is registered stable but its backend is experimental")
-    if mode.name == "tma_smem_cached" and cute_backward_refusal(N, dtype):
-        return Choice(mode.name, f"asked for explicitly; backward: the cuTile persistent kernel "
-                                 f"({cute_backward_refusal(N, dtype)})", bwd_mode="multi_wave_cached")
+    refusal = cute_backward_refusal(N, dtype) if mode.name == "tma_smem_cached" else None
+    if refusal:
+        return Choice(mode.name, f"asked for explicitly; backward: the cuTile persistent kernel ({refusal})",
+                      bwd_mode="multi_wave_cached")
     return Choice(mode.name, "asked for explicitly")
