@@ -245,6 +245,7 @@ class BackwardRow:
 # rows wherever its slices tile the row exactly (cute/rmsnorm_bwd_config.py, exact_tiling):
 # 0.909-0.971 at 12288-262144, where part-empty slices gave 0.32-0.61; rows it cannot tile exactly
 # stay on the cuTile kernel (N = 18112: 0.928 against 0.483).
+CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
                 "H100 80GB HBM3 2026-11-24/25, bf16, Triton's backward against the cuTile persistent kernel: "
@@ -255,7 +256,7 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
                 "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
                 "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
-    BackwardRow("sm_90", ("bfloat16", "float16"), 24 * 1024, 512 * 1024, "tma_smem_cached",
+    BackwardRow("sm_90", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "H100 80GB HBM3 2026-11-25, bf16, the CuTe DSL backward against the cuTile persistent kernel: "
                 "N=12288 0.912 / 0.850, 14336 0.925 / 0.868, 16384 0.919 / 0.943, 18432 0.892 / 0.932, "
                 "20480 0.890 / 0.563, 24576 0.942 / 0.838, 28672 0.940 / 0.865, 40960 0.953 / 0.514, "
@@ -272,8 +273,8 @@ def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
 
     if dtype == torch.float32:
         return "fp32 rows: the cuTile backward measured ahead"
-    if N * dtype.itemsize < 24 * 1024:
-        return "rows under 24 KiB: the cuTile backward measured ahead"
+    if N * dtype.itemsize < CUTE_BWD_MIN_BYTES:
+        return f"rows under {CUTE_BWD_MIN_BYTES // 1024} KiB: the cuTile backward measured ahead"
     cfg = analytic_config(N, dtype.itemsize)
     if N % (16 // dtype.itemsize) or cfg is None:
         return f"the CuTe DSL backward does not take N={N}"
@@ -285,14 +286,11 @@ def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
 
 def backward_row(key: str | None, dtype_name: str, N: int) -> BackwardRow | None:
     """BACKWARD_TABLE's row for this table key (a model's, else its arch's), dtype and width."""
+    dtype = getattr(torch, dtype_name)
     rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
-    for k in ((key, key.split("/")[0]) if key and "/" in key else (key,)):
-        if any(r.table == k for r in rows):
-            e = torch.empty((), dtype=getattr(torch, dtype_name)).element_size()
-            return next((r for r in rows if r.table == k and r.bytes_min <= N * e <= r.bytes_max
-                         and (r.mode != "tma_smem_cached" or cute_backward_refusal(N, getattr(torch, dtype_name))
-                              is None)), None)
-    return None
+    table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
+    return next((r for r in rows if r.table == table and r.bytes_min <= N * dtype.itemsize <= r.bytes_max
+                 and (r.mode != "tma_smem_cached" or cute_backward_refusal(N, dtype) is None)), None)
 
 
 def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: BackwardRow | None = None) -> Choice:

@@ -125,21 +125,35 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     column stride that `unsupported` accepts, M >= 1. The API layer has validated everything.
     `out`: (y, rstd) to write into."""
     M, N = x2d.shape
-    contiguous = M == 1 or x2d.stride(0) == N
-    if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
-        x2d = x2d.as_strided((M, N), (N, 1))
-    if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
-        weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
-    if out is None:
-        y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=x2d.dtype, device=x2d.device)
-        rstd = torch.empty(M, dtype=torch.float32, device=x2d.device) if store_rstd else None
-    else:
-        y, rstd = out
-    y2d = y.view(M, N)
-    fn = compile_forward(x2d.dtype, None if weight is None else weight.dtype, N, cfg, store_rstd, contiguous)
-    fn(x2d, weight if weight is not None else y2d[0], y2d, rstd if store_rstd else _dummy_rstd(x2d.device),
-       eps, offset)
-    return y, rstd
+    run = _runner(cfg, N, M == 1 or x2d.stride(0) == N, x2d.dtype, None if weight is None else weight.dtype,
+                  store_rstd, x2d.device)
+    return run(x2d, weight, eps, offset, out_shape, out)
+
+
+def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtype: torch.dtype | None,
+            store_rstd: bool, device: torch.device):
+    """run(x2d, weight, eps, offset, out_shape=None, out=None) -> (y, rstd or None) with the compiled
+    kernel and the rstd placeholder resolved once (`launch` per call, the backend's `launcher` per call
+    signature)."""
+    fn = compile_forward(dtype, w_dtype, N, cfg, store_rstd, contiguous)
+    dummy = None if store_rstd else _dummy_rstd(device)
+
+    def run(x2d, weight, eps, offset, out_shape=None, out=None):
+        M = x2d.shape[0]
+        if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
+            x2d = x2d.as_strided((M, N), (N, 1))
+        if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
+            weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+        if out is None:
+            y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=device)
+            rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
+        else:
+            y, rstd = out
+        y2d = y.view(M, N)
+        fn(x2d, weight if weight is not None else y2d[0], y2d, rstd if store_rstd else dummy, eps, offset)
+        return y, rstd
+
+    return run
 
 
 # ================================================================================================
@@ -177,23 +191,8 @@ class TmaSmemCachedForward:
         at row `stride`, as `unsupported` accepts them): the config, the compiled kernel and the rstd
         placeholder resolved once, so that a call allocates y and launches (at M <= 64 a call is host
         bound: this path is what a decode step pays per norm)."""
-        contiguous = M == 1 or stride == N
-        fn = compile_forward(dtype, w_dtype, N, self.config(N, dtype, dev), store_rstd, contiguous)
-        device = torch.device("cuda", dev.index)
-        dummy = None if store_rstd else _dummy_rstd(device)
-
-        def run(x2d, weight, eps, offset, out_shape):
-            if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
-                x2d = x2d.as_strided((M, N), (N, 1))
-            if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
-                weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
-            y = torch.empty(out_shape, dtype=dtype, device=device)
-            y2d = y.view(M, N)
-            rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else dummy
-            fn(x2d, weight if weight is not None else y2d[0], y2d, rstd, eps, offset)
-            return y, rstd if store_rstd else None
-
-        return run
+        return _runner(self.config(N, dtype, dev), N, M == 1 or stride == N, dtype, w_dtype, store_rstd,
+                       torch.device("cuda", dev.index))
 
 
 TMA_SMEM_CACHED = TmaSmemCachedForward()
