@@ -162,20 +162,19 @@ def test_mode_none_takes_the_backward_table_row():
     no_triton = Toolchain(cutile=None, cute=None, triton="`import triton` failed: ModuleNotFoundError")
     c = dispatch.resolve(None, H100, no_triton, torch.bfloat16, 4096, 7168)
     assert c.backward_mode == "multi_wave_cached", c
-    # 16-bit rows from 24 KiB that the CuTe DSL backward's slices tile exactly: that backward (its
-    # backend takes misaligned rows to the cuTile kernel), whatever the forward
+    # 16-bit rows from 24 KiB: that backward (its backend takes misaligned rows to the cuTile kernel),
+    # whatever the forward, rows its slices tile exactly and rows whose last slice is part empty
     for dtype, N in ((torch.bfloat16, 12288), (torch.bfloat16, 20480), (torch.bfloat16, 32768),
-                     (torch.bfloat16, 65536), (torch.float16, 262144), (torch.bfloat16, 98304)):
+                     (torch.bfloat16, 65536), (torch.float16, 262144), (torch.bfloat16, 98304),
+                     (torch.bfloat16, 18112), (torch.bfloat16, 36568), (torch.float16, 193488)):
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N)
         assert c.backward_mode == "tma_smem_cached", (dtype, N, c)
-    # narrower rows, fp32, rows with no exact tiling (18112, 36568: part-empty slices), too long: the
-    # cuTile kernel, also behind mode="tma_smem_cached"
-    for dtype, N in ((torch.bfloat16, 8192), (torch.float32, 262144), (torch.bfloat16, 18112),
-                     (torch.bfloat16, 36568), (torch.bfloat16, 1 << 20)):
+    # narrower rows, fp32, too long: the cuTile kernel, also behind mode="tma_smem_cached"
+    for dtype, N in ((torch.bfloat16, 8192), (torch.float32, 262144), (torch.bfloat16, 1 << 20)):
         for mode in (None, "tma_smem_cached"):
             c = dispatch.resolve(mode, H100, ALL_TOOLS, dtype, 512, N)
             assert c.backward_mode == "multi_wave_cached", (dtype, N, mode, c)
-    assert "no exact tiling" in dispatch.resolve("tma_smem_cached", H100, ALL_TOOLS, torch.bfloat16, 512, 18112).reason
+    assert "under 24 KiB" in dispatch.resolve("tma_smem_cached", H100, ALL_TOOLS, torch.bfloat16, 512, 8192).reason
 
 
 def test_gpu_models_of_an_arch_have_their_own_tables(monkeypatch):

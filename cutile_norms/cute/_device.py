@@ -46,16 +46,19 @@ def _f32_bits(val: Float32, *, loc=None, ip=None) -> Int32:
 
 
 @cute.jit
-def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit: Int32) -> cute.Tensor:
+def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit: Int32,
+                     below: cutlass.Constexpr[bool] = True) -> cute.Tensor:
     """One flag per 16-byte copy of a thread's partition (coordinates `tXcX`, (row, col)): its
-    column < limit. Vectors never straddle the limit (it is a multiple of the vector)."""
+    column < limit (`below`), else its column >= limit. Vectors never straddle the limit (it is a
+    multiple of the vector)."""
     n = cute.size(tXcX, mode=[0]) // atom_vals
     m1, m2 = cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])
     pred = cute.make_rmem_tensor(cute.make_layout((n, m1, m2)), cutlass.Boolean)
     for i in cutlass.range_constexpr(n):
         for j in cutlass.range_constexpr(m1):
             for k in cutlass.range_constexpr(m2):
-                pred[i, j, k] = tXcX[i * atom_vals, j, k][1] < limit
+                col = tXcX[i * atom_vals, j, k][1]
+                pred[i, j, k] = col < limit if cutlass.const_expr(below) else col >= limit
     return pred
 
 

@@ -47,12 +47,11 @@ class BwdConfig:
 #     `python bench/probe/cute_bwd_configs.py`;
 #   * slices that tile the row exactly where such a tiling exists (cluster_n x threads x nvb vectors =
 #     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS; the slice nearest
-#     slice_bytes): a last CTA with a part-empty slice runs its column predicates on every load and
-#     store of the loop, and those rows measured 0.32-0.59 x copy (bf16, H100: N = 20480 / 18112 /
-#     101784 / 244712 with 128 / 40 / 589 / 1013 padding vectors) against 0.909-0.942 for full slices
-#     at 12288-28672; `python bench/probe/model_widths.py --only bwd`. Rows with no exact tiling (a
-#     vector count with fewer than 2^7 in its factors) keep the padded rule; dispatch runs the cuTile
-#     backward on them (`exact_tiling`).
+#     slice_bytes): bf16, H100, N = 20480 0.894 over 2 x 128 x 10 against 0.837 over the padded rule's
+#     3 x 128 x 7, whose last CTA's slice is part empty (its slots' columns past the row are zeros and
+#     its dx goes out through the slot: rmsnorm_bwd_kernel.py). Rows with no exact tiling (a vector
+#     count with fewer than 2^7 in its factors) keep the padded rule: 0.82-0.94 at the random widths
+#     measured (`python bench/probe/model_widths.py --only bwd`, bench/NOTES.md).
 #   * clusters of up to SMALL_CLUSTER CTAs keep MIN_STAGES slots: a smaller ring lets more CTAs share
 #     an SM (8 warps of one CTA left the issue slots idle, ncu), bf16 N = 65536 (clusters of 8) 0.963-0.969
 #     against 0.940-0.946 with 4 slots in three runs; clusters of 16 measured the same with 2, 3 or 4.

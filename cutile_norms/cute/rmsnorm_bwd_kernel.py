@@ -110,6 +110,28 @@ class RMSNormBwdTmaSmem:
         sPeer = smem.allocate_tensor(Float32, cute.make_layout((2, cn), stride=(cn, 1)), byte_alignment=16)
         sTicket = smem.allocate_tensor(Int32, cute.make_layout((1,)), byte_alignment=16)
 
+        # ---- 128-bit copies: shared -> registers, registers -> global ----
+        tiler = (1, width)
+        copy_x = vector_copy(self.x_dtype, tv_layout, tiler)
+        thr_x = copy_x.get_slice(tidx)
+        cT = cute.make_identity_tensor(tiler)
+        tXcX = thr_x.partition_S(cT)
+        tXpX = column_predicate(tXcX, vec, cols_valid) if cutlass.const_expr(not even) else None
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
+        tXrDY = cute.make_fragment_like(tXrX)
+        tXrX.fill(0)
+        tXrDY.fill(0)
+        if cutlass.const_expr(not even):
+            # a part-empty slice: the columns past the row's end are zeros in every slot (the bulk copies
+            # fill only the valid bytes), so the loop's shared-memory loads need no predicates. Predicated
+            # loads keep the fragments' old values alive across rows: 255 registers and 504 bytes of
+            # spills per thread at N = 20480 over 3 x 128 x 7 (ptxas), 0.33 x copy against 0.94 for the
+            # same slices at N = 21504, where they are full.
+            tXpT = column_predicate(tXcX, vec, cols_valid, below=False)
+            for s in cutlass.range_constexpr(S):
+                cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(sX, tiler, (s, 0))), pred=tXpT)
+                cute.copy(copy_x, tXrDY, thr_x.partition_D(cute.local_tile(sDY, tiler, (s, 0))), pred=tXpT)
+
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(mbar_full + s, 1)
@@ -138,18 +160,6 @@ class RMSNormBwdTmaSmem:
                     row = Int64(cid + s * clusters)
                     _fill_slot(mbar_full + s, full_base + s * 8, sx_base + s * slot_bytes, sdy_base + s * slot_bytes,
                                x_base + row * x_stride, dy_base + row * dy_stride, nbytes)
-
-        # ---- 128-bit copies: shared -> registers, registers -> global ----
-        tiler = (1, width)
-        copy_x = vector_copy(self.x_dtype, tv_layout, tiler)
-        thr_x = copy_x.get_slice(tidx)
-        cT = cute.make_identity_tensor(tiler)
-        tXcX = thr_x.partition_S(cT)
-        tXpX = column_predicate(tXcX, vec, cols_valid) if cutlass.const_expr(not even) else None
-        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
-        tXrDY = cute.make_fragment_like(tXrX)
-        tXrX.fill(0)
-        tXrDY.fill(0)
 
         # the weight in registers for the whole launch, loaded while the first rows fly
         if cutlass.const_expr(self.has_weight):
@@ -181,8 +191,8 @@ class RMSNormBwdTmaSmem:
             tXsDY = thr_x.partition_S(cute.local_tile(sDY, tiler, (s, 0)))
             if cutlass.const_expr(self.need_dx):
                 # pass 1: this CTA's share of sum(x * g)
-                cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
-                cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
+                cute.copy(copy_x, tXsX, tXrX)
+                cute.copy(copy_x, tXsDY, tXrDY)
                 g = tXrDY.load().to(Float32)
                 if cutlass.const_expr(self.has_weight):
                     g = g * self.weight(tXrW, offset)
@@ -208,8 +218,8 @@ class RMSNormBwdTmaSmem:
                         dot = dot + sPeer[b, j]
                 coef = rstd * rstd * rstd * dot / N
                 # pass 2: dx from shared memory, 128-bit stores
-                cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
-                cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
+                cute.copy(copy_x, tXsX, tXrX)
+                cute.copy(copy_x, tXsDY, tXrDY)
                 x = tXrX.load().to(Float32)
                 dy = tXrDY.load().to(Float32)
                 g = dy
@@ -219,12 +229,24 @@ class RMSNormBwdTmaSmem:
                 tXrDX = cute.make_fragment_like(tXrX)
                 tXrDX.store(dx.to(self.x_dtype))
                 tXgDX = thr_x.partition_D(cute.local_tile(mDX, tiler, (row, rank)))
-                cute.copy(copy_x, tXrDX, tXgDX, pred=tXpX)
-                if cutlass.const_expr(self.need_dw):
+                if cutlass.const_expr(even):
+                    cute.copy(copy_x, tXrDX, tXgDX)
+                else:
+                    # through the slot, in place over this thread's own x (the columns past the row
+                    # get dx = 0: the slot's tail stays zero): a predicated store straight from the
+                    # registers is branches around each vector, with all of dx converted and held
+                    # before the first (bf16 N = 19336 over 3 x 128 x 7: 255 registers, 148 bytes of
+                    # spills); from shared memory each branch loads its own vector
+                    cute.copy(copy_x, tXrDX, tXsX)
+                    if cutlass.const_expr(self.need_dw):  # x and dy are dead through the branches
+                        dw_acc.store(dw_acc.load() + dy * x * rstd)
+                    cute.copy(copy_x, tXsX, tXgDX, pred=tXpX)
+                    cute.arch.fence_proxy("async.shared", space="cta")  # before the bulk copy refills the slot
+                if cutlass.const_expr(self.need_dw and even):
                     dw_acc.store(dw_acc.load() + dy * x * rstd)
             else:
-                cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
-                cute.copy(copy_x, tXsDY, tXrDY, pred=tXpX)
+                cute.copy(copy_x, tXsX, tXrX)
+                cute.copy(copy_x, tXsDY, tXrDY)
                 dw_acc.store(dw_acc.load() + tXrDY.load().to(Float32) * tXrX.load().to(Float32) * rstd)
             # the slot is read by every thread: refill it with the row S ahead
             cute.arch.barrier()

@@ -2,6 +2,7 @@
 the analytical heuristic behind it."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -144,8 +145,28 @@ def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: s
     if entries:
         same = [e for e in entries if e[3] == dtype] or entries
         rb = N * elem_bytes
-        return min(same, key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))[1]
+        row_bytes, cfg = min(((e[0], e[1]) for e in same), key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))
+        return fit_to_width(cfg, row_bytes // elem_bytes, N)
     return analytical_config(mode, N, elem_bytes)
+
+
+def fit_to_width(cfg: FwdConfig, measured_n: int, N: int) -> FwdConfig:
+    """A config measured at rows of measured_n elements (the nearest measured row), used at N.
+
+    A block's registers grow with the columns it keeps, and an occupancy hint of k blocks per SM caps
+    them at 1/k of the register file: the 65536-byte entry's split of 4 (8192 columns per block, 6
+    blocks per SM) applied to bf16 N = 36384 gave blocks of 9096 columns that spilled 80-416 bytes
+    per thread (ptxas) and ran at 0.82 x copy on an H100, where QuACK ran at 0.98. So where a split
+    row's parts come out wider than the measured part, the hint shrinks in proportion (the same
+    registers per column). Everything else stays as measured: re-cutting the pieces for the new part
+    (more, smaller pieces instead of one padded) or doubling the split measured 0.75-0.86 where the
+    measured config kept 0.93-0.98 (bf16 N = 14336, 98368, 150000; bench/NOTES.md)."""
+    if N == measured_n or cfg.kernel != "split" or cfg.occupancy is None:
+        return cfg
+    measured_part, part = split_part(measured_n, cfg.split), split_part(N, cfg.split)
+    if part <= measured_part:
+        return cfg
+    return dataclasses.replace(cfg, occupancy=max(1, cfg.occupancy * measured_part // part))
 
 
 SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (bench/NOTES.md items 7 and 12)

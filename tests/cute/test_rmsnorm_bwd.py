@@ -175,7 +175,7 @@ def test_cluster_count_is_the_same_from_another_thread():
 def test_rows_it_does_not_take_go_to_cutile(seed):
     """Rows the kernel does not take (N not a multiple of the vector, a start off 16 bytes, too long)
     run the cuTile backward from this backend, with right grads; rows dispatch sends to the cuTile
-    backward (narrower than 24 KiB, fp32, no exact tiling) get it through autograd with
+    backward (narrower than 24 KiB, fp32) get it through autograd with
     mode="tma_smem_cached", and explain() names it."""
     from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD, unsupported
 
@@ -188,7 +188,7 @@ def test_rows_it_does_not_take_go_to_cutile(seed):
         rstd = _rstd(x, w, 0.0)
         dx, dw = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, _dev())
         _check(x, w, dy, 0.0, dx, dw, f"N={N} start={start}", seed)
-    for dtype, N in ((torch.bfloat16, 8192), (torch.float32, 65536), (torch.bfloat16, 18112)):
+    for dtype, N in ((torch.bfloat16, 8192), (torch.float32, 65536)):
         x = random_rows((4, N), dtype, "cuda").requires_grad_()
         w = random_weight(N, dtype, "cuda").requires_grad_()
         assert "backward: cuTile" in cn.explain(x, w, mode="tma_smem_cached"), (dtype, N)
@@ -222,3 +222,23 @@ def test_cuda_graph_forward_and_backward(seed):
 @pytest.mark.big
 def test_past_2_31_elements(seed):
     check_backward_past_2_31(lambda x, w, dy: _run(x, w, dy, 0.0), 65536, seed, EPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,exact", [(20480, False), (19336, True), (36392, True), (135688, True), (6440, True)])
+@pytest.mark.parametrize("case", ["bf16", "fp16_dw_only", "bf16_no_weight"])
+def test_part_empty_slices(seed, N, exact, case):
+    """The last CTA's slice is part empty: its slots' columns past the row are zeroed once and dx goes
+    out through the slot. Many rows per cluster (every slot refilled many times), dx and dw exact."""
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    dtype = torch.float16 if case.startswith("fp16") else torch.bfloat16
+    cfg = analytic_config(N, 2, exact=exact)
+    assert cfg.cluster_n * cfg.threads * cfg.nvb * cfg.vec > N
+    M = 1500 if N < 65536 else 300
+    x = random_rows((M, N), dtype, "cuda")
+    dy = random_rows((M, N), dtype, "cuda")
+    w = None if "no_weight" in case else random_weight(N, dtype, "cuda")
+    need_dx = "dw_only" not in case
+    dx, dw = _run(x, w, dy, 0.0, cfg=cfg, need_dx=need_dx)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} {cfg.short()} {case}", seed, need_dx, True)
