@@ -153,20 +153,28 @@ def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: s
 def fit_to_width(cfg: FwdConfig, measured_n: int, N: int) -> FwdConfig:
     """A config measured at rows of measured_n elements (the nearest measured row), used at N.
 
-    A block's registers grow with the columns it keeps, and an occupancy hint of k blocks per SM caps
-    them at 1/k of the register file: the 65536-byte entry's split of 4 (8192 columns per block, 6
-    blocks per SM) applied to bf16 N = 36384 gave blocks of 9096 columns that spilled 80-416 bytes
-    per thread (ptxas) and ran at 0.82 x copy on an H100, where QuACK ran at 0.98. So where a split
-    row's parts come out wider than the measured part, the hint shrinks in proportion (the same
-    registers per column). Everything else stays as measured: re-cutting the pieces for the new part
-    (more, smaller pieces instead of one padded) or doubling the split measured 0.75-0.86 where the
-    measured config kept 0.93-0.98 (bf16 N = 14336, 98368, 150000; bench/NOTES.md)."""
+    A block's registers grow with the columns it keeps: the 65536-byte entry's split of 4 (8192
+    columns per block, 6 blocks per SM) applied to bf16 N = 36384 gave blocks of 9096 columns that
+    spilled 80-416 bytes per thread (ptxas) and ran at 0.82 x copy on an H100 (QuACK 0.98). So where a
+    split row's parts come out wider than the measured part, the split doubles until they do not, the
+    pieces are re-cut for the new part (`cached_piece_min`) and the occupancy hint grows in proportion
+    (the same columns per SM in flight): 36384 / 40960 / 45000 0.904 / 0.970 / 0.982, against 0.874 /
+    0.946 / 0.979 with the split kept and the hint shrunk. Where the parts come out narrower the config
+    stays as measured: re-cutting its pieces there (several small ones instead of one padded) measured
+    0.82-0.86 where the measured config kept 0.99 (N = 14336, 98368; bench/NOTES.md). A config with no
+    occupancy hint lets the compiler size the registers (no spills at any width checked) and stays as
+    measured: doubling its split cost 0.93 -> 0.75 at N = 135688-150000."""
     if N == measured_n or cfg.kernel != "split" or cfg.occupancy is None:
         return cfg
-    measured_part, part = split_part(measured_n, cfg.split), split_part(N, cfg.split)
-    if part <= measured_part:
+    measured_part = split_part(measured_n, cfg.split)
+    split = cfg.split
+    while split < 64 and split_part(N, split) > measured_part:
+        split *= 2
+    if split == cfg.split:
         return cfg
-    return dataclasses.replace(cfg, occupancy=max(1, cfg.occupancy * measured_part // part))
+    part = split_part(N, split)
+    occupancy = min(16, cfg.occupancy * measured_part // part)
+    return dataclasses.replace(cfg, split=split, piece_min=cached_piece_min(part), occupancy=occupancy)
 
 
 SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (bench/NOTES.md items 7 and 12)

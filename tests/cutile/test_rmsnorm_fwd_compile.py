@@ -319,22 +319,24 @@ def test_widths_just_above_a_power_of_two_compile(N, x_dtype, w_dtype):
 
 @pytest.mark.parametrize("N", [36384, 40960, 45000, 14336, 98368])
 def test_widths_between_entries_fit_the_register_file(N):
-    """multi_wave_cached between the table's widths: the nearest entry's config, its occupancy hint
-    shrunk where a split row's parts come out wider than measured (fit_to_width). The 65536-byte
-    entry's hint of 6 blocks per SM at bf16 N = 36384-45000 spilled 80-416 bytes per thread."""
+    """multi_wave_cached between the table's widths: the nearest entry's config, split further where a
+    split row's parts come out wider than measured (fit_to_width). The 65536-byte entry's 4 parts
+    with 6 blocks per SM at bf16 N = 36384-45000 spilled 80-416 bytes per thread."""
     cfg = _config("multi_wave_cached", N, "bfloat16", "sm_90")
     report = ptxas_report(compile_cubin(cfg, N, "bfloat16", "bfloat16", has_w=True, store_rstd=False))
     assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
 
 
-def test_fit_to_width_keeps_measured_configs_and_shrinks_only_the_hint():
+def test_fit_to_width_splits_wider_rows_and_keeps_the_others():
     from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig, fit_to_width, split_part
 
     cfg = FwdConfig("split", split=4, piece_min=8192, occupancy=6, w_early=True, tie_slot=True)
     assert fit_to_width(cfg, 32768, 32768) == cfg
     assert fit_to_width(cfg, 32768, 30000) == cfg  # narrower parts: as measured
     wide = fit_to_width(cfg, 32768, 36384)
-    assert wide == FwdConfig("split", split=4, piece_min=8192, occupancy=5, w_early=True, tie_slot=True)
-    assert wide.occupancy * split_part(36384, 4) <= cfg.occupancy * split_part(32768, 4)
+    assert wide == FwdConfig("split", split=8, piece_min=4096, occupancy=10, w_early=True, tie_slot=True)
+    assert split_part(36384, 8) <= split_part(32768, 4)
+    assert wide.occupancy * split_part(36384, 8) <= cfg.occupancy * split_part(32768, 4)
     no_hint = FwdConfig("split", split=8, piece_min=16384, packed=True, num_worker_warps=8, tie_slot=True)
-    assert fit_to_width(no_hint, 131072, 150000) == no_hint
+    assert fit_to_width(no_hint, 131072, 120000) == no_hint
+    assert fit_to_width(no_hint, 131072, 150000) == no_hint  # no hint caps its registers
