@@ -9,13 +9,14 @@
 #   bash bench/gpu_stages.sh bwd-bench  # the backward against QuACK and torch.compile, bf16 then fp16/fp32
 #   bash bench/gpu_stages.sh triton     # the Triton mode: its GPU tests, then bf16 forward + backward against Liger
 #   bash bench/gpu_stages.sh figure     # the README's bf16 figure and table: our modes against QuACK, Liger, torch.compile
-# Tuning tables written by a stage are kept in $KEEP (outside the repo) and restored by the next one;
-# every result lands in $OUT (or bench/results).
+# Tuning tables written by a stage are kept in $KEEP (outside the repo); the next stage restores them over
+# the committed cutile_norms/tuning/ only when asked (RESTORE=1, for a tune -> table -> bench sequence on
+# one machine): by default every stage runs the shipped tables. Every result lands in $OUT (or bench/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results}; KEEP=${KEEP:-/tmp/cutile_norms_tuning}
 mkdir -p "$OUT" "$KEEP" cutile_norms/tuning
-cp "$KEEP"/*.json cutile_norms/tuning/ 2>/dev/null
+if [ "${RESTORE:-0}" = 1 ]; then cp "$KEEP"/*.json cutile_norms/tuning/ 2>/dev/null; fi
 # the bench log's tables whose titles match $1 (a title, a blank line, then the table's rows)
 tables() { awk -v pat="$1" '$0 ~ "^(" pat ")" {p = 1; print; next} p && /^\|/ {print; t = 1; next} t && !/^\|/ {p = t = 0; print ""}' "$2"; }
 keep() { cp cutile_norms/tuning/*.json "$KEEP"/ 2>/dev/null; cp cutile_norms/tuning/*.json "$OUT"/ 2>/dev/null; true; }

@@ -63,12 +63,19 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          "clusters of CTAs exchanging partial sums through distributed shared memory for long rows "
          "(rows must start 16-byte aligned)", bwd_backend=_CUTE_BWD),
     Mode("triton", "triton", "cutile_norms.triton.rmsnorm_fwd:TRITON_FORWARD", STABLE, ("nvidia", "amd"), None,
-         "Triton, a persistent grid over row tiles (several rows per tile for narrow rows, split rows "
-         "exchanging partial sums for wide ones): AMD GPUs, NVIDIA GPUs older than sm_90 or without cuTile",
+         "Triton, one program per row tile forward (several rows per tile for narrow rows, split rows "
+         "exchanging partial sums for wide ones), a persistent grid backward: AMD GPUs, NVIDIA GPUs "
+         "older than sm_90 or without cuTile",
          bwd_backend="cutile_norms.triton.rmsnorm_bwd:TRITON_BACKWARD"),
     Mode("torch", "torch", "cutile_norms.reference:rms_norm_reference", STABLE, ("cpu", "nvidia", "amd"), None,
          "the fp32 torch reference (the oracle of every test), forward and backward"),
 )}
+
+
+def modes_of(dsl: str | None = None) -> list[str]:
+    """The modes (all, or those written in `dsl`: "cutile", "cute", "triton", "torch") in MODES' order:
+    what the tests and the bench iterate over, so a mode added here is tested and benched."""
+    return [name for name, m in MODES.items() if dsl is None or m.dsl == dsl]
 
 
 def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Exception], str] | None:

@@ -4,8 +4,9 @@
 
 Contract:
   * Modules are recognised by structure; nothing here imports transformers. Three kinds are replaced:
-      - `torch.nn.RMSNorm` (or a subclass that keeps its forward): normalized_shape, eps (None stays None:
-        torch's finfo(x.dtype).eps at call time) and elementwise_affine carry over.
+      - `torch.nn.RMSNorm` (or a subclass that keeps its forward): normalized_shape, eps and
+        elementwise_affine carry over (eps=None stays None: torch's rms_norm then uses
+        finfo(torch.float32).eps for every dtype, and so does cutile_norms).
       - Hugging Face-style norms (LlamaRMSNorm, MistralRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm incl. q_norm/k_norm,
         GemmaRMSNorm, Gemma3RMSNorm, ...): the class name ends in "RMSNorm" (any case), the module's only
         parameter is a 1-D `weight` Parameter, it has no buffers and no children, it holds a real eps in

@@ -3,7 +3,7 @@
 y = x * rsqrt(mean(x^2) + eps) * (offset + w), math in `compute_dtype` (fp32 by default, fp64 in
 tests), output in x's dtype. Written with differentiable torch ops, so autograd through
 `rms_norm_reference` is the reference backward; `rms_norm_backward` is the same math in closed form
-from a saved rstd, used behind autograd for the GPU forward kernels until the backward kernel lands.
+from a saved rstd, the oracle the tests compare every kernel's gradients with.
 """
 from __future__ import annotations
 

@@ -3,20 +3,20 @@ import pytest
 import torch
 
 import cutile_norms as cn
+from cutile_norms import dispatch
 from tests.conftest import assert_close, random_rows, random_weight, reference64
 
 
 def test_public_names():
     for name in ["rms_norm", "RMSNorm", "available_modes", "explain", "enable_experimental"]:
         assert callable(getattr(cn, name))
-    assert set(cn.available_modes("cpu")) == {"multi_wave_reload", "multi_wave_cached", "static_persistent",
-                                              "tma_smem_cached", "triton", "torch"}
+    assert set(cn.available_modes("cpu")) == set(dispatch.modes_of())
 
 
 def test_available_modes_on_cpu_names_reasons():
     modes = cn.available_modes("cpu")
     assert modes["torch"] is None
-    for name in ["multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached"]:
+    for name in dispatch.modes_of("cutile") + dispatch.modes_of("cute"):
         assert "CPU" in modes[name]
 
 

@@ -12,7 +12,7 @@ MI300 = DeviceInfo("amd", "AMD Instinct MI300X", (9, 4), 304, 0)
 ALL_TOOLS = Toolchain(cutile=None, cute=None, triton=None)
 NO_CUTILE = Toolchain(cutile="`import cuda.tile` failed: ModuleNotFoundError", cute=None, triton=None)
 
-CUTILE_MODES = ["multi_wave_reload", "multi_wave_cached", "static_persistent"]
+CUTILE_MODES = dispatch.modes_of("cutile")
 
 
 def reasons(dev, tools):

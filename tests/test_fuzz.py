@@ -53,6 +53,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
+from cutile_norms import dispatch
 from cutile_norms._platform import triton_interpreted
 from tests.conftest import TOLERANCES, random_rows, random_weight, reference64
 
@@ -62,7 +63,7 @@ SEED = int(os.environ.get(SEED_VAR) or secrets.randbits(31))
 N_GPU_CASES = int(os.environ.get(CASES_VAR) or 2000)
 N_CPU_CASES = 200
 
-GPU_MODES = ("multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached", "triton")
+GPU_MODES = tuple(m for m in dispatch.modes_of() if m != "torch")
 # the GPU modes that refuse CPU tensors: all but triton while Triton's interpreter is on (the CPU CI),
 # where triton runs on the CPU and joins the CPU cases
 CPU_INTERPRETED = ("triton",) if triton_interpreted() else ()

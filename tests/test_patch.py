@@ -24,15 +24,6 @@ FP32_OUT = {"rtol": 1e-5, "atol": 1e-5}
 FP32_GRAD = {"rtol": 1e-4, "atol": 1e-5}
 
 
-def _eps_none_supported() -> bool:
-    """Whether cutile_norms.RMSNorm accepts eps=None (torch's finfo(x.dtype).eps); being added in parallel."""
-    try:
-        cn.RMSNorm(4, eps=None)(torch.randn(2, 4))
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 # ================================================================================================
 # Local mirrors of the Hugging Face norms
 # ================================================================================================
@@ -243,15 +234,13 @@ def test_torch_rmsnorm_float_eps_matches(seed, affine, shape):
 
 
 def test_torch_rmsnorm_eps_none_is_passed_through(seed):
-    model = torch.nn.Sequential(torch.nn.RMSNorm(64))  # eps=None: finfo(x.dtype).eps at call time
+    model = torch.nn.Sequential(torch.nn.RMSNorm(64))  # eps=None: finfo(torch.float32).eps, whatever the dtype
     assert model[0].eps is None
     with torch.no_grad():
         model[0].weight.copy_(1.0 + 0.5 * torch.randn(64))
     patched, replaced = patch_copy(model)
     assert replaced == [("0", "RMSNorm")]
     assert patched[0].eps is None
-    if not _eps_none_supported():
-        pytest.skip("cutile_norms.RMSNorm does not accept eps=None yet; only the pass-through is checked")
     # small rows, so eps (finfo(fp32).eps ~ 1.2e-7) is not negligible next to mean(x^2)
     assert_same_outputs_and_grads(model, patched, lambda: 1e-3 * torch.randn(8, 64), f"eps=None [seed {seed}]")
 
@@ -293,8 +282,6 @@ def test_toy_model_matches(seed, build, norms):
     patched, replaced = patch_copy(model)
     assert sorted(name for name, _ in replaced) == expected_names
     assert all(type(patched.get_submodule(n)) is cn.RMSNorm for n in expected_names)
-    if build is torch_toy and not _eps_none_supported():
-        pytest.skip("cutile_norms.RMSNorm does not accept eps=None yet; only the swap is checked")
     assert_same_outputs_and_grads(model, patched, lambda: torch.randn(2, 9, 64), f"toy {norms} norms [seed {seed}]",
                                   call=lambda m, embeds: m(inputs_embeds=embeds))
     ids = torch.randint(0, 128, (2, 9))  # the token path too

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
+from cutile_norms import dispatch
 
 N = 64
 
@@ -97,7 +98,7 @@ def test_unknown_mode(x, w, mode):
         cn.rms_norm(x, w, mode=mode)
 
 
-@pytest.mark.parametrize("mode", ["multi_wave_reload", "multi_wave_cached", "static_persistent", "tma_smem_cached"])
+@pytest.mark.parametrize("mode", dispatch.modes_of("cutile") + dispatch.modes_of("cute"))
 def test_gpu_mode_with_cpu_tensors(x, w, mode):
     with pytest.raises(ValueError, match="not on CPU tensors"):
         cn.rms_norm(x, w, mode=mode)

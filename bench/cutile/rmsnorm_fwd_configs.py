@@ -24,6 +24,7 @@ sys.path.insert(0, ROOT)
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, per_call_us, ratios_to_copy  # noqa: E402
+from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
                                              launch, split_part)
@@ -116,7 +117,7 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
                         cfgs.append(C("stream", tile_m=tm, piece_min=pm, packed=tm == 1 and e == 2, persistent=True,
                                       blocks_per_sm=b, hoist_w=hoist, num_worker_warps=nww))
     dev = device_info("cuda")
-    for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload"):
+    for mode in dispatch.modes_of("cutile"):
         cfgs.append(default_config(mode, N, e, dev, dtype_name))
     seen, out = set(), []
     for c in cfgs:

@@ -50,7 +50,7 @@ FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
 
 def forward_fns(x, w, dev):
     fns = {"None": lambda: cn.rms_norm(x, w, 1e-6)}
-    for mode in ("multi_wave_cached", "static_persistent", "multi_wave_reload", "triton"):
+    for mode in dispatch.modes_of("cutile") + dispatch.modes_of("triton"):
         backend = dispatch.backend(mode)
         fns[mode] = (lambda b: (lambda: b.forward(x, w, 1e-6, 0.0, False, dev)[0]))(backend)
     N, e = x.shape[1], x.element_size()

@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass
 
 from .._platform import DeviceInfo, table_arch
-from .rmsnorm_fwd_kernel import row_pieces
 
 # ================================================================================================
 # Launch configs
@@ -69,6 +68,21 @@ class FwdConfig:
         parts.append(f"latency={self.latency}")
         parts += [f"{k}={v}" for k, v in self.hints().items() if not (k == "occupancy" and self.persistent)]
         return " ".join(parts)
+
+
+def row_pieces(n: int, piece_min: int) -> tuple[tuple[int, int], ...]:
+    """Split [0, n) into power-of-two pieces (offset, size), largest first, each offset a multiple
+    of its size; what is left below `piece_min` becomes one last piece padded to a power of two."""
+    pieces, off = [], 0
+    size = 1 << (n.bit_length() - 1)
+    while size >= max(piece_min, 1):
+        if n - off >= size:
+            pieces.append((off, size))
+            off += size
+        size //= 2
+    if off < n:
+        pieces.append((off, 1 << (n - off - 1).bit_length()))
+    return tuple(pieces)
 
 
 def _pow2_ceil(n: int) -> int:

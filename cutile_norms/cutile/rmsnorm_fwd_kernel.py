@@ -18,27 +18,14 @@ from __future__ import annotations
 
 import cuda.tile as ct
 
+from .rmsnorm_fwd_config import row_pieces
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
 
 # ================================================================================================
 # Compile-time helpers (evaluated by ct.static_iter inside the kernels)
 # ================================================================================================
-def row_pieces(n: int, piece_min: int) -> tuple[tuple[int, int], ...]:
-    """Split [0, n) into power-of-two pieces (offset, size), largest first, each offset a multiple
-    of its size; what is left below `piece_min` becomes one last piece padded to a power of two."""
-    pieces, off = [], 0
-    size = 1 << (n.bit_length() - 1)
-    while size >= max(piece_min, 1):
-        if n - off >= size:
-            pieces.append((off, size))
-            off += size
-        size //= 2
-    if off < n:
-        pieces.append((off, 1 << (n - off - 1).bit_length()))
-    return tuple(pieces)
-
-
 def _chunks(n: int, chunk: int) -> int:
     return -(-n // chunk)
 

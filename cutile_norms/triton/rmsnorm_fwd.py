@@ -282,7 +282,8 @@ class TritonForward:
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
         cfg = self.config(N, dtype, dev)
-        return (f"Triton rms_norm_fwd_kernel, persistent grid ({grid_programs(cfg, M, max(1, dev.sm_count))},), "
+        grid = "persistent grid" if cfg.programs_per_sm else "one program per row tile"
+        return (f"Triton rms_norm_fwd_kernel, {grid} ({grid_programs(cfg, M, max(1, dev.sm_count))},), "
                 f"{cfg.short()}; config: analytic (N, dtype, {dev.vendor})")
 
     def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutile_norms import dispatch
+
 from tests.conftest import (assert_grad_close, check_backward, check_graph_forward_backward, poisoned, random_rows,
                             random_weight, reference_bwd64)
 
-MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
+MODES = dispatch.modes_of("cutile")
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32"),
           ("float16", "float32")]

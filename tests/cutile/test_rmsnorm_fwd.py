@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutile_norms import dispatch
+
 from tests.conftest import assert_close, random_rows, random_weight, reference64
 
-MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
+MODES = dispatch.modes_of("cutile")
 WIDTHS = [128, 1000, 2880, 4096, 5120, 16384, 65536]
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutile_norms import dispatch
+
 from cutile_norms._platform import DeviceInfo
 from cutile_norms.cutile import rmsnorm_fwd
 import dataclasses
 
 from tests.cutile.compile_util import compile_cubin, cuobjdump_path, embedded_ptx, ptxas_report, sass_opcodes
 
-MODES = ["multi_wave_cached", "static_persistent", "multi_wave_reload"]
+MODES = dispatch.modes_of("cutile")
 WIDTHS = [128, 512, 1000, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
 ARCHS = {"sm_90": DeviceInfo("nvidia", "H100 (simulated)", (9, 0), 132),

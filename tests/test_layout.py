@@ -1,0 +1,27 @@
+"""The package's shape: config modules import without the DSLs (a machine without cuTile or CuTe DSL
+can read and test every launch rule), and no module imports another's private names."""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "cutile_norms"
+CONFIG_MODULES = ["cutile_norms.cutile.rmsnorm_fwd_config", "cutile_norms.cute.rmsnorm_fwd_config",
+                  "cutile_norms.cute.rmsnorm_bwd_config", "cutile_norms.dispatch"]
+
+
+@pytest.mark.parametrize("module", CONFIG_MODULES)
+def test_config_modules_import_without_the_dsls(module):
+    """In a fresh interpreter where `import cuda.tile`, `import cutlass` and `import triton` fail."""
+    code = ("import sys\n"
+            "for name in ('cuda.tile', 'cuda', 'cutlass', 'cutlass.cute', 'triton'):\n"
+            "    sys.modules[name] = None\n"
+            f"import {module}\n"
+            f"assert 'cuda.tile' not in sys.modules or sys.modules['cuda.tile'] is None\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=PACKAGE.parent)
+    assert r.returncode == 0, r.stderr[-2000:]
