@@ -5,7 +5,7 @@
     that event and the interval is the call's GPU time only. Without the spin a slow host phase
     (seen on an H200 machine: 55-67 µs of host work per call where 25 was usual) let the GPU finish
     the flush first, and the events then timed host work too: 25-38 µs for a 4.5 µs call at M = 1,
-    on some calls of some implementations only (bench/NOTES.md item 17).
+    on some calls of some implementations only.
   * `per_call_us`: K calls back to back with no flush and events around the whole run, divided by K:
     the steady-state cost of one eager call as a caller sees it, host work (Python, launch) included
     whenever the host is slower than the GPU. The small-M sweep reports both.
@@ -91,7 +91,7 @@ def gpu_us(fn, reps: int = 100) -> float:
 def ratios_to_copy(x: torch.Tensor, fns: dict, rounds: int, reps: int = 20) -> dict:
     """Interleaved rounds, each timing a copy of x (`copy_baseline_ms`) and then every fn: {key: [copy
     time / fn time, one per round]}. A fn's ratios spread over 0.5-1 % between rounds; ranking by
-    their median is what the sweep's --confirm and the probes do (bench/NOTES.md item 15)."""
+    their median is what the sweep's --confirm and the probes do."""
     ratios = {k: [] for k in fns}
     for _ in range(rounds):
         copy = copy_baseline_ms(x, reps=reps)["median_ms"]

@@ -22,7 +22,7 @@ _BUFFERS: dict = {}  # (kind, device index, raw stream) -> tensor
 
 # current_raw_stream(device_index): the current stream's raw CUstream handle, the key of the buffers
 # (cuTile's ct.launch takes it too); building a torch.cuda.Stream object per call cost 2.9 us of a
-# 23 us call on an H200 host (bench/NOTES.md)
+# 23 us call on an H200 host (docs/design.md)
 current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
-from ._platform import DeviceInfo, Toolchain, table_arch, table_key, triton_interpreted
+from ._platform import DeviceInfo, Toolchain, table_key, triton_interpreted
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 
@@ -307,7 +307,7 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
     own (triton) and the cuTile persistent backward can run, that one runs behind autograd: on an H100
     it measured ahead of Triton's at every other width and dtype (bf16 0.945-0.976 x copy against
     0.888-0.954 to 16384 and 0.80-0.94 against 0.75-0.86 beyond; fp32 N=16384 0.98 against 0.82;
-    bench/NOTES.md, The backward and The Triton mode, second round). tma_smem_cached's own backward is
+    docs/design.md). tma_smem_cached's own backward is
     the CuTe DSL kernel only where cute_backward_refusal says so."""
     if row is not None and unavailable_reason(MODES[row.mode], dev, tools) is None:
         if choice.backward_mode == row.mode:

@@ -63,7 +63,7 @@ def _validate(x, weight, eps, offset) -> None:
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as [M, N] with unit column stride, a view whenever torch can make one (x itself when it is one:
-    inside a forward + backward every torch call costs ~4-5 us of host time, bench/NOTES.md)."""
+    inside a forward + backward every torch call costs ~4-5 us of host time, docs/design.md)."""
     x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     if x2d.stride(-1) != 1 and x2d.shape[-1] > 1:
         x2d = x2d.contiguous()

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from cutile_norms import dispatch
-from cutile_norms._platform import CPU, DeviceInfo, Toolchain
+from cutile_norms._platform import CPU, DeviceInfo, Toolchain, table_arch
 
 H100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
 B200 = DeviceInfo("nvidia", "NVIDIA B200", (10, 0), 148, 0)
@@ -102,7 +102,7 @@ def test_unmeasured_arch_borrows_the_nearest_table_and_warns_once(monkeypatch):
     ((10, 3), ["sm_90", "sm_100", "sm_120"], "sm_100"), ((8, 9), ["sm_90"], None), ((10, 0), [], None)])
 def test_table_arch_is_the_nearest_measured(arch, measured, expected):
     dev = DeviceInfo("nvidia", "GPU", arch, 100, 0)
-    assert dispatch.table_arch(dev, {a: {} for a in measured}) == expected
+    assert table_arch(dev, {a: {} for a in measured}) == expected
 
 
 FAKE_TABLE = {

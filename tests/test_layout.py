@@ -2,7 +2,6 @@
 can read and test every launch rule), and no module imports another's private names."""
 from __future__ import annotations
 
-import ast
 import pathlib
 import subprocess
 import sys

@@ -134,7 +134,7 @@ def host_costs(dtype) -> dict:
     """Microseconds per call back to back (host-bound here): the pieces of one small rms_norm call."""
     import cuda.tile as ct
 
-    from cutile_norms.cutile.rmsnorm_fwd import _prepared
+    from cutile_norms.cutile.rmsnorm_fwd import prepared
 
     N, M = 4096, 1
     x = torch.randn(M, N, device="cuda", dtype=dtype)
@@ -142,7 +142,7 @@ def host_costs(dtype) -> dict:
     y = torch.empty_like(x)
     dev = device_info("cuda")
     cfg = default_config("multi_wave_cached", N, x.element_size(), dev)
-    kernel, consts = _prepared(cfg, N, 8, True, False)
+    kernel, consts = prepared(cfg, N, 8, True, False)
     args = (x.view(-1), w, y.view(-1), y.view(-1), M, N, 1e-6, 0.0) + consts
     stream = torch.cuda.current_stream()
     out = {"clone": per_call_us(lambda: x.clone()),

@@ -92,7 +92,9 @@ def main() -> int:
     import cutile_norms as cn
     from cutile_norms import dispatch
     from cutile_norms._platform import device_info
+    from cutile_norms._workspace import current_raw_stream
     from cutile_norms.cutile import rmsnorm_fwd as F
+    from cutile_norms.cutile.common import align_elems, flat, round16
 
     N = int(os.environ.get("N", 4096))
     x = torch.randn(1, N, device="cuda", dtype=torch.bfloat16)
@@ -102,9 +104,9 @@ def main() -> int:
     be = dispatch.backend(mode)
     cfg = be.config(N, x.dtype, dev)
     y, rstd = F.output_buffers(1, N, x.dtype, x.device, False)
-    kernel, consts = F._prepared(cfg, N, F._align_elems(N, 2), True, False, 0)
-    stream = F._raw_stream(0)
-    args = (x.view(-1), w, F._flat(y, F._round16(N)), F._flat(y, 16), 1, N, 1e-6, 0.0) + consts
+    kernel, consts = F.prepared(cfg, N, align_elems(N, 2), True, False, 0)
+    stream = current_raw_stream(0)
+    args = (x.view(-1), w, flat(y, round16(N)), flat(y, 16), 1, N, 1e-6, 0.0) + consts
     grid = (F.grid_size(cfg, 1, dev.sm_count),)
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
     dy = torch.randn_like(x)

@@ -20,14 +20,13 @@ import torch
 from .._platform import DeviceInfo
 from .._workspace import current_raw_stream, workspace
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
-from .rmsnorm_fwd import _compile_options, _cutlass_dtype
+from .compile import CompileCache, compile_options, cutlass_dtype
 
 
 # ================================================================================================
 # Compile cache
 # ================================================================================================
-_COMPILED: dict = {}
-COMPILE_COUNT = [0]
+CACHE = CompileCache()
 
 
 def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: BwdConfig, need_dx: bool,
@@ -36,17 +35,19 @@ def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, 
     compiles for that target without a GPU; `keep_ptx`: the result's `__ptx__` holds the PTX;
     `has_offset` False: a variant that takes offset as 0."""
     key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset)
-    fn = _COMPILED.get(key)
-    if fn is not None:
-        return fn
+    return CACHE.get(key, lambda: _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx,
+                                                  has_offset))
+
+
+def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .rmsnorm_bwd_kernel import RMSNormBwdTmaSmem
 
-    dx = _cutlass_dtype(x_dtype)
-    dw = _cutlass_dtype(w_dtype) if w_dtype is not None else dx
+    dx = cutlass_dtype(x_dtype)
+    dw = cutlass_dtype(w_dtype) if w_dtype is not None else dx
     vec = 16 // x_dtype.itemsize
     M = cute.sym_int64(symbol="M")
 
@@ -63,9 +64,7 @@ def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, 
     kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw, has_offset)
     fn = cute.compile(kernel, mX, mDY, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
                       cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
-                      options=_compile_options(arch, keep_ptx))
-    COMPILE_COUNT[0] += 1
-    _COMPILED[key] = fn
+                      options=compile_options(arch, keep_ptx))
     return fn
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from .._util import pow2_ceil
 from .rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX
 
 
@@ -33,7 +34,7 @@ class BwdConfig:
                 f"stages={self.stages}")
 
 
-# The analytic heuristic. The reasons (bench/NOTES.md, "The backward in CuTe DSL"):
+# The analytic heuristic. The reasons (docs/design.md):
 #   * one CTA per SM, persistent: a cluster of CTAs walks rows c, c + C, ... (C clusters), each CTA
 #     owning one slice of columns for the whole launch, so its dw partial stays in registers and its
 #     weight is loaded once;
@@ -51,7 +52,7 @@ class BwdConfig:
 #     3 x 128 x 7, whose last CTA's slice is part empty (its slots' columns past the row are zeros and
 #     its dx goes out through the slot: rmsnorm_bwd_kernel.py). Rows with no exact tiling (a vector
 #     count with fewer than 2^7 in its factors) keep the padded rule: 0.82-0.94 at the random widths
-#     measured (`python bench/probe/model_widths.py --only bwd`, bench/NOTES.md).
+#     measured (`python bench/probe/model_widths.py --only bwd`, docs/design.md).
 #   * clusters of up to SMALL_CLUSTER CTAs keep MIN_STAGES slots: a smaller ring lets more CTAs share
 #     an SM (8 warps of one CTA left the issue slots idle, ncu), bf16 N = 65536 (clusters of 8) 0.963-0.969
 #     against 0.940-0.946 with 4 slots in three runs; clusters of 16 measured the same with 2, 3 or 4.
@@ -63,10 +64,6 @@ SMALL_CLUSTER = 8
 MAX_THREADS = 1024
 MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers)
 RED_ROUNDS = 4  # column tiles a dw reducer sums at once: 4 16-byte loads per thread in flight per partial
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def exact_tiling(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES) -> tuple[int, int, int] | None:
@@ -96,7 +93,7 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     vec = 16 // elem_bytes
     cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
-    threads = min(MAX_THREADS, max(32, _pow2_ceil(-(-vectors // vecs_per_thread))))
+    threads = min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
     if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:

@@ -17,35 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from .._platform import DeviceInfo
+from .compile import CompileCache, compile_options, cutlass_dtype
 from .rmsnorm_fwd_config import CLUSTER_MAX, FwdConfig, analytic_config
-
-_CUTLASS_DTYPES: dict = {}
-
-
-def _cutlass_dtype(dtype: torch.dtype):
-    if not _CUTLASS_DTYPES:
-        import cutlass
-        _CUTLASS_DTYPES.update({torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
-                                torch.float32: cutlass.Float32})
-    return _CUTLASS_DTYPES[dtype]
-
-
-def _compile_options(arch: str | None, keep_ptx: bool) -> str:
-    """cute.compile's options: TVM-FFI calls; `arch` ("sm_90a", "sm_100a") to compile for that target
-    without a GPU (None: the current GPU's); `keep_ptx`: the PTX kept (in a temporary folder, its text
-    in the result's `__ptx__`)."""
-    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
-    if keep_ptx:
-        import tempfile
-        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
-    return options
-
 
 # ================================================================================================
 # Compile cache
 # ================================================================================================
-_COMPILED: dict = {}
-COMPILE_COUNT = [0]  # compiles in this process (tests count them: a new M must not compile again)
+CACHE = CompileCache()
 
 
 def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig,
@@ -54,17 +32,18 @@ def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, c
     compiles for that target without a GPU; None: the current GPU's. `keep_ptx`:
     the result's `__ptx__` holds the PTX (the compile tests read it)."""
     key = (x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx)
-    fn = _COMPILED.get(key)
-    if fn is not None:
-        return fn
+    return CACHE.get(key, lambda: _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx))
+
+
+def _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
     from .rmsnorm_fwd_kernel import RMSNormFwdTmaSmem
 
-    dx = _cutlass_dtype(x_dtype)
-    dw = _cutlass_dtype(w_dtype) if w_dtype is not None else dx
+    dx = cutlass_dtype(x_dtype)
+    dw = cutlass_dtype(w_dtype) if w_dtype is not None else dx
     vec = 16 // x_dtype.itemsize
     M = cute.sym_int64(symbol="M")
     S = cute.sym_int64(divisibility=vec, symbol="row_stride")
@@ -78,9 +57,7 @@ def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, c
     mR = make_fake_tensor(cutlass.Float32, (R,), stride=(1,), assumed_align=4)
     kernel = RMSNormFwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, store_rstd, contiguous)
     fn = cute.compile(kernel, mX, mW, mY, mR, cutlass.Float32(1e-6), cutlass.Float32(0.0),
-                      make_fake_stream(use_tvm_ffi_env_stream=True), options=_compile_options(arch, keep_ptx))
-    COMPILE_COUNT[0] += 1
-    _COMPILED[key] = fn
+                      make_fake_stream(use_tvm_ffi_env_stream=True), options=compile_options(arch, keep_ptx))
     return fn
 
 

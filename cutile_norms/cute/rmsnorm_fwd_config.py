@@ -4,6 +4,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from .._util import pow2_ceil
+
 
 @dataclass(frozen=True)
 class FwdConfig:
@@ -40,7 +42,7 @@ class FwdConfig:
                 f"cluster={self.cluster_n}")
 
 
-# The analytic heuristic. The reasons (bench/NOTES.md, "The CuTe DSL mode"):
+# The analytic heuristic. The reasons (docs/design.md):
 #   * a CTA's tile is its rows' slices, loaded by one bulk copy per row (one per tile when rows are
 #     contiguous) and kept in shared memory: registers stay flat as N grows;
 #   * TILE_BYTES per CTA for narrow rows (several rows per tile), so that a few CTAs per SM keep
@@ -77,10 +79,6 @@ MAX_GROUPS = 16  # row groups per tile (unrolled in the kernel)
 SMEM_MAX = 227 * 1024  # a Hopper CTA's shared memory
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, min_threads: int = 128,
@@ -91,15 +89,15 @@ def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice
     row_bytes = N * elem_bytes
     if slice_bytes == SLICE_BYTES and SLICE_BYTES < row_bytes <= ONE_CTA_BYTES:
         return _one_cta_config(N, vec)
-    cluster_n = min(cluster_max, _pow2_ceil(-(-row_bytes // slice_bytes)))
+    cluster_n = min(cluster_max, pow2_ceil(-(-row_bytes // slice_bytes)))
     if vecs_per_thread == VECS_PER_THREAD and 1 < cluster_n < 16:
         vecs_per_thread //= 2
     elif vecs_per_thread == VECS_PER_THREAD and cluster_n == 16 and 16 * WIDE_SLICE_BYTES < row_bytes <= 32 * WIDE_SLICE_BYTES:
         vecs_per_thread, min_threads = 4 * VECS_PER_THREAD, 128  # see WIDE_SLICE_BYTES
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
-    tpr = _pow2_ceil(-(-vectors // vecs_per_thread))
+    tpr = pow2_ceil(-(-vectors // vecs_per_thread))
     if tpr <= 32:  # narrow rows: a row per tpr lanes, several row groups per tile
-        tpr = min(32, max(tpr, _pow2_ceil(-(-vectors // 4)) if vectors > 4 else tpr))
+        tpr = min(32, max(tpr, pow2_ceil(-(-vectors // 4)) if vectors > 4 else tpr))
         rpg = max(1, min_threads // tpr)
     else:
         tpr = min(MAX_THREADS, max(tpr, min_threads))

@@ -7,22 +7,18 @@ wrappers -> the mode backends (here).
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import cuda.tile as ct
 import torch
 
 from .._platform import DeviceInfo
-from .._workspace import current_raw_stream as _raw_stream
+from .._workspace import current_raw_stream
 from .._workspace import workspace
-from .rmsnorm_fwd_config import (  # noqa: F401 (re-exported: the bench, probes and tests import them from here)
-    FAMILIES, FwdConfig, analytical_config, cached_piece_min, default_config, measured_configs, split_part,
-)
-from .rmsnorm_fwd_kernel import (  # noqa: F401 (re-exported, as above)
-    row_pieces, rms_norm_fwd_cached_kernel, rms_norm_fwd_reload_kernel, rms_norm_fwd_split_kernel,
-    rms_norm_fwd_stream_kernel,
-)
+from .common import align_elems, flat, round16, round_up
+from .rmsnorm_fwd_config import FwdConfig, default_config, split_part
+from .rmsnorm_fwd_kernel import (rms_norm_fwd_cached_kernel, rms_norm_fwd_reload_kernel, rms_norm_fwd_split_kernel,
+                                 rms_norm_fwd_stream_kernel)
 
 # ================================================================================================
 # Compiled-kernel objects (hints -> kernel), signatures for ahead-of-time compile checks
@@ -37,10 +33,6 @@ def kernel_for(cfg_kernel: str, hints: tuple) -> ct.kernel:
     return k.replace_hints(**dict(hints)) if hints else k
 
 
-def _align_elems(stride: int, elem_bytes: int) -> int:
-    """Largest power of two dividing the row stride, capped at 16 bytes' worth of elements."""
-    cap = max(16 // elem_bytes, 1)
-    return math.gcd(stride, cap) if stride else cap
 
 
 def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool, w_planes: int = 0) -> tuple:
@@ -91,7 +83,7 @@ def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
         params.append(arr(ct.int32, True))  # the split kernel's slots, a multiple of 16 long
     params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
                ScalarConstraint(ct.float32)]
-    params += [ConstantConstraint(c) for c in constants(cfg, N, _align_elems(N, elem), has_w, store_rstd, w_planes)]
+    params += [ConstantConstraint(c) for c in constants(cfg, N, align_elems(N, elem), has_w, store_rstd, w_planes)]
     return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), \
         KernelSignature(params, CallingConvention.cutile_python_v2())
 
@@ -111,8 +103,6 @@ def _sync_workspace(M: int, split: int, device, stream: int) -> torch.Tensor:
     return workspace(f"fwd_sync{split}", M * split, torch.int32, device, stream, zero=True)
 
 
-def _round16(n: int) -> int:
-    return (n + 15) & ~15
 
 
 PLANES_MIN_N = 2048  # from this width an fp32 weight with 16-bit x goes to the kernels as int16 planes
@@ -121,24 +111,24 @@ PLANES_MIN_N = 2048  # from this width an fp32 weight with 16-bit x goes to the 
 def weight_planes_offset(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int) -> int:
     """The kernels' W_PLANES constant: where the high halves start in `weight_planes(weight)`, or 0
     when the weight is passed as it is (16-bit, None, with fp32 x, or rows narrower than PLANES_MIN_N,
-    where the fp32 weight's layout change costs nothing measurable: bench/NOTES.md item 15)."""
+    where the fp32 weight's layout change costs nothing measurable: docs/design.md)."""
     if w_dtype != torch.float32 or x_dtype.itemsize != 2 or N < PLANES_MIN_N:
         return 0
-    return _round16(N)
+    return round16(N)
 
 
 def weight_planes(weight: torch.Tensor) -> torch.Tensor:
     """An fp32 weight [N] as int16 [2 * round16(N)]: the low 16 bits of each element, then, from
     round16(N), the high 16 bits (exact: the kernel joins them again). One small copy per call; it
     is not cached, so an update of the weight by any path (even through .data) is always seen."""
-    N, npad = weight.numel(), _round16(weight.numel())
+    N, npad = weight.numel(), round16(weight.numel())
     planes = torch.empty(2 * npad, dtype=torch.int16, device=weight.device)
     planes.view(2, npad)[:, :N].copy_(weight.contiguous().view(torch.int16).view(N, 2).t())
     return planes
 
 
 @functools.lru_cache(maxsize=4096)
-def _prepared(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool, w_planes: int = 0):
+def prepared(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: bool, w_planes: int = 0):
     """(kernel object, compile-time constants) of one launch shape: everything but the tensors."""
     return (kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))),
             constants(cfg, N, x_align, has_w, store_rstd, w_planes))
@@ -150,8 +140,6 @@ def row_pad(cfg: FwdConfig) -> int:
     return max(16, cfg.tile_m) if cfg.kernel == "stream" else 1
 
 
-def _round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
 
 
 def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool, shape=None, pad_rows: int = 1):
@@ -160,17 +148,15 @@ def output_buffers(M: int, N: int, dtype: torch.dtype, device, store_rstd: bool,
     to a multiple of `pad_rows`, see `row_pad`), rstd's rows to a multiple of 16 and of `pad_rows`.
     The padding keeps the arrays' "divisible by 16" bits independent of M (no recompilation)."""
     shape = shape if shape is not None else (M, N)
-    length = _round16(_round_up(M, pad_rows) * N)
+    length = round16(round_up(M, pad_rows) * N)
     if length == M * N:
         y = torch.empty(shape, dtype=dtype, device=device)
     else:
         y = torch.empty(length, dtype=dtype, device=device)[:M * N].view(shape)
-    rstd = torch.empty(_round_up(M, max(16, pad_rows)), dtype=torch.float32, device=device)[:M] if store_rstd else None
+    rstd = torch.empty(round_up(M, max(16, pad_rows)), dtype=torch.float32, device=device)[:M] if store_rstd else None
     return y, rstd
 
 
-def _flat(t: torch.Tensor, length: int, offset: int = 0) -> torch.Tensor:
-    return t.as_strided((length,), (1,), t.storage_offset() + offset)
 
 
 def grid_size(cfg: FwdConfig, M: int, sm_count: int) -> int:
@@ -196,30 +182,30 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         y, rstd = output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, out_shape, pad)
     else:
         y, rstd = out
-        if y.untyped_storage().nbytes() < (y.storage_offset() + _round16(_round_up(M, pad) * N)) * y.element_size():
+        if y.untyped_storage().nbytes() < (y.storage_offset() + round16(round_up(M, pad) * N)) * y.element_size():
             raise ValueError(f"out: y must come from output_buffers(..., pad_rows={pad}) for {cfg.short()}")
     w_planes = weight_planes_offset(x2d.dtype, weight.dtype if weight is not None else None, N)
-    kernel, consts = _prepared(cfg, N, _align_elems(stride, x2d.element_size()), weight is not None, store_rstd,
+    kernel, consts = prepared(cfg, N, align_elems(stride, x2d.element_size()), weight is not None, store_rstd,
                                w_planes)
     # what the kernel never touches (the weight without HAS_W, rstd without STORE_RSTD) gets a short
     # view of y: y's whole flat view is over 2^31 elements when the launch is cut into row chunks
     # (ct.launch raised OverflowError on it)
-    unused = _flat(y, 16)
+    unused = flat(y, 16)
     w = weight_planes(weight) if w_planes else weight if weight is not None else unused
-    stream = _raw_stream(x2d.device.index)
+    stream = current_raw_stream(x2d.device.index)
     split = cfg.kernel == "split"
 
     def y_arg(r0: int, m: int) -> torch.Tensor:  # the kernel's y for rows [r0, r0 + m)
         if pad > 1:
-            return y.as_strided((_round_up(m, pad), N), (N, 1), y.storage_offset() + r0 * N)
-        return _flat(y, _round16(m * N), r0 * N)
+            return y.as_strided((round_up(m, pad), N), (N, 1), y.storage_offset() + r0 * N)
+        return flat(y, round16(m * N), r0 * N)
 
     def rstd_arg(r0: int, m: int) -> torch.Tensor:  # never written when STORE_RSTD is False
-        return _flat(rstd, _round_up(m, max(16, pad)), r0) if store_rstd else unused
+        return flat(rstd, round_up(m, max(16, pad)), r0) if store_rstd else unused
 
     span = (M - 1) * stride + N
-    if span <= _MAX_FLAT and _round_up(M, pad) * N <= _MAX_FLAT:  # one launch (the usual case)
-        x_flat = x2d.view(-1) if stride == N else _flat(x2d, span)
+    if span <= _MAX_FLAT and round_up(M, pad) * N <= _MAX_FLAT:  # one launch (the usual case)
+        x_flat = x2d.view(-1) if stride == N else flat(x2d, span)
         sync = (_sync_workspace(M, cfg.split, x2d.device, stream),) if split else ()
         ct.launch(stream, (grid_size(cfg, M, sm_count),), kernel,
                   (x_flat, w, y_arg(0, M), rstd_arg(0, M)) + sync + (M, stride, eps, offset) + consts)
@@ -234,7 +220,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
         sync = (_sync_workspace(m, cfg.split, x2d.device, stream),) if split else ()
-        args = (_flat(x2d, (m - 1) * stride + N, r0 * stride), w, y_arg(r0, m), rstd_arg(r0, m)) + sync + \
+        args = (flat(x2d, (m - 1) * stride + N, r0 * stride), w, y_arg(r0, m), rstd_arg(r0, m)) + sync + \
             (m, stride, eps, offset)
         ct.launch(stream, (grid_size(cfg, m, sm_count),), kernel, args + consts)
     return y, rstd
@@ -249,7 +235,7 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
     general path (2-D padded y, the split kernel's slots, the fp32 weight's planes)."""
     if row_pad(cfg) > 1 or cfg.kernel == "split" or weight_planes_offset(dtype, w_dtype, N):
         return None
-    kernel, consts = _prepared(cfg, N, _align_elems(stride, dtype.itemsize), w_dtype is not None, store_rstd, 0)
+    kernel, consts = prepared(cfg, N, align_elems(stride, dtype.itemsize), w_dtype is not None, store_rstd, 0)
     has_w = w_dtype is not None
 
     def run(x2d, weight, eps, offset, out_shape):
@@ -260,9 +246,9 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
         y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=x2d.device)
         y_flat = y.view(-1)
         unused = y_flat  # what the kernel never touches (no weight, no rstd): y itself, no view to make
-        rstd = torch.empty(_round16(M), dtype=torch.float32, device=x2d.device)[:M] if store_rstd else None
-        x_flat = x2d.view(-1) if stride == N or M == 1 else _flat(x2d, span)
-        ct.launch(_raw_stream(x2d.device.index), (grid_size(cfg, M, sm_count),), kernel,
+        rstd = torch.empty(round16(M), dtype=torch.float32, device=x2d.device)[:M] if store_rstd else None
+        x_flat = x2d.view(-1) if stride == N or M == 1 else flat(x2d, span)
+        ct.launch(current_raw_stream(x2d.device.index), (grid_size(cfg, M, sm_count),), kernel,
                   (x_flat, weight if has_w else unused, y_flat, rstd if store_rstd else unused,
                    M, stride if M > 1 else N, eps, offset) + consts)
         return y, rstd

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 
 from .._platform import DeviceInfo, table_arch
+from .._util import pow2_ceil
 
 # ================================================================================================
 # Launch configs
@@ -29,8 +30,8 @@ class FwdConfig:
     blocks_per_sm: int = 1
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
-    w_early: bool = False  # split, cached: the weight never delays x's loads (NOTES items 16, 17)
-    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_zero_of, NOTES items 19, 20)
+    w_early: bool = False  # split, cached: the weight never delays x's loads
+    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_zero_of)
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None
@@ -85,10 +86,6 @@ def row_pieces(n: int, piece_min: int) -> tuple[tuple[int, int], ...]:
     return tuple(pieces)
 
 
-def _pow2_ceil(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
 def _pieces_waste(n: int, piece_min: int) -> float:
     return sum(s for _, s in row_pieces(n, piece_min)) / n - 1.0
 
@@ -101,7 +98,7 @@ def split_part(n: int, split: int) -> int:
 
 def cached_piece_min(n: int) -> int:
     """One padded tile when it wastes <= 1/8 of the lanes, else the fewest pieces that do."""
-    pm = _pow2_ceil(n)
+    pm = pow2_ceil(n)
     while pm > 64 and _pieces_waste(n, pm) > 0.125:
         pm //= 2
     return pm
@@ -119,7 +116,7 @@ FAMILIES = {  # which configs implement each mode's idea
 def _table_config(fields: dict) -> FwdConfig:
     """A table entry's config. Entries swept before w_early existed have no such field: a one-row
     multi-wave cached tile takes it, the others keep their measured loads. Measured on the H200
-    with the table's configs, off / on (bench/probe/w_early_both_ends.py, bench/NOTES.md item 17):
+    with the table's configs, off / on (bench/probe/w_early_both_ends.py, docs/design.md):
     without it the weight's loads wait for x's sum of squares (SASS), a second DRAM round trip in
     series that nothing hides when a launch has fewer blocks than SMs: bf16 N = 4096, M = 1
     5.4 -> 5.1 us (copy 4.6), fp32 4096 5.9 -> 5.3; at full size a tie or better (bf16 4096
@@ -175,7 +172,7 @@ def fit_to_width(cfg: FwdConfig, measured_n: int, N: int) -> FwdConfig:
     (the same columns per SM in flight): 36384 / 40960 / 45000 0.904 / 0.970 / 0.982, against 0.874 /
     0.946 / 0.979 with the split kept and the hint shrunk. Where the parts come out narrower the config
     stays as measured: re-cutting its pieces there (several small ones instead of one padded) measured
-    0.82-0.86 where the measured config kept 0.99 (N = 14336, 98368; bench/NOTES.md). A config with no
+    0.82-0.86 where the measured config kept 0.99 (N = 14336, 98368; docs/design.md). A config with no
     occupancy hint lets the compiler size the registers (no spills at any width checked) and stays as
     measured: doubling its split cost 0.93 -> 0.75 at N = 135688-150000."""
     if N == measured_n or cfg.kernel != "split" or cfg.occupancy is None:
@@ -191,21 +188,21 @@ def fit_to_width(cfg: FwdConfig, measured_n: int, N: int) -> FwdConfig:
     return dataclasses.replace(cfg, split=split, piece_min=cached_piece_min(part), occupancy=occupancy)
 
 
-SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (bench/NOTES.md items 7 and 12)
+SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (docs/design.md)
 
 
 def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
-    """Rules for an arch without measurements (from the sm_90 sweeps, bench/NOTES.md)."""
+    """Rules for an arch without measurements (from the sm_90 sweeps, docs/design.md)."""
     row_bytes = N * elem_bytes
     # rows per tile so one tile moves >= ~8 KiB (narrow rows: one row per block is too little work)
-    tile_m = 1 if row_bytes >= 4096 else min(64, _pow2_ceil(8192 // row_bytes))
+    tile_m = 1 if row_bytes >= 4096 else min(64, pow2_ceil(8192 // row_bytes))
     nww = 8 if row_bytes >= 8192 else None  # 8 warps: half the registers per thread for long rows
     if mode == "multi_wave_cached":
         if row_bytes > SPLIT_ROW_BYTES:
             # the H200 sweeps' optimum: 16 KiB of 16-bit x per block kept packed with 8 blocks per SM,
-            # 32 KiB of fp32 with 4 (bench/NOTES.md item 12)
+            # 32 KiB of fp32 with 4 (docs/design.md)
             part_bytes, occupancy = (16384, 8) if elem_bytes == 2 else (32768, 4)
-            split = min(64, _pow2_ceil(-(-row_bytes // part_bytes)))
+            split = min(64, pow2_ceil(-(-row_bytes // part_bytes)))
             return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)),
                              packed=elem_bytes == 2, occupancy=occupancy)
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww,
@@ -215,6 +212,6 @@ def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
                          blocks_per_sm=8 if row_bytes * tile_m <= 16384 else 2, hoist_w=row_bytes <= 4096,
                          latency=1 if row_bytes <= 4096 else 10, num_worker_warps=nww)
     if mode == "multi_wave_reload":
-        chunk = min(_pow2_ceil(N), 8192 // elem_bytes)
+        chunk = min(pow2_ceil(N), 8192 // elem_bytes)
         return FwdConfig("reload", tile_m=tile_m, chunk=chunk, latency=1 if row_bytes <= 65536 else 10)
     raise ValueError(mode)

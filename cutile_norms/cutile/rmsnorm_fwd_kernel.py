@@ -33,7 +33,7 @@ def _chunks(n: int, chunk: int) -> int:
 # ================================================================================================
 # Kernels
 # ================================================================================================
-def _gather_masked(mA, base, off, size, lim, MASKED, latency):
+def gather_masked(mA, base, off, size, lim, MASKED, latency):
     """A (size,) tile of columns [off, off + size) at flat offset `base`; if MASKED, only columns
     below `lim` (a constant, or dynamic for the split kernel's last part)."""
     cols = ct.arange(size, dtype=ct.int32) + off
@@ -42,7 +42,7 @@ def _gather_masked(mA, base, off, size, lim, MASKED, latency):
     return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
 
 
-def _scatter_masked(mA, base, off, size, lim, MASKED, tile, latency):
+def scatter_masked(mA, base, off, size, lim, MASKED, tile, latency):
     cols = ct.arange(size, dtype=ct.int32) + off
     if MASKED:
         ct.scatter(mA, base + cols, tile, mask=cols < lim, check_bounds=False, latency=latency)
@@ -52,11 +52,11 @@ def _scatter_masked(mA, base, off, size, lim, MASKED, tile, latency):
 
 def _gather_cols(mA, base, off, size, N, latency):
     """A (size,) tile of columns [off, off + size) of a row of N at flat offset `base`; masked only past N."""
-    return _gather_masked(mA, base, off, size, N, ct.static_eval(off + size > N), latency)
+    return gather_masked(mA, base, off, size, N, ct.static_eval(off + size > N), latency)
 
 
 def _scatter_cols(mA, base, off, size, N, tile, latency):
-    _scatter_masked(mA, base, off, size, N, ct.static_eval(off + size > N), tile, latency)
+    scatter_masked(mA, base, off, size, N, ct.static_eval(off + size > N), tile, latency)
 
 
 def _gather_rows(mA, xbase, row_ok, off, size, N, latency):
@@ -95,7 +95,7 @@ def _gather_w(mW, idx, mask, LATENCY, W_PLANES):
     weight passed as two int16 planes, the low halves of its bits at [0, N) and the high halves at
     [W_PLANES, W_PLANES + N) (`weight_planes`): they load in the layout of a 16-bit x tile, where an
     fp32 gather next to 16-bit x is converted between layouts through shared memory (24 shared
-    stores and ~20 barriers in the split kernel's PTX; 0.64x copy at N = 65536: bench/NOTES.md item 15)."""
+    stores and ~20 barriers in the split kernel's PTX; 0.64x copy at N = 65536: docs/design.md)."""
     return _w_from_bits(_gather_w_bits(mW, idx, mask, LATENCY, W_PLANES), W_PLANES)
 
 
@@ -118,7 +118,7 @@ def _w_tied_to_x(wbits, x, M):
     (`_tied_elementwise`): a hoisted weight's conversion then waits for x, so it is done per tile
     after x's loads went out. Converted before a persistent loop, it stalled on the weight's DRAM
     round trip ahead of the first tile's x loads: two serial round trips per block (sm_90 SASS,
-    N = 1024, 4-row tiles), all of a small launch's time (bench/NOTES.md item 17)."""
+    N = 1024, 4-row tiles), all of a small launch's time (docs/design.md)."""
     if ct.static_eval(len(wbits) == 1):
         return (_tied_elementwise(wbits[0], (x,), M),)
     return (_tied_elementwise(wbits[0], (x,), M), _tied_elementwise(wbits[1], (x,), M))
@@ -130,8 +130,8 @@ def _tied_to_weight(x, wbits, M, W_PLANES):
     order, and under a tight register budget ptxas leaves the weight's loads after the reduction
     (cached) or the wait for the row's partial sums (split), interleaved with the stores (SASS).
     Tied to the sum of squares, they go out with x's. Measured on the H200: at full size a tie with
-    the late loads, which the other resident blocks hide (bench/NOTES.md item 16); in a launch with
-    fewer blocks than SMs one DRAM round trip less (N = 4096 bf16, M = 1: 5.4 -> 5.1 us; item 17).
+    the late loads, which the other resident blocks hide (docs/design.md); in a launch with
+    fewer blocks than SMs one DRAM round trip less (N = 4096 bf16, M = 1: 5.4 -> 5.1 us).
     The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element the
     compiler split the loaded registers into halves that then stayed live across the wait (167
     registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
@@ -154,8 +154,8 @@ def _zero_of(s, M):
     Untied, ptxas issues the load of the block's workspace slot (whose sign the exchange needs)
     after x's sum of squares in every table config but one (sm_90 SASS): a DRAM round trip in series
     (the workspace is cold after an L2 flush) between the reduction and the exchange, in every
-    block's life. Tied, it goes out with x's loads. Measured on the H200 (bench/NOTES.md items 19,
-    20): fp32 +0.4 to +1.6 %, bf16 32768 +0.4 / +0.5 %. The first tie ORed the slot's bits into x's
+    block's life. Tied, it goes out with x's loads. Measured on the H200 (docs/design.md): fp32
+    +0.4 to +1.6 %, bf16 32768 +0.4 / +0.5 %. The first tie ORed the slot's bits into x's
     32-bit words: x and its tied copy were then both live (3-5 registers more in 16-bit, a CTA per
     SM lost at bf16 65536, 4 of 16 loads deferred at bf16 32768, -3.5 %). The squares are a
     temporary: at bf16 32768 this tie keeps 80 registers and all 16 loads first (SASS)."""
@@ -196,7 +196,7 @@ def _widen_again(x, zero):
     if ct.static_eval(x.dtype == ct.float16):
         # the bits xor-ed with a runtime zero: a different value to the compiler, so its conversion
         # is not the first one's, and costs one integer op more (an exact conversion by integer ops,
-        # exponent rebias and inf/NaN fix-up, cost ~9 instructions per element: bench/NOTES.md item 14)
+        # exponent rebias and inf/NaN fix-up, cost ~9 instructions per element: docs/design.md)
         return ct.astype(ct.bitcast(ct.bitcast(x, ct.uint16) ^ zero, ct.float16), ct.float32)
     return x
 
@@ -337,7 +337,7 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
     if TILE_M == 1:
         # the full chunks unmasked in a loop, the partial last one (N % CHUNK columns) masked outside
         # it: with the mask inside the loop the compiler ran for minutes at N = 262145 and 131073
-        # with 2048-column chunks (bench/NOTES.md, "The reload kernel's tail")
+        # with 2048-column chunks (docs/design.md)
         full = ct.static_eval(N // CHUNK)
         TAIL = ct.static_eval(N % CHUNK != 0)
         xbase = ct.assume_divisible_by(tile * stride, X_ALIGN)
@@ -434,7 +434,7 @@ def rms_norm_fwd_split_kernel(
     (never negative: the sign bit is free) with the sign bit set by every other launch: a block reads
     its own slot's sign first (what the last launch over this row wrote), publishes its sum with the
     other sign, and waits until every slot of its row shows that sign. The workspace thus needs no
-    clearing between launches (a fill kernel per launch cost ~1.5 %: bench/NOTES.md item 14), and the
+    clearing between launches (a fill kernel per launch cost ~1.5 %: docs/design.md), and the
     state lives on the device, so a replayed CUDA graph flips it like an eager launch does.
 
     The wait relies on the blocks of a row running at the same time: the hardware dispatches blocks
@@ -442,7 +442,7 @@ def rms_norm_fwd_split_kernel(
     dispatched together, and at most one row's blocks wait on blocks not yet dispatched, which start
     as soon as any other block ends (the GPU holds far more than SPLIT blocks). A bounded wait with
     a fallback that reads the row again was tried: the fallback decision must be the same in every
-    warp, which took a block-wide poll and cost 2-3 % (bench/NOTES.md item 14).
+    warp, which took a block-wide poll and cost 2-3 % (docs/design.md).
     """
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
     bid = ct.bid(0)
@@ -463,7 +463,7 @@ def rms_norm_fwd_split_kernel(
     ssq = 0.0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         masked = ct.static_eval(MASK_N or off + size > PART)
-        x = _gather_masked(mX, xbase, off, size, lim, masked, LATENCY)
+        x = gather_masked(mX, xbase, off, size, lim, masked, LATENCY)
         xs = x
         if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
             cols = ct.arange(size, dtype=ct.int32) + off
@@ -506,7 +506,7 @@ def rms_norm_fwd_split_kernel(
         if HAS_W:
             y = y * (_w_from_bits(tWrW[i], W_PLANES) + offset)
         masked = ct.static_eval(MASK_N or off + size > PART)
-        _scatter_masked(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
+        scatter_masked(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
         i += 1
 
 

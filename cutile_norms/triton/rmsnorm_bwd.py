@@ -291,8 +291,8 @@ class BwdConfig(TileConfig):
         return super().short() + (f", TMA {self.tma_stages} stages where the rows allow" if self.tma_stages else "")
 
 
-# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; bench/NOTES.md,
-# "The Triton mode, second round"), as a ratio to a same-run copy (1.5x its bytes):
+# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; docs/design.md),
+# as a ratio to a same-run copy (1.5x its bytes):
 #   * rows up to 8192: tiles of TILE_ELEMS (several narrow rows), 16 values per thread (8 when the
 #     row is not a power of two: 0.915 against 0.903 at 2880, 0.879 against 0.864 at 5120), each
 #     program loading its next tile before it reduces this one (PREFETCH): 0.88-0.96 from 128 to 8192,
@@ -303,7 +303,7 @@ class BwdConfig(TileConfig):
 #     32768 and up and more parts per row (64, 128) 0.29-0.60;
 #   * split rows on NVIDIA sm_90+ read by TMA (rms_norm_bwd_tma_kernel) where the parts are a power of
 #     two that tiles the row, TMA_STAGES pipeliner stages: 0.939 / 0.932 / 0.939 / 0.910 / 0.851 at the
-#     same widths (bench/NOTES.md, "The Triton backward's split rows by TMA"); 2 stages 0.52-0.73,
+#     same widths (docs/design.md); 2 stages 0.52-0.73,
 #     4 stages within 2 % of 3; the pointer kernel above where TMA does not apply.
 TILE_ELEMS = 8192
 PART_ELEMS = 2048

@@ -162,8 +162,8 @@ class FwdConfig(TileConfig):
     """The forward's launch config (TileConfig's fields)."""
 
 
-# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; bench/NOTES.md,
-# "The Triton mode, second round"), as a ratio to a same-run copy:
+# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; docs/design.md),
+# as a ratio to a same-run copy:
 #   * rows of up to ROW_ELEMS (whole, or nearly whole, powers of two): the row in registers, tiles of
 #     TILE_ELEMS (several narrow rows), two 16-byte vectors per thread, one program per tile:
 #     0.984-0.998 from 128 to 4096, where a persistent grid walking the tiles gave 0.948-0.962;

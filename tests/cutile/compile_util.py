@@ -17,12 +17,12 @@ import tempfile
 import cuda.tile as ct
 from cuda.tile.compilation import export_kernel
 
-from cutile_norms.cutile import rmsnorm_fwd
+from cutile_norms.cutile import rmsnorm_fwd, rmsnorm_fwd_config
 
 CT_DTYPES = {"float16": ct.float16, "bfloat16": ct.bfloat16, "float32": ct.float32}
 
 
-def compile_cubin(cfg: rmsnorm_fwd.FwdConfig, N: int, x_dtype: str, w_dtype: str, *, has_w: bool = True,
+def compile_cubin(cfg: rmsnorm_fwd_config.FwdConfig, N: int, x_dtype: str, w_dtype: str, *, has_w: bool = True,
                   store_rstd: bool = True, arch: str = "sm_90") -> bytes:
     kernel, sig = rmsnorm_fwd.export_signature(cfg, N, CT_DTYPES[x_dtype], CT_DTYPES[w_dtype], has_w, store_rstd)
     buf = io.BytesIO()

@@ -31,7 +31,7 @@ EPS = 1e-6
 @pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4096, 4097, 8192, 65537, 262144, 1 << 20])
 @pytest.mark.parametrize("e", [2, 4])
 def test_analytical_config_covers_the_row(N, e):
-    from cutile_norms.cutile.rmsnorm_bwd import MAX_SPLIT, PART_ELEMS, analytical_config, dx_2d, part_of, row_pieces
+    from cutile_norms.cutile.rmsnorm_bwd_config import MAX_SPLIT, PART_ELEMS, analytical_config, dx_2d, part_of, row_pieces
 
     cfg = analytical_config(N, e)
     part = part_of(cfg, N)
@@ -45,7 +45,8 @@ def test_analytical_config_covers_the_row(N, e):
 
 
 def test_config_validation():
-    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, grid_rows
+    from cutile_norms.cutile.rmsnorm_bwd import grid_rows
+    from cutile_norms.cutile.rmsnorm_bwd_config import BwdConfig
 
     with pytest.raises(ValueError, match="power of two"):
         BwdConfig(split=3)
@@ -142,7 +143,7 @@ CONFIG_CASES = [(1, 1, 4, 128, False), (8, 1, 2, 1000, False), (1, 2, 2, 2880, F
 
 def case_config(tile_m, split, bps, N, prefetch):
     """A CONFIG_CASES entry as the BwdConfig it stands for (also compiled by test_rmsnorm_bwd_compile)."""
-    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, cut_pieces
+    from cutile_norms.cutile.rmsnorm_bwd_config import BwdConfig, cut_pieces
 
     return cut_pieces(BwdConfig(tile_m=tile_m, split=split, blocks_per_sm=bps, num_worker_warps=8,
                                 prefetch=prefetch), N)
@@ -186,7 +187,8 @@ def test_strided_x_and_non_contiguous_dy(seed, N):
 def test_dw_is_bit_identical_over_runs(seed, N, split):
     """dw (and dx) are the same bits on every run: the partials are summed in one fixed order
     whichever blocks arrive last and reduce them."""
-    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig, PERSISTENT_BACKWARD, cached_piece_min, part_of
+    from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+    from cutile_norms.cutile.rmsnorm_bwd_config import BwdConfig, cached_piece_min, part_of
 
     M = 3000 if N <= 4096 else 300
     cfg = PERSISTENT_BACKWARD.config(N, torch.bfloat16, _device_info())
@@ -257,7 +259,7 @@ def test_cuda_graph_forward_and_backward(seed, mode, N):
 def test_back_to_back_launches_and_streams(seed):
     """Launches with different M and split on one stream with no sync in between (shared counters,
     partials and slots), then two streams at once: every result against the reference."""
-    from cutile_norms.cutile.rmsnorm_bwd import BwdConfig
+    from cutile_norms.cutile.rmsnorm_bwd_config import BwdConfig
 
     N = 40000
     cfgs = {s: BwdConfig(split=s, num_worker_warps=8, piece_min=2048) for s in (4, 8)}

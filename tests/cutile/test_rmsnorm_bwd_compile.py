@@ -11,7 +11,7 @@ import pytest
 from cuda.tile.compilation import export_kernel
 
 from cutile_norms._platform import DeviceInfo
-from cutile_norms.cutile import rmsnorm_bwd
+from cutile_norms.cutile import rmsnorm_bwd, rmsnorm_bwd_config
 from tests.cutile.compile_util import CT_DTYPES, embedded_ptx, ptxas_report
 from tests.cutile.test_rmsnorm_bwd import CONFIG_CASES, case_config
 
@@ -33,7 +33,7 @@ def compile_bwd(cfg, N, x_dtype, w_dtype, arch="sm_90", **flags) -> bytes:
 
 
 def _config(N, x_dtype, arch, w_dtype=None):
-    return rmsnorm_bwd.default_config(N, ELEM[x_dtype], ARCHS[arch], x_dtype, w_dtype == "float32")
+    return rmsnorm_bwd_config.default_config(N, ELEM[x_dtype], ARCHS[arch], x_dtype, w_dtype == "float32")
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -86,10 +86,10 @@ def test_dx_stores_have_no_block_barrier_in_the_loop():
     """With dx stored by ct.store at the loop's tile index, the row loop holds the block reduction's
     barriers only: a ct.scatter had a bar.sync before and after each store (sm_90 PTX, N = 4096)."""
     cfg = _config(4096, "bfloat16", "sm_90")
-    assert rmsnorm_bwd.dx_2d(cfg, 4096)
+    assert rmsnorm_bwd_config.dx_2d(cfg, 4096)
     ptx = embedded_ptx(compile_bwd(cfg, 4096, "bfloat16", "bfloat16"))
-    flat = rmsnorm_bwd.BwdConfig(split=2, piece_min=1024, num_worker_warps=8)  # 2880 / 2: pieces 1024 + 512 ...
-    assert not rmsnorm_bwd.dx_2d(flat, 2880)
+    flat = rmsnorm_bwd_config.BwdConfig(split=2, piece_min=1024, num_worker_warps=8)  # 2880 / 2: pieces 1024 + 512 ...
+    assert not rmsnorm_bwd_config.dx_2d(flat, 2880)
     ptx_flat = embedded_ptx(compile_bwd(flat, 2880, "bfloat16", "bfloat16"))
     assert ptx.count("bar.sync") < ptx_flat.count("bar.sync")
 
@@ -100,7 +100,7 @@ def test_atomics_and_waits_are_what_the_protocol_needs():
     relaxed 64-bit atomics: an atomic is performed once and its result shared by the block, so every
     warp leaves a wait in the same iteration. No wait polls with loads, which every warp issues for
     itself (warps then left at different polls and mismatched the block barriers that follow)."""
-    cfg = rmsnorm_bwd.BwdConfig(split=4, piece_min=4096, num_worker_warps=8)
+    cfg = rmsnorm_bwd_config.BwdConfig(split=4, piece_min=4096, num_worker_warps=8)
     ptx = embedded_ptx(compile_bwd(cfg, 16384, "bfloat16", "bfloat16"))
     assert "atom.global.acq_rel.add.u32" in ptx
     assert "atom.global.acquire.add.u32" in ptx

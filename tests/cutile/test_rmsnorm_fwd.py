@@ -26,7 +26,7 @@ EPS = 1e-6
 @pytest.mark.parametrize("n", [1, 7, 128, 1000, 2880, 4096, 5120, 7168, 65536, 100003])
 @pytest.mark.parametrize("piece_min", [1, 64, 1024, 1 << 30])
 def test_row_pieces_cover_the_row(n, piece_min):
-    from cutile_norms.cutile.rmsnorm_fwd import row_pieces
+    from cutile_norms.cutile.rmsnorm_fwd_config import row_pieces
 
     pieces = row_pieces(n, piece_min)
     off = 0
@@ -42,7 +42,7 @@ def test_row_pieces_cover_the_row(n, piece_min):
 @pytest.mark.parametrize("split", [1, 2, 4, 8, 16, 64])
 def test_split_parts_cover_the_row(n, split):
     """The split kernel's parts: 16-element aligned starts, every column in exactly one part."""
-    from cutile_norms.cutile.rmsnorm_fwd import split_part
+    from cutile_norms.cutile.rmsnorm_fwd_config import split_part
 
     part = split_part(n, split)
     assert part % 16 == 0 and part * split >= n
@@ -53,7 +53,8 @@ def test_split_parts_cover_the_row(n, split):
 
 def test_stream_config_and_output_padding():
     """The stream kernel is persistent; its y and rstd allocations are padded to whole row tiles."""
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, grid_size, output_buffers, row_pad
+    from cutile_norms.cutile.rmsnorm_fwd import grid_size, output_buffers, row_pad
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     with pytest.raises(ValueError, match="persistent"):
         FwdConfig("stream")
@@ -95,7 +96,8 @@ def test_fp32_weight_planes_round_trip_exactly():
 
 
 def test_split_grid_is_split_blocks_per_row():
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, grid_size
+    from cutile_norms.cutile.rmsnorm_fwd import grid_size
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     assert grid_size(FwdConfig("split", split=4), 1000, 132) == 4000
     assert grid_size(FwdConfig("cached", tile_m=4), 1001, 132) == 251
@@ -280,7 +282,7 @@ SPLIT_CASES = [(32768, 2, 1 << 30), (65536, 4, 1 << 30), (40000, 8, 2048), (1000
 
 
 def _run_split(x, w, offset, split, piece_min, store_rstd=True, nww=8):
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     cfg = FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=nww)
     return _run_backend("multi_wave_cached", x, w, offset, store_rstd, cfg=cfg)
@@ -337,7 +339,8 @@ def test_split_kernel_workspace_across_launches_streams_and_graphs(seed):
     """The slots are kept between launches (a sign bit flips per launch instead of a clear): back to
     back launches with different M and split on one stream, then on a second stream while the first
     is busy, then a captured CUDA graph replayed with new inputs: every result against the reference."""
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, launch
+    from cutile_norms.cutile.rmsnorm_fwd import launch
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     def check(y, x, w, what):
         assert_close(y, reference64(x, w, EPS, 0.0)[0], torch.bfloat16, what, seed)
@@ -394,7 +397,7 @@ def test_split_kernel_nan_row_does_not_hang(seed):
 def test_split_kernel_tie_slot_matches_reference(seed, N, split, piece_min, x_dtype, w_dtype, w_early):
     """tie_slot: the block's workspace slot tied to x's first piece's squares (its load goes out with x's).
     Three launches on the same workspace (the sign flips each time), every one on poisoned buffers."""
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     cfg = FwdConfig("split", split=split, piece_min=piece_min, packed=x_dtype != "float32", w_early=w_early,
                     tie_slot=True)
@@ -405,7 +408,7 @@ def test_split_kernel_tie_slot_matches_reference(seed, N, split, piece_min, x_dt
 
 
 def _packed_configs(N):
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig, cached_piece_min
 
     return [FwdConfig("cached", piece_min=cached_piece_min(N), packed=True, num_worker_warps=8),
             FwdConfig("split", split=4, piece_min=cached_piece_min(N // 4), occupancy=8)]
@@ -461,7 +464,7 @@ W_EARLY_DTYPES = DTYPES + [("float16", "float32"), ("float32", "bfloat16")]
 
 
 def _w_early_config(kernel, N, split, x_dtype):
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, cached_piece_min, split_part
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig, cached_piece_min, split_part
 
     packed = x_dtype != "float32"
     if kernel == "split":
@@ -524,7 +527,7 @@ STREAM_CASES = [(128, 32, 128), (512, 16, 512), (1000, 4, 512), (2880, 1, 1024),
 
 
 def _run_stream(x, w, offset, tile_m, piece_min, store_rstd=True, hoist_w=True, blocks_per_sm=2, nww=None):
-    from cutile_norms.cutile.rmsnorm_fwd import FwdConfig
+    from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     cfg = FwdConfig("stream", tile_m=tile_m, piece_min=piece_min, packed=tile_m == 1 and x.element_size() == 2,
                     persistent=True, blocks_per_sm=blocks_per_sm, hoist_w=hoist_w, num_worker_warps=nww)

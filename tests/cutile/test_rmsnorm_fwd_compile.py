@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cutile_norms import dispatch
-
-from cutile_norms._platform import DeviceInfo
-from cutile_norms.cutile import rmsnorm_fwd
 import dataclasses
+
+from cutile_norms import dispatch
+from cutile_norms._platform import DeviceInfo
+from cutile_norms.cutile import rmsnorm_fwd, rmsnorm_fwd_config
 
 from tests.cutile.compile_util import compile_cubin, cuobjdump_path, embedded_ptx, ptxas_report, sass_opcodes
 
@@ -24,7 +24,7 @@ ELEM = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _config(mode, N, x_dtype, arch):
-    return rmsnorm_fwd.default_config(mode, N, ELEM[x_dtype], ARCHS[arch], x_dtype)
+    return rmsnorm_fwd_config.default_config(mode, N, ELEM[x_dtype], ARCHS[arch], x_dtype)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -64,7 +64,7 @@ def test_compiles_inference_and_no_weight_variants(mode, N, has_w, store_rstd, a
 def test_picked_configs_spill_at_most_what_was_measured(mode, N):
     """sm_90, bf16: the picked config's CTA fits the register file; rows up to 16 KiB keep everything
     in registers (no spill stores in ptxas -v). Wider rows: the configs measured fastest spill a
-    little (up to 152 B per thread on the 2026-11-21 H200 sweep, bench/NOTES.md); more is a regression."""
+    little (up to 152 B per thread on the 2026-11-21 H200 sweep); more is a regression."""
     report = ptxas_report(compile_cubin(_config(mode, N, "bfloat16", "sm_90"), N, "bfloat16", "bfloat16",
                                         has_w=True, store_rstd=False))
     assert report["registers"] * report["threads"][0] <= 65536, report
@@ -73,12 +73,12 @@ def test_picked_configs_spill_at_most_what_was_measured(mode, N):
 
 def test_every_measured_config_is_a_valid_config():
     """The tuning table only holds configs of each mode's own family (cached/reload, persistent or not)."""
-    table = rmsnorm_fwd.measured_configs()
+    table = rmsnorm_fwd_config.measured_configs()
     for arch, modes in table.items():
         for mode, entries in modes.items():
-            assert mode in rmsnorm_fwd.FAMILIES
+            assert mode in rmsnorm_fwd_config.FAMILIES
             for row_bytes, cfg, ratio, dtype in entries:
-                assert rmsnorm_fwd.FAMILIES[mode](cfg), f"{arch}/{mode}: {cfg} is not a {mode} config"
+                assert rmsnorm_fwd_config.FAMILIES[mode](cfg), f"{arch}/{mode}: {cfg} is not a {mode} config"
                 assert row_bytes > 0 and 0 < ratio < 1.5 and dtype in ELEM, (arch, mode, dtype)
 
 
@@ -90,13 +90,13 @@ SPLIT_CONFIGS = [(32768, 2, 1 << 30), (65536, 4, 1 << 30), (40000, 8, 2048), (10
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 @pytest.mark.parametrize("N,split,piece_min", SPLIT_CONFIGS)
 def test_split_kernel_compiles(N, split, piece_min, x_dtype, w_dtype, arch):
-    cfg = rmsnorm_fwd.FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=8)
+    cfg = rmsnorm_fwd_config.FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=8)
     assert compile_cubin(cfg, N, x_dtype, w_dtype, arch=arch)[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("has_w,store_rstd", [(False, False), (True, False), (False, True)])
 def test_split_kernel_inference_and_no_weight_variants(has_w, store_rstd):
-    cfg = rmsnorm_fwd.FwdConfig("split", split=8, piece_min=2048, num_worker_warps=8)
+    cfg = rmsnorm_fwd_config.FwdConfig("split", split=8, piece_min=2048, num_worker_warps=8)
     assert compile_cubin(cfg, 40000, "bfloat16", "bfloat16", has_w=has_w, store_rstd=store_rstd)[:4] == b"\x7fELF"
 
 
@@ -110,7 +110,7 @@ def test_split_kernel_polls_inside_its_wait_loop():
 
     from tests.cutile.compile_util import embedded_ptx
 
-    cfg = rmsnorm_fwd.FwdConfig("split", split=4, num_worker_warps=8)
+    cfg = rmsnorm_fwd_config.FwdConfig("split", split=4, num_worker_warps=8)
     ptx = embedded_ptx(compile_cubin(cfg, 65536, "bfloat16", "bfloat16"))
     assert "atom.global.add" not in ptx  # blocks own (row, part) by their index: no ticket
     # the block's own slot (whose sign bit says which sign this launch publishes) is read before x,
@@ -125,7 +125,7 @@ def test_split_kernel_polls_inside_its_wait_loop():
         "the poll is not inside a loop"
 
 
-# tie_slot: the split kernel's workspace slot loaded with x's first piece (bench/NOTES.md item 19):
+# tie_slot: the split kernel's workspace slot loaded with x's first piece:
 # (x dtype, N, split, other fields), the shapes of the sm_90 table's entries that take it
 TIE_SLOT_CONFIGS = [("float32", 32768, 8, dict(w_early=True, occupancy=5)),
                     ("bfloat16", 32768, 4, dict(w_early=True, occupancy=6)),
@@ -134,8 +134,8 @@ TIE_SLOT_CONFIGS = [("float32", 32768, 8, dict(w_early=True, occupancy=5)),
 
 
 def _tie_slot(x_dtype, N, split, fields, tie_slot=True):
-    return rmsnorm_fwd.FwdConfig("split", split=split, piece_min=rmsnorm_fwd.cached_piece_min(
-        rmsnorm_fwd.split_part(N, split)), tie_slot=tie_slot, **fields)
+    return rmsnorm_fwd_config.FwdConfig("split", split=split, piece_min=rmsnorm_fwd_config.cached_piece_min(
+        rmsnorm_fwd_config.split_part(N, split)), tie_slot=tie_slot, **fields)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -172,7 +172,7 @@ def test_tie_slot_defers_none_of_the_row_loads():
     at bf16 N = 32768 (the sm_90 table's split config) every load of the block's x and weight, and
     the slot's, is issued before any float math, with the registers of the untied kernel. The first
     tie (the slot's bits ORed into x's words) kept x and its tied copy both live: 4 of the 16 loads
-    went out after the first math there, -3.5 % (bench/NOTES.md items 19, 20)."""
+    went out after the first math there, -3.5 %."""
     cfg = _tie_slot("bfloat16", 32768, 4, dict(w_early=True, occupancy=6))
     before, loads = _loads_before_float_math(cfg, 32768, "bfloat16", "bfloat16")
     # 16 of x and the weight, the slot's; the wait loop's poll (after the reduction) is the 18th
@@ -195,8 +195,8 @@ W_EARLY_CONFIGS = [("cached", 16384, 1), ("cached", 5000, 1), ("split", 65536, 8
 
 
 def _w_early(kernel, N, split, x_dtype, w_early=True):
-    part = rmsnorm_fwd.split_part(N, split)
-    C, pm = rmsnorm_fwd.FwdConfig, rmsnorm_fwd.cached_piece_min
+    part = rmsnorm_fwd_config.split_part(N, split)
+    C, pm = rmsnorm_fwd_config.FwdConfig, rmsnorm_fwd_config.cached_piece_min
     if kernel == "split":
         return C("split", split=split, piece_min=pm(part), packed=x_dtype != "float32", occupancy=6, w_early=w_early)
     if kernel == "rows":
@@ -260,7 +260,7 @@ def test_w_early_first_tile_loads_before_any_float_math(kernel, N, x_dtype, w_dt
     data comes before some of the first tile's loads: the weight's, after x's sum of squares (one-row
     and multi-row tiles; the table's config at N = 4096 bf16 among them), or x's, after the
     conversion of a weight held across a persistent loop. Either is a second DRAM round trip in
-    series with the first, which nothing hides in a small launch (bench/NOTES.md item 17). With it,
+    series with the first, which nothing hides in a small launch. With it,
     every load of the first tile (x's and the weight's) is issued before any float math."""
     cfg = _w_early(kernel, N, 1, x_dtype)
     if kernel == "cached":  # the N = 4096 16-bit shape of the sm_90 table: 4 warps, 2 CTAs per SM
@@ -279,7 +279,7 @@ def test_w_early_first_tile_loads_before_any_float_math(kernel, N, x_dtype, w_dt
 
 
 def _stream(N, tile_m, x_dtype, hoist_w=True):
-    return rmsnorm_fwd.FwdConfig("stream", tile_m=tile_m, piece_min=rmsnorm_fwd.cached_piece_min(N),
+    return rmsnorm_fwd_config.FwdConfig("stream", tile_m=tile_m, piece_min=rmsnorm_fwd_config.cached_piece_min(N),
                                  packed=tile_m == 1 and x_dtype != "float32", persistent=True, blocks_per_sm=2,
                                  hoist_w=hoist_w, num_worker_warps=8 if N >= 4096 else None)
 
@@ -313,8 +313,8 @@ def test_widths_just_above_a_power_of_two_compile(N, x_dtype, w_dtype):
     for mode in MODES:
         cfg = _config(mode, N, x_dtype, "sm_90")
         assert compile_cubin(cfg, N, x_dtype, w_dtype)[:4] == b"\x7fELF", (mode, cfg.short())
-    for cfg in (rmsnorm_fwd.FwdConfig("cached", piece_min=rmsnorm_fwd.cached_piece_min(N), packed=True, w_early=True),
-                rmsnorm_fwd.FwdConfig("split", split=4, piece_min=rmsnorm_fwd.cached_piece_min(rmsnorm_fwd.split_part(N, 4)),
+    for cfg in (rmsnorm_fwd_config.FwdConfig("cached", piece_min=rmsnorm_fwd_config.cached_piece_min(N), packed=True, w_early=True),
+                rmsnorm_fwd_config.FwdConfig("split", split=4, piece_min=rmsnorm_fwd_config.cached_piece_min(rmsnorm_fwd_config.split_part(N, 4)),
                                       packed=True, w_early=True, tie_slot=True)):
         assert compile_cubin(cfg, N, x_dtype, w_dtype)[:4] == b"\x7fELF", cfg.short()
 

@@ -51,7 +51,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
     assert cfg.split == 1 or (cfg.part % 16 == 0 and cfg.rows == 1)
     assert cfg.block_n * cfg.chunks >= cfg.part and cfg.rows * cfg.block_n <= TILE_ELEMS
     assert cfg.num_warps * (64 if vendor == "amd" else 32) <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
-    assert cfg.prefetch == (N <= TILE_ELEMS or cfg.split > 1)  # measured: bench/NOTES.md, the Triton mode
+    assert cfg.prefetch == (N <= TILE_ELEMS or cfg.split > 1)  # measured: docs/design.md, the Triton backward
     for M in (1, 5, 10 ** 6):  # a row group's programs and the grid fit about one wave
         R = grid_groups(cfg, M, sms)
         assert 1 <= R <= max(1, -(-M // cfg.rows)) and R * cfg.split <= cfg.programs_per_sm * sms

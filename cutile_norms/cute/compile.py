@@ -1,0 +1,50 @@
+"""How the CuTe DSL kernels are compiled and cached (one mechanism for the forward and the backward).
+
+`cute.compile` runs over fake tensors whose M and row strides are symbolic, so a kernel is built once
+per (dtypes, N, config, flags) and reused for every M; the result is called through TVM-FFI with
+torch tensors on torch's current stream. `cutlass` is imported on first use only: the package
+imports without CuTe DSL installed.
+"""
+from __future__ import annotations
+
+import tempfile
+from typing import Callable, Hashable
+
+import torch
+
+_CUTLASS_DTYPES: dict = {}
+
+
+def cutlass_dtype(dtype: torch.dtype):
+    """The cutlass numeric type of a torch dtype (fp16, bf16, fp32)."""
+    if not _CUTLASS_DTYPES:
+        import cutlass
+        _CUTLASS_DTYPES.update({torch.float16: cutlass.Float16, torch.bfloat16: cutlass.BFloat16,
+                                torch.float32: cutlass.Float32})
+    return _CUTLASS_DTYPES[dtype]
+
+
+def compile_options(arch: str | None, keep_ptx: bool) -> str:
+    """cute.compile's options: TVM-FFI calls; `arch` ("sm_90a", "sm_100a") to compile for that target
+    without a GPU (None: the current GPU's); `keep_ptx`: the PTX kept (in a temporary folder, its text
+    in the result's `__ptx__`)."""
+    options = "--enable-tvm-ffi" + (f" --gpu-arch {arch}" if arch else "")
+    if keep_ptx:
+        options += f" --keep-ptx --dump-dir {tempfile.mkdtemp(prefix='cutile_norms_ptx_')}"
+    return options
+
+
+class CompileCache:
+    """Compiled kernels by key, built on first use; `count`: compiles in this process (the tests check
+    that a new M does not compile again)."""
+
+    def __init__(self) -> None:
+        self._compiled: dict = {}
+        self.count = 0
+
+    def get(self, key: Hashable, build: Callable[[], object]):
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = self._compiled[key] = build()
+            self.count += 1
+        return fn

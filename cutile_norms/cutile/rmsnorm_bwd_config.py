@@ -1,0 +1,187 @@
+"""RMSNorm backward in cuTile: the launch config (a frozen dataclass), the measured config table and
+the analytical rule behind it, and the compile-time shape of a launch (pure Python: imports without
+cuTile)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .._platform import DeviceInfo, table_arch
+from .._util import pow2_ceil
+from .rmsnorm_fwd_config import cached_piece_min, row_pieces, split_part
+
+# blocks per row at most: a row's blocks wait for each other, so all of them must fit on the GPU at
+# once (2 x 132 blocks on an H100/H200); wider rows give each block more columns
+MAX_SPLIT = 64
+
+
+# ================================================================================================
+# Launch config
+# ================================================================================================
+@dataclass(frozen=True)
+class BwdConfig:
+    """One launch of the backward kernel: compile-time constants and compiler hints."""
+
+    tile_m: int = 1  # rows per tile (narrow rows); > 1 only with split == 1
+    split: int = 1  # blocks per row, each owning split_part(N, split) columns (a power of two)
+    piece_min: int = 1 << 30  # smallest power-of-two piece of a part before the padded tail
+    blocks_per_sm: int = 2  # the persistent grid: blocks_per_sm x SMs (also the occupancy hint)
+    num_worker_warps: int | None = None
+    latency: int = 1  # ct.gather/scatter DRAM latency hint
+    prefetch: bool = False  # one row per tile: the next row's loads issued before this row's reduction
+
+    def __post_init__(self):
+        if self.split < 1 or self.split & (self.split - 1):
+            raise ValueError(f"split must be a power of two (the exchanged sums are one tile), got {self.split}")
+        if self.tile_m < 1 or self.tile_m & (self.tile_m - 1):
+            raise ValueError(f"tile_m must be a power of two, got {self.tile_m}")
+        if self.split > 1 and self.tile_m > 1:
+            raise ValueError("a split row is one row per tile: tile_m=1 with split > 1")
+        if self.prefetch and self.tile_m > 1:
+            raise ValueError("prefetch is for one row per tile (tile_m=1)")
+
+    def hints(self) -> dict:
+        return {k: v for k, v in (("num_worker_warps", self.num_worker_warps),
+                                  ("occupancy", self.blocks_per_sm)) if v is not None}
+
+    def short(self) -> str:
+        parts = [f"tile_m={self.tile_m}"]
+        if self.split > 1:
+            parts.append(f"split={self.split}")
+        parts.append(f"piece_min={self.piece_min}" if self.piece_min < (1 << 30) else "one piece")
+        parts.append(f"persistent x{self.blocks_per_sm}/SM")
+        if self.num_worker_warps:
+            parts.append(f"num_worker_warps={self.num_worker_warps}")
+        parts.append(f"latency={self.latency}")
+        if self.prefetch:
+            parts.append("prefetch")
+        return " ".join(parts)
+
+
+PART_ELEMS = 4096  # elements of x per block and row tile: see analytical_config
+
+
+def analytical_config(N: int, elem_bytes: int) -> BwdConfig:
+    """Rules for a width with no measurement. A block holds, per element of its tile, x * rstd and
+    g in fp32 between the row sum and dx, plus the weight and dw's accumulator: 4 fp32 values,
+    whatever x's dtype. 4096 elements per tile (16 per thread at 8 warps) keep that near 64
+    registers, so two blocks fit per SM with room for the addresses. Rows up to 1.25x that stay in
+    one block (an exchange per row costs more than 4 registers per thread); wider rows are split
+    (over MAX_SPLIT blocks at most: beyond that, a block's part grows and spills)."""
+    if N <= PART_ELEMS * 5 // 4:
+        tile_m = min(32, 1 << (max(1, PART_ELEMS // N).bit_length() - 1))  # the largest power of two that fits
+        return BwdConfig(tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=8 if N * tile_m >= 1024 else 4)
+    split = min(MAX_SPLIT, pow2_ceil(-(-N // PART_ELEMS)))
+    return BwdConfig(split=split, piece_min=cached_piece_min(split_part(N, split)), num_worker_warps=8)
+
+
+CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tuning",
+                            "rmsnorm_bwd_configs.json")
+
+
+@functools.lru_cache(maxsize=None)
+def measured_configs() -> dict:
+    """{arch: {dtype: [(N, BwdConfig, ratio_to_copy), ...]}} from the sweep's table
+    (bench/cutile/rmsnorm_bwd_configs.py --write-configs)."""
+    try:
+        with open(CONFIG_TABLE) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        return {}
+    fields = {f.name for f in dataclasses.fields(BwdConfig)}  # entries may hold fields since retired
+    return {arch: {dt: sorted((e["N"], BwdConfig(**{k: v for k, v in e["config"].items() if k in fields}),
+                               e["vs_copy"]) for e in rows)
+                   for dt, rows in dtypes.items()}
+            for arch, dtypes in table.get("configs", {}).items()}
+
+
+def _scaled(cfg: BwdConfig, measured_n: int, N: int) -> BwdConfig:
+    """A config measured at width measured_n used at N: the same shape of work per block (the split
+    and the rows per tile scaled with the width, the pieces re-cut for the new part)."""
+    if N == measured_n:
+        return cfg
+    if cfg.split > 1 or N > PART_ELEMS * 5 // 4:
+        split = min(MAX_SPLIT, pow2_ceil(max(1, round(cfg.split * N / measured_n))))
+        cfg = dataclasses.replace(cfg, split=split, tile_m=1)
+    else:
+        tile_m = max(1, min(64, 1 << (max(1, cfg.tile_m * measured_n // N).bit_length() - 1)))
+        cfg = dataclasses.replace(cfg, tile_m=tile_m)
+    return cut_pieces(cfg, N)
+
+
+@functools.lru_cache(maxsize=4096)
+def default_config(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False) -> BwdConfig:
+    """The backward's config for rows of N elements of `dtype` on `dev`: the config measured best at
+    the nearest measured width of this arch and dtype (scaled to N), else the analytical rule."""
+    return config_and_source(N, elem_bytes, dev, dtype, fp32_weight)[0]
+
+
+def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
+                      fp32_weight: bool = False) -> tuple[BwdConfig, str]:
+    by_arch = measured_configs()
+    arch = table_arch(dev, by_arch)  # an unmeasured arch borrows the nearest measured one
+    tables = by_arch.get(arch or "", {})
+    # a dtype not measured takes the table of one of the same width (fp16 <-> bf16), else any: the
+    # registers a config needs go with elements, not bytes
+    same = [d for d in tables if torch.empty((), dtype=getattr(torch, d)).element_size() == elem_bytes]
+    use = dtype if dtype in tables else (same or list(tables) or [None])[0]
+    rows = tables.get(use)
+    if not rows:
+        cfg, source = analytical_config(N, elem_bytes), f"analytical rule (no measured {dtype} backward table for {dev.arch_name})"
+    else:
+        n, cfg, ratio = min(rows, key=lambda r: abs(math.log2(r[0]) - math.log2(max(N, 1))))
+        cfg = _scaled(cfg, n, N)
+        source = (f"measured at N={n} on {arch} in {use}: {ratio:.3f}x copy "
+                  f"({os.path.basename(CONFIG_TABLE)})")
+    if fp32_weight and elem_bytes == 2 and cfg.tile_m > 1 and cfg.tile_m * N > PART_ELEMS:
+        # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
+        cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
+        source += "; rows per tile capped for the fp32 weight"
+    return cfg, source
+
+
+def part_of(cfg: BwdConfig, N: int) -> int:
+    return N if cfg.split == 1 else split_part(N, cfg.split)
+
+
+def cut_pieces(cfg: BwdConfig, N: int) -> BwdConfig:
+    """cfg with its pieces cut for rows of N elements (the fewest that waste <= 1/8 of its part)."""
+    return dataclasses.replace(cfg, piece_min=cached_piece_min(part_of(cfg, N)))
+
+
+def piece_min(cfg: BwdConfig, N: int) -> int:
+    return min(cfg.piece_min, pow2_ceil(part_of(cfg, N)))
+
+
+def dx_2d(cfg: BwdConfig, N: int) -> bool:
+    """Whether dx goes out with ct.store at tile indices: every piece of a part starts at a multiple
+    of its size within the row (always with one part; with several, when the part is a multiple of
+    every piece)."""
+    part = part_of(cfg, N)
+    return cfg.split == 1 or all(part % size == 0 for _, size in row_pieces(part, piece_min(cfg, N)))
+
+
+def dx_row_pad(cfg: BwdConfig) -> int:
+    """dx's rows are allocated to a multiple of this (whole tiles for ct.store, and the row count's
+    "divisible by 16" bit, which a launch specialises on, never changes with M)."""
+    return max(16, cfg.tile_m)
+
+
+def reducers(sm_count: int) -> int:
+    """The most blocks that wait at the end to reduce dw: half the SMs, so the grid's other blocks
+    always find room to finish whatever else runs on the GPU."""
+    return max(1, sm_count // 2)
+
+
+def red_tile(N: int, sm_count: int) -> tuple[int, int]:
+    """The dw reduction's tile (partial rows, columns) per step: columns so that every reducer gets
+    a slice (N / reducers, a power of two from 32 to 256), rows so that a step loads 4096 values
+    (16 per thread at 8 warps)."""
+    cols = min(256, max(32, pow2_ceil(-(-N // reducers(sm_count)))))
+    return 4096 // cols, cols
