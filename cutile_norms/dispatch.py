@@ -5,8 +5,8 @@ that cannot run says why. `mode=None` picks the forward from the measured tables
 `tuning/rmsnorm_fwd.json` (one per GPU model that was measured on its own, e.g. "sm_90/H200", else
 the arch's; written by `python bench/rmsnorm.py --write-table` by FORWARD_RULE below) and the backward
 from BACKWARD_TABLE and cute_backward_refusal, never an experimental or unbuilt kernel. A GPU with no
-table of its own borrows its arch's (or the nearest measured arch's) and warns once; only where
-nothing applies (CPU, no table) does the reference run. `explain()` prints the decision, the table
+table of its own borrows its arch's (or the nearest measured arch's) and warns once; where no table
+applies, Triton runs if it can, else (CPU) the reference. `explain()` prints the decision, the table
 and row used and their evidence.
 """
 from __future__ import annotations
@@ -249,7 +249,7 @@ class BackwardRow:
 # scaled to the nearest (cutile/rmsnorm_bwd.py), which holds at the powers of two (0.94-0.97 x copy)
 # and not between them (H100 bf16, N = 12288 / 20480 / 24576 / 28672: 0.849 / 0.561 / 0.838 / 0.865).
 # The CuTe DSL kernel exchanges a row's sum through a cluster's shared memory and holds from 24 KiB
-# rows: 0.909-0.971 at 12288-262144 where its slices tile the row exactly (the config takes such a
+# rows: 0.89-0.97 at 12288-262144 where its slices tile the row exactly (the config takes such a
 # tiling where one exists: cute/rmsnorm_bwd_config.py, exact_tiling), 0.82-0.94 where the last slice
 # is part empty (its columns past the row are zeros in shared memory: no predicated loads), against
 # the cuTile kernel's 0.56-0.86 at those widths. One mode for the whole band: its worst case is the

@@ -8,8 +8,8 @@ Kernels assume valid input; every check lives here. Contract:
     (e.g. a transposed view) is copied to contiguous first.
   * Autograd: differentiable in x and weight. The GPU kernels save rstd (fp32) for the backward,
     which runs the mode's backward kernel (`dispatch.backward_backend`; the persistent cuTile kernel
-    for every cuTile mode, and for mode=None wherever it can run); mode="torch" differentiates the
-    reference's ops.
+    for every cuTile mode; for mode=None the kernel dispatch.BACKWARD_TABLE names for the row's
+    bytes, else the forward mode's); mode="torch" differentiates the reference's ops.
 """
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ def _plan(x, mode):
     M = x.numel() // N if N else 0
     dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
     if choice.mode in _TAKES_ONLY_SOME and M:
-        why = dispatch.backend(choice.mode).unsupported(_as_rows(x))
+        why = dispatch.backend(choice.mode).unsupported(_as_rows(x), batch_invariant=mode is None)
         if why:  # the mode cannot take these rows: an error when asked for, another mode for mode=None
             if mode is not None:
                 raise ValueError(why)

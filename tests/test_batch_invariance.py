@@ -11,7 +11,6 @@ import cutile_norms as cn
 from cutile_norms import dispatch
 from tests.conftest import check_forward, random_rows, random_weight
 
-pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
 MODES = [m for m in dispatch.MODES if m != "torch"] + [None]
@@ -20,6 +19,7 @@ MODES = [m for m in dispatch.MODES if m != "torch"] + [None]
 WIDTHS = [128, 2048, 4096, 4120, 10240, 20480, 36568, 65536]
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
 @pytest.mark.parametrize("N", WIDTHS)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m))
@@ -38,3 +38,17 @@ def test_rows_do_not_depend_on_the_batch(mode, N, grad, seed):
             assert torch.equal(part, full[start:start + m]), (
                 f"mode={mode} N={N}: rows {start}..{start + m - 1} alone differ from the same rows in a batch of "
                 f"{M} (max abs diff {(part.float() - full[start:start + m].float()).abs().max().item():.3g}); seed {seed}")
+
+
+def test_one_row_is_judged_as_its_batch_for_mode_none():
+    """mode=None: a row of a tensor whose rows are not 16-byte aligned is refused alone as its batch
+    is (the same kernel whatever M, so the same bits); by name, one row at any stride runs."""
+    from cutile_norms.cute.rmsnorm_fwd import TMA_SMEM_CACHED
+
+    base = torch.empty(4, 4096 + 4, dtype=torch.bfloat16)  # row stride 4100: rows 2 by 8 bytes off 16
+    one, batch = base[:1, :4096], base[:, :4096]
+    assert TMA_SMEM_CACHED.unsupported(batch) is not None
+    assert TMA_SMEM_CACHED.unsupported(one, batch_invariant=True) is not None
+    assert TMA_SMEM_CACHED.unsupported(one) is None
+    contiguous = torch.empty(1, 4096, dtype=torch.bfloat16)
+    assert TMA_SMEM_CACHED.unsupported(contiguous, batch_invariant=True) is None

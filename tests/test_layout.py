@@ -24,3 +24,17 @@ def test_config_modules_import_without_the_dsls(module):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=PACKAGE.parent)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_no_private_name_is_imported_across_modules():
+    """A name starting with "_" stays in its module: what another module needs is public (a shared
+    module per DSL, cutile_norms/_util.py across DSLs)."""
+    import ast
+
+    imported = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").startswith("cutile_norms")):
+                imported += [f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_")]
+    assert not imported, imported

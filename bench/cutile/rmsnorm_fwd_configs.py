@@ -4,7 +4,7 @@
 
 For every N, M = 2^27 / N: a same-run copy, then each candidate config (checked against the
 reference, then timed: CUDA-event median, L2 flushed), as a ratio to the copy. The heuristics in
-rmsnorm_fwd.default_config are set from these numbers (bench/NOTES.md records each decision).
+rmsnorm_fwd.default_config are set from these numbers (docs/history.md records each decision).
 Also reports the host cost per call of ct.launch and of cutile_norms.rms_norm (small-M latency).
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _pow2(n: int) -> int:
 
 def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
     """The configs worth timing for rows of N elements of e bytes (pruned by the earlier sweeps in
-    bench/NOTES.md), plus the current heuristic's pick for each mode."""
+    docs/history.md), plus the current heuristic's pick for each mode."""
     rb, p2, pm = N * e, _pow2(N), cached_piece_min(N)
     C = FwdConfig
     cfgs = []

@@ -3,7 +3,7 @@ elements), each as a ratio to a same-run copy (the backward's bytes are 1.5x the
 the analytic config: tiles of 2048-16384 elements at 8-32 values per thread, one program per tile or a
 persistent grid that prefetches its next tile, two passes over chunks or the whole row in registers
 (forward), rows split over programs (parts in registers or in two passes); Liger's forward beside
-them. bench/NOTES.md, "The Triton mode, second round", has the results and the choices made from them.
+them. docs/history.md, "The Triton mode, second round", has the results and the choices made from them.
 
     python bench/probe/triton_configs.py [--ns 1024,4096,...] [--only fwd|bwd] [--match REGEX] [--out F]
 

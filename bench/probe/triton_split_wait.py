@@ -1,4 +1,4 @@
-"""Probe: why rows split over Triton programs run slow in the forward (bench/NOTES.md, "The Triton
+"""Probe: why rows split over Triton programs run slow in the forward (docs/history.md, "The Triton
 mode, second round"). A minimal split forward, one program per (row, part), each part in registers,
 with the exchange of the partial sums of squares cut down step by step:
 

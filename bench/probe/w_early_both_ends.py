@@ -1,4 +1,4 @@
-"""Probe: the table's config with and without w_early, at both ends of M (bench/NOTES.md item 17).
+"""Probe: the table's config with and without w_early, at both ends of M (docs/history.md).
 
 w_early makes sure the weight never delays x's loads. Small M (fewer blocks than SMs, each alone on
 its SM) is where a late weight load is a second DRAM round trip in series with x's, which nothing

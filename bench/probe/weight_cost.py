@@ -5,7 +5,7 @@ weight, without it (HAS_W False: x * rstd only), and with the weight in fp32, as
 (read x + write y; the weight's own bytes are negligible at this M). A large with/without gap says
 the weight's handling (its layout conversion for multi-row tiles, its loads after the reduction),
 not the bytes, costs the time. One-row configs are also timed with w_early (the weight's loads tied
-to x's: bench/NOTES.md item 16).
+to x's: docs/history.md).
 
     python bench/probe/weight_cost.py [--dtype bfloat16] [--ns 512,8192,65536]
 """

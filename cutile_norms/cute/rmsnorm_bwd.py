@@ -8,7 +8,7 @@ Which widths and dtypes it runs is decided in dispatch.py (cute_backward_refusal
 (`unsupported` says why not; the backend then runs the cuTile persistent backward, which takes
 everything): rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples
 of 16 bytes / element size, the data 16-byte aligned), and rows a ring of two slices per CTA of at most
-CLUSTER_MAX CTAs holds (16-bit rows to 262144 elements, fp32 to 131072).
+CLUSTER_MAX CTAs holds (`analytic_config` is None past that: bf16 from N = 524288, fp32 from 262144).
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@ rows c, c + C, ... with one CTA per slice of columns. A row's slices of x and dy
 shared-memory slots by TMA bulk copies issued `stages - 1` rows ahead; each CTA reduces its share of
 sum(x * w' * dy), the cluster's CTAs exchange their shares through distributed shared memory (one
 st.async per peer), and dx is computed from shared memory and stored with 128-bit stores. dw stays in
-fp32 registers per CTA for the whole launch; at the end each cluster writes its partial row and the
-last cluster to arrive for a slice (an atomic ticket) sums the partials in cluster order: dw is
-deterministic (no float atomics).
+fp32 registers per CTA for the whole launch; at the end each cluster writes its partial row, and the
+last `reducers` CTAs of the grid to arrive (an atomic ticket) each sum a share of the column tiles over
+the partials in cluster order: dw is deterministic (no float atomics).
 
     x^ = x * rstd,  g = w' * dy (w' = offset + w; g = dy without a weight)
     dx = rstd * (g - x^ * mean(x^ * g)) = rstd * g - x * rstd^3 * sum(x * g) / N
@@ -17,7 +17,8 @@ memory, t?r?/t?s?/t?g? a thread's partition (in registers, shared, global).
 The kernel does not validate; rmsnorm_bwd.py (`unsupported`) and the API layer do. What it assumes:
 rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples of 16 bytes /
 element size, the bases 16-byte aligned), rstd [M] fp32 contiguous, a 16-byte-aligned weight with unit
-stride, dx contiguous, the partials [clusters, N] fp32 and one zeroed int32 ticket per CTA rank.
+stride, dx contiguous, the partials [clusters, N] fp32 and two zeroed int32 counters (mTicket[0], mTicket[1]; the last reducer
+sets them back to 0).
 """
 from __future__ import annotations
 

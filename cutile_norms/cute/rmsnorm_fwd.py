@@ -143,9 +143,12 @@ class TmaSmemCachedForward:
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> FwdConfig | None:
         return analytic_config(N, dtype.itemsize)
 
-    def unsupported(self, x2d: torch.Tensor) -> str | None:
+    def unsupported(self, x2d: torch.Tensor, batch_invariant: bool = False) -> str | None:
+        """Why not these rows (None: taken). `batch_invariant` (mode=None): one row is judged by its
+        tensor's row stride too, as the batch it comes from is, so a row runs the same kernel (and
+        gives the same bits) alone and in its batch; asked for by name, one row at any stride runs."""
         M, N = x2d.shape
-        return unsupported(N, x2d.dtype, x2d.stride(0), M, x2d.data_ptr())
+        return unsupported(N, x2d.dtype, x2d.stride(0), max(M, 2) if batch_invariant else M, x2d.data_ptr())
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
         cfg = self.config(N, dtype, dev)

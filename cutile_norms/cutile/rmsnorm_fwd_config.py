@@ -188,7 +188,7 @@ def fit_to_width(cfg: FwdConfig, measured_n: int, N: int) -> FwdConfig:
     return dataclasses.replace(cfg, split=split, piece_min=cached_piece_min(part), occupancy=occupancy)
 
 
-SPLIT_ROW_BYTES = 65536  # above this a row is split over blocks (docs/design.md)
+SPLIT_ROW_BYTES = 65536  # the analytical rule splits rows above this (the measured table from 32 KiB rows)
 
 
 def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:

@@ -148,3 +148,4 @@ def test_past_2_31_elements(seed):
     tail = slice(M - 5, M)
     _check(x[tail], None, 0.0, y[tail], None, "M*N >= 2^31 tail rows", seed)
     _check(x[:3], None, 0.0, y[:3], None, "M*N >= 2^31 head rows", seed)
+
