@@ -436,8 +436,26 @@ def picked_mode(x, w, eps: float, offset: float) -> str:
     raise AssertionError(f"explain() printed no 'mode:' line: {text!r}")
 
 
+def documented_refusals(mode: str, x) -> set[str]:
+    """What `mode` may answer a valid case with: that it cannot run on this device at all
+    (available_modes), or what its forward backend's `unsupported()` says about these rows (the
+    16-byte rule of tma_smem_cached). Nothing else is a refusal."""
+    why_not = cn.available_modes(x.device)[mode]
+    if why_not:
+        return {" ".join(why_not.split())}
+    backend = dispatch.backend(mode)
+    check = getattr(backend, "unsupported", None)
+    rows = x.detach().reshape(-1, x.shape[-1]) if x.numel() else None
+    why = check(rows) if check is not None and rows is not None and rows.stride(-1) == 1 else None
+    return {" ".join(why.split())} if why else set()
+
+
 def record_refusal(where: str, mode: str, msg: str, x, w, eps, offset):
-    """An explicit mode's clear refusal: allowed, printed and warned; mode=None must not pick it here."""
+    """An explicit mode's clear refusal, allowed only where documented (`documented_refusals`): printed
+    and warned; mode=None must not pick the mode there."""
+    assert msg in documented_refusals(mode, x), (
+        f"{mode} refused a valid case with {msg!r}, which neither available_modes() nor its "
+        f"unsupported() gives for these rows")
     picked = picked_mode(x, w, eps, offset)
     assert picked != mode, f"{mode} refused this shape ({msg}) but mode=None picks it"
     line = f"allowed refusal: {where}: {mode} raised: {msg}"

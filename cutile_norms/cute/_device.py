@@ -46,6 +46,25 @@ def _f32_bits(val: Float32, *, loc=None, ip=None) -> Int32:
 
 
 @cute.jit
+def init_mbarriers_and_sync(tidx: Int32, first, count: cutlass.Constexpr[int], second, count2: cutlass.Constexpr[int],
+                            cluster_n: cutlass.Constexpr[int]):
+    """Thread 0 initialises `count` mbarriers from `first` and `count2` from `second` (one arrival
+    each), then the CTA, or the whole cluster, waits for it: no thread (nor a peer CTA's st.async)
+    touches a barrier before it is initialised."""
+    if tidx == 0:
+        for s in cutlass.range_constexpr(count):
+            cute.arch.mbarrier_init(first + s, 1)
+        for s in cutlass.range_constexpr(count2):
+            cute.arch.mbarrier_init(second + s, 1)
+    cute.arch.mbarrier_init_fence()
+    if cutlass.const_expr(cluster_n > 1):
+        cute.arch.cluster_arrive_relaxed()
+        cute.arch.cluster_wait()
+    else:
+        cute.arch.barrier()
+
+
+@cute.jit
 def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit: Int32,
                      below: cutlass.Constexpr[bool] = True) -> cute.Tensor:
     """One flag per 16-byte copy of a thread's partition (coordinates `tXcX`, (row, col)): its

@@ -29,7 +29,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import as_rows, bulk_copy_g2s, cluster_position, column_predicate, store_f32_to_peer, vector_copy
+from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
+                      store_f32_to_peer, vector_copy)
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
 
 
@@ -133,17 +134,7 @@ class RMSNormBwdTmaSmem:
                 cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(sX, tiler, (s, 0))), pred=tXpT)
                 cute.copy(copy_x, tXrDY, thr_x.partition_D(cute.local_tile(sDY, tiler, (s, 0))), pred=tXpT)
 
-        if tidx == 0:
-            for s in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(mbar_full + s, 1)
-            cute.arch.mbarrier_init(mbar_peer, 1)
-            cute.arch.mbarrier_init(mbar_peer + 1, 1)
-        cute.arch.mbarrier_init_fence()
-        if cutlass.const_expr(cn > 1):
-            cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
-        else:
-            cute.arch.barrier()
+        init_mbarriers_and_sync(tidx, mbar_full, S, mbar_peer, 2, cn)
 
         # ---- the ring's producer (thread 0): row cid + i*clusters into slot i % S ----
         x_base = mX.iterator.toint() + Int64(col0) * eb

@@ -19,7 +19,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import as_rows, bulk_copy_g2s, cluster_position, column_predicate, store_f32_to_peer, vector_copy
+from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
+                      store_f32_to_peer, vector_copy)
 from .rmsnorm_fwd_config import FwdConfig
 
 
@@ -79,15 +80,7 @@ class RMSNormFwdTmaSmem:
         sRed = smem.allocate_tensor(Float32, cute.make_layout((groups, c.warps_per_row)), byte_alignment=16)
         sPeer = smem.allocate_tensor(Float32, cute.make_layout((cn,)), byte_alignment=16)
 
-        if tidx == 0:
-            cute.arch.mbarrier_init(mbar, 1)
-            cute.arch.mbarrier_init(mbar + 1, 1)
-        cute.arch.mbarrier_init_fence()
-        if cutlass.const_expr(cn > 1):
-            cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
-        else:
-            cute.arch.barrier()
+        init_mbarriers_and_sync(tidx, mbar, 2, mbar, 0, cn)
 
         # ---- TMA bulk loads of the tile (warp 0 issues them) ----
         row0 = tile * c.rows

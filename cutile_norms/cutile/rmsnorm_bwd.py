@@ -10,7 +10,7 @@ import torch
 
 from .._platform import DeviceInfo
 from .._workspace import current_raw_stream, workspace
-from .common import align_elems, flat, round16, round_up
+from .common import align_elems, flat, flat_array, padded_rows, round16, round_up, signature
 from .rmsnorm_bwd_config import (BwdConfig, config_and_source, default_config, dx_2d, dx_row_pad, part_of,
                                  piece_min, red_tile, reducers)
 from .rmsnorm_bwd_kernel import rms_norm_bwd_kernel
@@ -31,36 +31,20 @@ def kernel_for(hints: tuple) -> ct.kernel:
 def export_signature(cfg: BwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, need_dx: bool = True,
                      need_dw: bool = True, sm_count: int = 132):
     """The KernelSignature a launch on contiguous, well-aligned tensors compiles (for the CI checks)."""
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        ConstantConstraint,
-        KernelSignature,
-        ScalarConstraint,
-    )
-
-    def arr(dtype, div16: bool):
-        return ArrayConstraint(dtype, 1, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-                               may_alias_internally=False, stride_constant=(1,),
-                               shape_divisible_by=16 if div16 else 1, base_addr_divisible_by=16)
+    from cuda.tile.compilation import ScalarConstraint
 
     elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
     wd = w_dtype if has_w else x_dtype
-    if dx_2d(cfg, N):  # rows padded to 16, row stride N (as a launch specialises it)
-        vec = 16 // elem
-        dx = ArrayConstraint(x_dtype, 2, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-                             may_alias_internally=False, stride_constant=(1 if N == 1 else None, 1),
-                             shape_constant=(None, 1 if N == 1 else None),
-                             stride_divisible_by=(vec if N % vec == 0 else 1, 1),
-                             shape_divisible_by=(16, 16 if N % 16 == 0 else 1), base_addr_divisible_by=16)
-    else:
-        dx = arr(x_dtype, True)
-    params = [arr(x_dtype, N % 16 == 0), arr(x_dtype, N % 16 == 0), arr(wd, N % 16 == 0), arr(ct.float32, True),
-              dx, arr(wd, N % 16 == 0), arr(ct.float32, True), arr(ct.int32, True), arr(ct.int64, True)]
+    # dx 2-D: rows padded to 16, row stride N (as a launch specialises it)
+    dx = padded_rows(x_dtype, N, elem) if dx_2d(cfg, N) else flat_array(x_dtype, True)
+    div16 = N % 16 == 0
+    params = [flat_array(x_dtype, div16), flat_array(x_dtype, div16), flat_array(wd, div16),
+              flat_array(ct.float32, True), dx, flat_array(wd, div16), flat_array(ct.float32, True),
+              flat_array(ct.int32, True), flat_array(ct.int64, True)]
     params += [ScalarConstraint(ct.int32)] * 3 + [ScalarConstraint(ct.float32)] + [ScalarConstraint(ct.int32)] * 2
     align = align_elems(N, elem)
-    params += [ConstantConstraint(c) for c in constants(cfg, N, align, align, has_w, need_dx, need_dw, sm_count)]
-    return kernel_for(tuple(sorted(cfg.hints().items()))), KernelSignature(params, CallingConvention.cutile_python_v2())
+    return (kernel_for(tuple(sorted(cfg.hints().items()))),
+            signature(params, constants(cfg, N, align, align, has_w, need_dx, need_dw, sm_count)))
 
 
 # ================================================================================================

@@ -30,7 +30,7 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from .rmsnorm_fwd_config import row_pieces
-from .rmsnorm_fwd_kernel import gather_masked, scatter_masked
+from .tiles import gather_masked, scatter_masked
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

@@ -15,7 +15,7 @@ import torch
 from .._platform import DeviceInfo
 from .._workspace import current_raw_stream
 from .._workspace import workspace
-from .common import align_elems, flat, round16, round_up
+from .common import align_elems, flat, flat_array, padded_rows, round16, round_up, signature
 from .rmsnorm_fwd_config import FwdConfig, default_config, split_part
 from .rmsnorm_fwd_kernel import (rms_norm_fwd_cached_kernel, rms_norm_fwd_reload_kernel, rms_norm_fwd_split_kernel,
                                  rms_norm_fwd_stream_kernel)
@@ -52,40 +52,21 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
 
 def export_signature(cfg: FwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, store_rstd: bool = True):
     """The KernelSignature a launch on well-aligned contiguous tensors would compile (for CI checks)."""
-    from cuda.tile.compilation import (
-        ArrayConstraint,
-        CallingConvention,
-        ConstantConstraint,
-        KernelSignature,
-        ScalarConstraint,
-    )
-
-    def arr(dtype, div16: bool):
-        return ArrayConstraint(dtype, 1, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-                               may_alias_internally=False, stride_constant=(1,),
-                               shape_divisible_by=16 if div16 else 1, base_addr_divisible_by=16)
+    from cuda.tile.compilation import ScalarConstraint
 
     elem = {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[x_dtype]
-    if cfg.kernel == "stream":  # y is 2-D (rows padded to 16, N), row stride N (as a launch specialises it)
-        vec = 16 // elem
-        y = ArrayConstraint(x_dtype, 2, index_dtype=ct.int32, stride_lower_bound_incl=0, alias_groups=(),
-                            may_alias_internally=False, stride_constant=(1 if N == 1 else None, 1),
-                            shape_constant=(None, 1 if N == 1 else None),
-                            stride_divisible_by=(vec if N % vec == 0 else 1, 1),
-                            shape_divisible_by=(16, 16 if N % 16 == 0 else 1), base_addr_divisible_by=16)
-    else:
-        y = arr(x_dtype, True)
+    # the stream kernel's y is 2-D (rows padded to 16, N), row stride N (as a launch specialises it)
+    y = padded_rows(x_dtype, N, elem) if cfg.kernel == "stream" else flat_array(x_dtype, True)
     torch_dtype = {ct.float16: torch.float16, ct.bfloat16: torch.bfloat16, ct.float32: torch.float32}
     w_planes = weight_planes_offset(torch_dtype[x_dtype], torch_dtype[w_dtype] if has_w else None, N)
-    w = arr(ct.int16, True) if w_planes else arr(w_dtype, N % 16 == 0)
-    params = [arr(x_dtype, N % 16 == 0), w, y, arr(ct.float32, True)]
+    w = flat_array(ct.int16, True) if w_planes else flat_array(w_dtype, N % 16 == 0)
+    params = [flat_array(x_dtype, N % 16 == 0), w, y, flat_array(ct.float32, True)]
     if cfg.kernel == "split":
-        params.append(arr(ct.int32, True))  # the split kernel's slots, a multiple of 16 long
+        params.append(flat_array(ct.int32, True))  # the split kernel's slots, a multiple of 16 long
     params += [ScalarConstraint(ct.int32), ScalarConstraint(ct.int32), ScalarConstraint(ct.float32),
                ScalarConstraint(ct.float32)]
-    params += [ConstantConstraint(c) for c in constants(cfg, N, align_elems(N, elem), has_w, store_rstd, w_planes)]
-    return kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))), \
-        KernelSignature(params, CallingConvention.cutile_python_v2())
+    return (kernel_for(cfg.kernel, tuple(sorted(cfg.hints().items()))),
+            signature(params, constants(cfg, N, align_elems(N, elem), has_w, store_rstd, w_planes)))
 
 
 # ================================================================================================

@@ -19,6 +19,9 @@ from __future__ import annotations
 import cuda.tile as ct
 
 from .rmsnorm_fwd_config import row_pieces
+from .tiles import (gather_masked, scatter_masked, gather_cols, scatter_cols, gather_rows, scatter_rows,
+                    gather_w_bits, w_from_bits, gather_w, tied_elementwise, w_tied_to_x, zero_of,
+                    gather_w_tied, weight_piece_bits, weight_piece, widen_again, runtime_zero)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -33,179 +36,6 @@ def _chunks(n: int, chunk: int) -> int:
 # ================================================================================================
 # Kernels
 # ================================================================================================
-def gather_masked(mA, base, off, size, lim, MASKED, latency):
-    """A (size,) tile of columns [off, off + size) at flat offset `base`; if MASKED, only columns
-    below `lim` (a constant, or dynamic for the split kernel's last part)."""
-    cols = ct.arange(size, dtype=ct.int32) + off
-    if MASKED:
-        return ct.gather(mA, base + cols, mask=cols < lim, check_bounds=False, latency=latency)
-    return ct.gather(mA, base + cols, check_bounds=False, latency=latency)
-
-
-def scatter_masked(mA, base, off, size, lim, MASKED, tile, latency):
-    cols = ct.arange(size, dtype=ct.int32) + off
-    if MASKED:
-        ct.scatter(mA, base + cols, tile, mask=cols < lim, check_bounds=False, latency=latency)
-    else:
-        ct.scatter(mA, base + cols, tile, check_bounds=False, latency=latency)
-
-
-def _gather_cols(mA, base, off, size, N, latency):
-    """A (size,) tile of columns [off, off + size) of a row of N at flat offset `base`; masked only past N."""
-    return gather_masked(mA, base, off, size, N, ct.static_eval(off + size > N), latency)
-
-
-def _scatter_cols(mA, base, off, size, N, tile, latency):
-    scatter_masked(mA, base, off, size, N, ct.static_eval(off + size > N), tile, latency)
-
-
-def _gather_rows(mA, xbase, row_ok, off, size, N, latency):
-    """A (TILE_M, size) tile: rows at flat offsets xbase (TILE_M, 1), masked by row_ok and past N."""
-    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
-    mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
-    return ct.gather(mA, xbase + cols, mask=mask, check_bounds=False, latency=latency)
-
-
-def _scatter_rows(mA, ybase, row_ok, off, size, N, tile, latency):
-    cols = ct.reshape(ct.arange(size, dtype=ct.int32) + off, (1, size))
-    mask = row_ok & (cols < N) if ct.static_eval(off + size > N) else row_ok
-    ct.scatter(mA, ybase + cols, tile, mask=mask, check_bounds=False, latency=latency)
-
-
-def _gather_w_bits(mW, idx, mask, LATENCY, W_PLANES):
-    """The weight at flat indices `idx` as loaded (0 where `mask` is False): a 1-tuple, or with
-    W_PLANES > 0 the (low, high) int16 planes of a float32 weight (`weight_planes`)."""
-    if W_PLANES == 0:
-        return (ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY),)
-    return (ct.gather(mW, idx, mask=mask, check_bounds=False, latency=LATENCY),
-            ct.gather(mW, idx + W_PLANES, mask=mask, check_bounds=False, latency=LATENCY))
-
-
-def _w_from_bits(wbits, W_PLANES):
-    """The fp32 weight from what `_gather_w_bits` loaded: the planes are joined exactly by a shift and an or."""
-    if W_PLANES == 0:
-        return ct.astype(wbits[0], ct.float32)
-    lo = ct.astype(ct.bitcast(wbits[0], ct.uint16), ct.uint32)
-    hi = ct.astype(ct.bitcast(wbits[1], ct.uint16), ct.uint32)
-    return ct.bitcast((hi << 16) | lo, ct.float32)
-
-
-def _gather_w(mW, idx, mask, LATENCY, W_PLANES):
-    """The weight at flat indices `idx` in fp32 (0 where `mask` is False). W_PLANES > 0: a float32
-    weight passed as two int16 planes, the low halves of its bits at [0, N) and the high halves at
-    [W_PLANES, W_PLANES + N) (`weight_planes`): they load in the layout of a 16-bit x tile, where an
-    fp32 gather next to 16-bit x is converted between layouts through shared memory (24 shared
-    stores and ~20 barriers in the split kernel's PTX; 0.64x copy at N = 65536: docs/design.md)."""
-    return _w_from_bits(_gather_w_bits(mW, idx, mask, LATENCY, W_PLANES), W_PLANES)
-
-
-def _uint_of(dtype):
-    return ct.uint32 if ct.static_eval(dtype == ct.float32 or dtype == ct.int32) else ct.uint16
-
-
-def _tied_elementwise(a, bits, M):
-    """a unchanged, computed as a | (b & 0) element by element for every tile b of `bits` (same
-    shape as a, any width), with a 0 the compiler cannot fold: a value that depends on each b."""
-    ua = _uint_of(a.dtype)
-    t = ct.astype(ct.bitcast(bits[0], _uint_of(bits[0].dtype)), ua)
-    if ct.static_eval(len(bits) > 1):  # the high plane of a float32 weight (`weight_planes`)
-        t = t | ct.astype(ct.bitcast(bits[1], _uint_of(bits[1].dtype)), ua)
-    return ct.bitcast(ct.bitcast(a, ua) | (t & _runtime_zero(M, ua)), a.dtype)
-
-
-def _w_tied_to_x(wbits, x, M):
-    """The weight's bits as loaded (`_gather_w_bits`), each plane tied to this tile's x
-    (`_tied_elementwise`): a hoisted weight's conversion then waits for x, so it is done per tile
-    after x's loads went out. Converted before a persistent loop, it stalled on the weight's DRAM
-    round trip ahead of the first tile's x loads: two serial round trips per block (sm_90 SASS,
-    N = 1024, 4-row tiles), all of a small launch's time (docs/design.md)."""
-    if ct.static_eval(len(wbits) == 1):
-        return (_tied_elementwise(wbits[0], (x,), M),)
-    return (_tied_elementwise(wbits[0], (x,), M), _tied_elementwise(wbits[1], (x,), M))
-
-
-def _tied_to_weight(x, wbits, M, W_PLANES):
-    """x unchanged, computed as x | (w & 0) on the bits, with a 0 the compiler cannot fold: a value
-    that depends on the weight's loads. tileiras sinks a load to its first use whatever the source
-    order, and under a tight register budget ptxas leaves the weight's loads after the reduction
-    (cached) or the wait for the row's partial sums (split), interleaved with the stores (SASS).
-    Tied to the sum of squares, they go out with x's. Measured on the H200: at full size a tie with
-    the late loads, which the other resident blocks hide (docs/design.md); in a launch with
-    fewer blocks than SMs one DRAM round trip less (N = 4096 bf16, M = 1: 5.4 -> 5.1 us).
-    The bits are taken 32 at a time (pack_to_bytes / unpack_from_bytes): per 16-bit element the
-    compiler split the loaded registers into halves that then stayed live across the wait (167
-    registers where 32-bit words need 80, split 8 at 6 CTAs/SM)."""
-    # element by element: a weight of another width than x's, or a piece whose bits are no whole
-    # number of 32-bit words (the one-column last piece of N = 2^k + 1 in 16 bits)
-    if ct.static_eval(W_PLANES == 0 and wbits[0].dtype.bitwidth != x.dtype.bitwidth
-                      or x.shape[-1] * x.dtype.bitwidth % 32 != 0):
-        return _tied_elementwise(x, wbits, M)
-    zero = _runtime_zero(M, ct.uint32)
-    t = ct.unpack_from_bytes(ct.pack_to_bytes(wbits[0]), ct.uint32)
-    if W_PLANES > 0:
-        t = t | ct.unpack_from_bytes(ct.pack_to_bytes(wbits[1]), ct.uint32)
-    xb = ct.unpack_from_bytes(ct.pack_to_bytes(x), ct.uint32)
-    return ct.unpack_from_bytes(ct.pack_to_bytes(xb | (t & zero)), x.dtype)
-
-
-def _zero_of(s, M):
-    """+0.0 in fp32 made of the scalar s's bits (s & 0, a 0 the compiler cannot fold): the split
-    kernel's `tie_slot`, added to the first piece's squares, which then need the slot's load.
-    Untied, ptxas issues the load of the block's workspace slot (whose sign the exchange needs)
-    after x's sum of squares in every table config but one (sm_90 SASS): a DRAM round trip in series
-    (the workspace is cold after an L2 flush) between the reduction and the exchange, in every
-    block's life. Tied, it goes out with x's loads. Measured on the H200 (docs/design.md): fp32
-    +0.4 to +1.6 %, bf16 32768 +0.4 / +0.5 %. The first tie ORed the slot's bits into x's
-    32-bit words: x and its tied copy were then both live (3-5 registers more in 16-bit, a CTA per
-    SM lost at bf16 65536, 4 of 16 loads deferred at bf16 32768, -3.5 %). The squares are a
-    temporary: at bf16 32768 this tie keeps 80 registers and all 16 loads first (SASS)."""
-    return ct.bitcast(ct.bitcast(s, ct.uint32) & _runtime_zero(M, ct.uint32), ct.float32)
-
-
-def _gather_w_tied(mW, x, idx, mask, M, LATENCY, W_PLANES):
-    """w_early: the weight at `idx` as loaded (`_gather_w_bits`) and x tied to it (`_tied_to_weight`),
-    for the sum of squares: (wbits, x_tied)."""
-    wbits = _gather_w_bits(mW, idx, mask, LATENCY, W_PLANES)
-    return wbits, _tied_to_weight(x, wbits, M, W_PLANES)
-
-
-def _weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base=0):
-    """The weight of the row piece [off, off + size) as loaded (`_gather_w_bits`): (size,), or
-    (TILE_M, size) for multi-row tiles: gathered once per row of the tile, in the x tile's own
-    layout. A (1, size) gather broadcast over the rows went through shared memory (a layout change,
-    a barrier) before the x loads were even issued: 0.969 against 0.992 without a weight (N=512,
-    4-row tiles, H200, bench/probe/weight_cost.py). The repeated reads are L1 hits."""
-    cols = ct.arange(size, dtype=ct.int32) + off
-    if TILE_M > 1:
-        cols = ct.reshape(cols, (1, size)) + ct.zeros((TILE_M, 1), dtype=ct.int32)
-    mask = cols < N if ct.static_eval(off + size > N) else None
-    return _gather_w_bits(mW, base + cols, mask, LATENCY, W_PLANES)
-
-
-def _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, base=0):
-    """The fp32 weight (+ offset) of the row piece [off, off + size) (`_weight_piece_bits`)."""
-    return _w_from_bits(_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base), W_PLANES) + offset
-
-
-def _widen_again(x, zero):
-    """x in fp32, by an op chain the compiler does not merge with the first ct.astype of the same
-    tile: only the 16-bit tile then stays live between the two uses (half the registers).
-    `zero` is a runtime 0 (uint16) the compiler cannot fold."""
-    if ct.static_eval(x.dtype == ct.bfloat16):  # the top half of an fp32
-        return ct.bitcast(ct.astype(ct.bitcast(x, ct.uint16), ct.uint32) << 16, ct.float32)
-    if ct.static_eval(x.dtype == ct.float16):
-        # the bits xor-ed with a runtime zero: a different value to the compiler, so its conversion
-        # is not the first one's, and costs one integer op more (an exact conversion by integer ops,
-        # exponent rebias and inf/NaN fix-up, cost ~9 instructions per element: docs/design.md)
-        return ct.astype(ct.bitcast(ct.bitcast(x, ct.uint16) ^ zero, ct.float16), ct.float32)
-    return x
-
-
-def _runtime_zero(M, dtype):
-    """0 as `dtype`, computed from the row count M (>= 1 at every launch) so it is not a constant."""
-    return ct.astype(ct.minimum(M, 0), dtype)
-
-
 def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
                  N, TILE_M, PIECE_MIN, X_ALIGN, HAS_W, STORE_RSTD, HOIST_W, LATENCY, PACKED, W_PLANES, W_EARLY):
     """One row tile of the cached kernel (inlined; called once or from the persistent loop).
@@ -217,16 +47,16 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         tWbits = ()
         ssq = 0.0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            x = _gather_cols(mX, xbase, off, size, N, LATENCY)
+            x = gather_cols(mX, xbase, off, size, N, LATENCY)
             xs = x
             if HAS_W and W_EARLY and not HOIST_W:  # the weight's loads go out with x's (its bits feed the sum)
                 cols = ct.arange(size, dtype=ct.int32) + off
-                wbits, xs = _gather_w_tied(mW, x, cols, cols < N if ct.static_eval(off + size > N) else None, M,
+                wbits, xs = gather_w_tied(mW, x, cols, cols < N if ct.static_eval(off + size > N) else None, M,
                                            LATENCY, W_PLANES)
                 tWbits += (wbits,)
             xf = ct.astype(xs, ct.float32)
             if HAS_W and W_EARLY and HOIST_W:  # the held bits, tied to this tile's x
-                tWbits += (_w_tied_to_x(tWrW[len(tWbits)], xf, M),)
+                tWbits += (w_tied_to_x(tWrW[len(tWbits)], xf, M),)
             ssq = ssq + ct.sum(xf * xf)
             tXrX += (x if PACKED else xf,)
         rstd = ct.rsqrt(ssq * ct.static_eval(1.0 / N) + eps)
@@ -234,14 +64,14 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
             ct.scatter(mRstd, tile, rstd, check_bounds=False)
         i = 0
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-            y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
+            y = (widen_again(tXrX[i], runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
                 if W_EARLY:
-                    y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
+                    y = y * (w_from_bits(tWbits[i], W_PLANES) + offset)
                 else:
-                    y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
+                    y = y * (tWrW[i] if HOIST_W else weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
                                                                    W_PLANES))
-            _scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
+            scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
     else:
         rows = tile * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
@@ -254,13 +84,13 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             # ties on x in fp32: with an fp32 weight and 16-bit x, a tie on the loaded 16-bit x
             # converted between the two load layouts through shared memory in every tile (SASS)
-            x = ct.astype(_gather_rows(mX, xbase, row_ok, off, size, N, LATENCY), ct.float32)
+            x = ct.astype(gather_rows(mX, xbase, row_ok, off, size, N, LATENCY), ct.float32)
             if HAS_W and W_EARLY:
                 if HOIST_W:  # the held bits, tied to this tile's x
-                    tWbits += (_w_tied_to_x(tWrW[len(tWbits)], x, M),)
+                    tWbits += (w_tied_to_x(tWrW[len(tWbits)], x, M),)
                 else:  # the weight's loads go out with x's (its bits feed the sum)
-                    wbits = _weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES)
-                    x = _tied_elementwise(x, wbits, M)
+                    wbits = weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES)
+                    x = tied_elementwise(x, wbits, M)
                     tWbits += (wbits,)
             ssq = ssq + ct.sum(x * x, axis=1, keepdims=True)
             tXrX += (x,)
@@ -272,11 +102,11 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
             y = tXrX[i] * rstd
             if HAS_W:
                 if W_EARLY:
-                    y = y * (_w_from_bits(tWbits[i], W_PLANES) + offset)
+                    y = y * (w_from_bits(tWbits[i], W_PLANES) + offset)
                 else:
-                    y = y * (tWrW[i] if HOIST_W else _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
+                    y = y * (tWrW[i] if HOIST_W else weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
                                                                    W_PLANES))
-            _scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
+            scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
 
 
@@ -308,9 +138,9 @@ def rms_norm_fwd_cached_kernel(
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
             if W_TIED:
-                tWrW += (_weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
+                tWrW += (weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
             else:
-                tWrW += (_weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
+                tWrW += (weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
 
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
@@ -326,7 +156,7 @@ def _reload_store_tail(mX, mW, mY, xbase, ybase, cols, rstd, offset, N, HAS_W, L
     ok = cols < N
     y = ct.astype(ct.gather(mX, xbase + cols, mask=ok, check_bounds=False, latency=LATENCY), ct.float32) * rstd
     if HAS_W:
-        y = y * (_gather_w(mW, cols, ok, LATENCY, W_PLANES) + offset)
+        y = y * (gather_w(mW, cols, ok, LATENCY, W_PLANES) + offset)
     ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=ok, check_bounds=False, latency=LATENCY)
 
 
@@ -363,7 +193,7 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
             cols = cols0 + c * CHUNK
             y = ct.astype(ct.gather(mX, xbase + cols, check_bounds=False, latency=LATENCY), ct.float32) * rstd
             if HAS_W:
-                y = y * (_gather_w(mW, cols, None, LATENCY, W_PLANES) + offset)
+                y = y * (gather_w(mW, cols, None, LATENCY, W_PLANES) + offset)
             ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), check_bounds=False, latency=LATENCY)
         if TAIL and not REVERSE:
             _reload_store_tail(mX, mW, mY, xbase, ybase, tcols, rstd, offset, N, HAS_W, LATENCY, W_PLANES)
@@ -388,9 +218,9 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
             mask = row_ok & (cols < N)
             y = ct.astype(ct.gather(mX, xbase + cols, mask=mask, check_bounds=False, latency=LATENCY),
                           ct.float32) * rstd
-            if HAS_W:  # gathered in the x tile's layout (see _weight_piece)
+            if HAS_W:  # gathered in the x tile's layout (see weight_piece)
                 wcols = cols + ct.zeros((TILE_M, 1), dtype=ct.int32)
-                y = y * (_gather_w(mW, wcols, wcols < N, LATENCY, W_PLANES) + offset)
+                y = y * (gather_w(mW, wcols, wcols < N, LATENCY, W_PLANES) + offset)
             ct.scatter(mY, ybase + cols, ct.astype(y, mY.dtype), mask=mask, check_bounds=False,
                        latency=LATENCY)
 
@@ -467,11 +297,11 @@ def rms_norm_fwd_split_kernel(
         xs = x
         if HAS_W and W_EARLY:  # the weight's loads go out with x's (its bits feed the sum: always + 0)
             cols = ct.arange(size, dtype=ct.int32) + off
-            wbits, xs = _gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
+            wbits, xs = gather_w_tied(mW, x, c0 + cols, cols < lim if masked else None, M, LATENCY, W_PLANES)
             tWrW += (wbits,)
         xf = ct.astype(xs, ct.float32)
         if ct.static_eval(TIE_SLOT and off == 0):  # the slot's load goes out with x's (its bits feed the sum)
-            ssq = ssq + ct.sum(xf * xf + _zero_of(slot, M))
+            ssq = ssq + ct.sum(xf * xf + zero_of(slot, M))
         else:
             ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
@@ -481,7 +311,7 @@ def rms_norm_fwd_split_kernel(
         if HAS_W and not W_EARLY:  # issued here, the compiler sinks them to their use after the wait
             masked = ct.static_eval(MASK_N or off + size > PART)
             cols = ct.arange(size, dtype=ct.int32) + off
-            tWrW += (_gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES),)
+            tWrW += (gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES),)
 
     # the wait: relaxed gpu-scope loads of the row's slots (served by L2, where the atomics wrote
     # them). Every warp polls its own copy of the (SPLIT,) tile and leaves the loop when it sees every
@@ -502,9 +332,9 @@ def rms_norm_fwd_split_kernel(
             ct.scatter(mRstd, row, rstd, check_bounds=False)
     i = 0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
-        y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        y = (widen_again(tXrX[i], runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
         if HAS_W:
-            y = y * (_w_from_bits(tWrW[i], W_PLANES) + offset)
+            y = y * (w_from_bits(tWrW[i], W_PLANES) + offset)
         masked = ct.static_eval(MASK_N or off + size > PART)
         scatter_masked(mY, ybase, off, size, lim, masked, ct.astype(y, mY.dtype), LATENCY)
         i += 1
@@ -550,14 +380,14 @@ def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, P
         ct.store(mRstd, (tile,), ct.reshape(rstd, (TILE_M,)), check_bounds=False, allow_tma=False)
     i = 0
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-        y = (_widen_again(tXrX[i], _runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
+        y = (widen_again(tXrX[i], runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd
         if HAS_W:
             if HOIST_W:
                 y = y * tWrW[i]
             else:  # read again per tile (an L2 hit): min(tile, M) - tile is 0, but not to the compiler, whose
                 # loop-invariant code motion would otherwise hoist the load and hold the weight in fp32
                 wbase = ct.assume_divisible_by(ct.minimum(tile, M) - tile, 16)
-                w = _weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, wbase)
+                w = weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES, wbase)
                 y = y * (ct.reshape(w, (1, size)) if TILE_M == 1 else w)
         ct.store(mY, (tile, ct.static_eval(off // size)), ct.astype(y, mY.dtype),
                  check_bounds=ct.static_eval(off + size > N), allow_tma=False, latency=LATENCY)
@@ -587,7 +417,7 @@ def rms_norm_fwd_stream_kernel(
     tWrW = ()
     for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
         if HAS_W and HOIST_W:
-            tWrW += (ct.reshape(_weight_piece(mW, off, size, N, offset, 1, LATENCY, W_PLANES), (1, size)),)
+            tWrW += (ct.reshape(weight_piece(mW, off, size, N, offset, 1, LATENCY, W_PLANES), (1, size)),)
     tXrX = _stream_load(mX, bid, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
     for tile in range(bid, tiles - step, step):  # every tile of this block but its last: the next one exists
         tXrX_next = _stream_load(mX, tile + step, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._util import pow2_ceil
 from .._workspace import current_raw_stream
 
 # Under TRITON_INTERPRET=1 (the CPU CI) programs run one after another: no program may wait for
@@ -129,10 +130,6 @@ class TileConfig:
         return (f"tile {shape}, split {self.split} (part {self.part}), {self.num_warps} warps, "
                 f"{self.programs_per_sm} programs/SM" + (", prefetch" if self.prefetch else "")
                 + (", one tile" if self.one_tile else ""))
-
-
-def pow2_ceil(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def round_up(n: int, k: int) -> int:

@@ -29,21 +29,10 @@ import triton
 import triton.language as tl
 
 from .._platform import DeviceInfo
+from .._util import pow2_ceil
 from .._workspace import workspace
-from ._common import (
-    INTERPRET,
-    TileConfig,
-    exchange,
-    lanes_per_warp,
-    needs_int64,
-    pow2_ceil,
-    raw_stream,
-    resident_programs,
-    slot_count,
-    slot_flag,
-    split_for,
-    warps_for,
-)
+from ._common import (INTERPRET, TileConfig, exchange, lanes_per_warp, needs_int64, raw_stream,
+                      resident_programs, slot_count, slot_flag, split_for, warps_for)
 
 
 # ================================================================================================

@@ -13,7 +13,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_bwd import compile_backward
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
-from tests.cute.ptx_util import address_ops
+from tests.cute.ptx_util import address_ops, check_kernel_ptx, ptxas_report
 
 ARCHS = ["sm_90a", "sm_100a"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -31,7 +31,10 @@ def test_compiles(N, x_dtype, w_dtype, arch):
     if cfg is None:
         assert DT[x_dtype] == torch.float32 and N * 4 > 256 * 1024  # only wide fp32 rows have no config
         pytest.skip("no config: the cuTile backward runs")
-    assert compile_backward(DT[x_dtype], DT[w_dtype], N, cfg, True, True, arch) is not None
+    fn = compile_backward(DT[x_dtype], DT[w_dtype], N, cfg, True, True, arch, keep_ptx=True)
+    # an fp32 weight beside bf16 x doubles the weight's registers: 2 x 128 x 10 at N = 20480 spills 28
+    # bytes per thread (ptxas; not measured on a GPU yet: docs/performance.md, not met yet)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=32 if w_dtype == "float32" else 8)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -39,7 +42,8 @@ def test_compiles(N, x_dtype, w_dtype, arch):
 @pytest.mark.parametrize("N", [4096, 65536, 262144])
 def test_compiles_one_grad_and_no_weight_variants(N, has_w, need_dx, need_dw, arch):
     w = torch.bfloat16 if has_w else None
-    assert compile_backward(torch.bfloat16, w, N, analytic_config(N, 2), need_dx, need_dw, arch) is not None
+    fn = compile_backward(torch.bfloat16, w, N, analytic_config(N, 2), need_dx, need_dw, arch, keep_ptx=True)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=8)
 
 
 def test_ptx_cluster_rows():
@@ -64,24 +68,6 @@ def test_ptx_dx_offsets_are_64_bit(N):
     assert ops & {"mad.lo.s64", "mul.lo.s64"}, f"dx's address: {sorted(ops)}"
 
 
-def _ptxas(ptx: str) -> dict:
-    import os
-    import subprocess
-    import tempfile
-
-    from tests.cutile.compile_util import ptxas_path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
-        r = subprocess.run([ptxas_path(), "-arch=sm_90a", "-v", src, "-o", os.path.join(tmp, "k.o")],
-                           capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-500:]
-    return {"registers": int(re.search(r"Used (\d+) registers", r.stderr).group(1)),
-            "spill_stores": int(re.search(r"(\d+) bytes spill stores", r.stderr).group(1))}
-
-
 # the configs the library picks at widths whose last slice is part empty (random widths the bench drew
 # and a spread of others) and at exactly tiled ones: ptxas keeps every one in registers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -96,5 +82,5 @@ def test_no_spills_with_part_empty_slices(N, dtype):
     dy and g over the whole fragment are the peak)."""
     cfg = analytic_config(N, 2)
     fn = compile_backward(dtype, dtype, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
-    report = _ptxas(fn.__ptx__)
+    report = ptxas_report(fn.__ptx__, "sm_90a")
     assert report["spill_stores"] <= 8, f"N={N} {cfg.short()}: {report}"

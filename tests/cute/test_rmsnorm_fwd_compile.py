@@ -10,7 +10,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_fwd import compile_forward
 from cutile_norms.cute.rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX, analytic_config
-from tests.cute.ptx_util import address_ops
+from tests.cute.ptx_util import address_ops, check_kernel_ptx
 
 ARCHS = ["sm_90a", "sm_100a"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -31,7 +31,10 @@ def test_compiles(N, x_dtype, w_dtype, arch):
     """The picked config for (N, dtype), as a training forward (weight, rstd), contiguous rows."""
     if N % (16 // DT[x_dtype].itemsize):
         pytest.skip("not a width the mode takes")
-    assert compile_forward(DT[x_dtype], DT[w_dtype], N, _cfg(N, x_dtype), True, True, arch) is not None
+    fn = compile_forward(DT[x_dtype], DT[w_dtype], N, _cfg(N, x_dtype), True, True, arch, keep_ptx=True)
+    # fp32 rows of 1 MiB (N = 262144) spill 60 bytes per thread (ptxas); mode=None runs multi_wave_cached
+    # past 64 KiB rows, so only the mode asked for by name meets it (docs/performance.md, not met yet)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=64 if N * DT[x_dtype].itemsize > 65536 else 0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -40,7 +43,8 @@ def test_compiles(N, x_dtype, w_dtype, arch):
 @pytest.mark.parametrize("N", [128, 2880, 4096, 65536])
 def test_compiles_strided_inference_and_no_weight_variants(N, has_w, store_rstd, contiguous, arch):
     w = torch.bfloat16 if has_w else None
-    assert compile_forward(torch.bfloat16, w, N, _cfg(N, "bfloat16"), store_rstd, contiguous, arch) is not None
+    fn = compile_forward(torch.bfloat16, w, N, _cfg(N, "bfloat16"), store_rstd, contiguous, arch, keep_ptx=True)
+    check_kernel_ptx(fn.__ptx__, arch)
 
 
 @pytest.mark.parametrize("N", [8, 64, 1000, 2880, 4104, 16392, 40000, 262144, 524288])
