@@ -25,7 +25,7 @@ case "${1:-}" in
   tune)  # DTYPES="bfloat16 float16 float32" to sweep several (each dtype keeps its own entries);
          # SWEEP_ARGS="--ns ... --family ..." to sweep part of the table
     for dt in ${DTYPES:-bfloat16}; do
-      python3 bench/cutile/rmsnorm_fwd_configs.py --dtype $dt ${SWEEP_ARGS:-} --write-configs --out "$OUT" > "$OUT/sweep_$dt.log" 2>&1
+      python3 bench/tune/cutile_rmsnorm_fwd.py --dtype $dt ${SWEEP_ARGS:-} --write-configs --out "$OUT" > "$OUT/sweep_$dt.log" 2>&1
       keep; echo "== $dt"; sed -n '/summary/,$p' "$OUT/sweep_$dt.log"
     done ;;
   table)
@@ -49,7 +49,7 @@ case "${1:-}" in
     timeout ${SUITE_TIMEOUT:-540} python3 tests/run_sharded.py --shards ${SHARDS:-10} --timeout ${SHARD_TIMEOUT:-480} --logs "$OUT" -- -m gpu ${SUITE_ARGS:-tests/} ;;
   bwd-tune)
     for dt in ${DTYPES:-bfloat16}; do
-      python3 bench/cutile/rmsnorm_bwd_configs.py --dtype $dt ${SWEEP_ARGS:-} --write-configs --out "$OUT" > "$OUT/bwd_sweep_$dt.log" 2>&1
+      python3 bench/tune/cutile_rmsnorm_bwd.py --dtype $dt ${SWEEP_ARGS:-} --write-configs --out "$OUT" > "$OUT/bwd_sweep_$dt.log" 2>&1
       keep; echo "== $dt"; sed -n '/summary/,$p' "$OUT/bwd_sweep_$dt.log"
     done ;;
   bwd-bench)

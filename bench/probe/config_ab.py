@@ -27,11 +27,12 @@ from bench.timing import scaling_vs_copy  # noqa: E402
 from bench.probe.common import check_outputs, no_gpu, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile import rmsnorm_fwd as F  # noqa: E402
+from cutile_norms.cutile import rmsnorm_fwd_config as FC  # noqa: E402
 
 ELEMENTS = 1 << 27
 
 
-def parse_config(spec: str, N: int, dtype, dev) -> F.FwdConfig:
+def parse_config(spec: str, N: int, dtype, dev) -> FC.FwdConfig:
     """`kernel=... field=value ...`, or `table` optionally followed by fields that replace the table's."""
     items = spec.split()
     fields = {}
@@ -39,9 +40,9 @@ def parse_config(spec: str, N: int, dtype, dev) -> F.FwdConfig:
         k, v = item.split("=")
         fields[k] = v if k == "kernel" else (v == "True" if v in ("True", "False") else int(v))
     if items[0] == "table":
-        table = F.default_config("multi_wave_cached", N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))
+        table = FC.default_config("multi_wave_cached", N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))
         return dataclasses.replace(table, **fields)
-    return F.FwdConfig(**fields)
+    return FC.FwdConfig(**fields)
 
 
 def main() -> int:

@@ -29,7 +29,8 @@ from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import gpu_us, ratios_to_copy  # noqa: E402
 from bench.probe.common import check_outputs, no_gpu, put_ratios, write_json  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.cutile.rmsnorm_fwd import default_config, launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd_config import default_config  # noqa: E402
 
 ELEMENTS = 1 << 27
 MODES = ("multi_wave_cached", "static_persistent")

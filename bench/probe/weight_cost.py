@@ -25,7 +25,8 @@ from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.probe.common import no_gpu  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.cutile.rmsnorm_fwd import FwdConfig, default_config, launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig, default_config  # noqa: E402
 
 ELEMENTS = 1 << 27
 

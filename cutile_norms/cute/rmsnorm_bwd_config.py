@@ -45,7 +45,7 @@ class BwdConfig:
 #     threads), more where CLUSTER_MAX CTAs do not hold the row at that size; a ring of at most
 #     MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
 #     threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916 for 32 KiB slices of 256 threads;
-#     `python bench/probe/cute_bwd_configs.py`;
+#     `python bench/tune/cute_rmsnorm_bwd.py`;
 #   * slices that tile the row exactly where such a tiling exists (cluster_n x threads x nvb vectors =
 #     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS; the slice nearest
 #     slice_bytes): bf16, H100, N = 20480 0.894 over 2 x 128 x 10 against 0.837 over the padded rule's

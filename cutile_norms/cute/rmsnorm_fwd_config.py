@@ -56,7 +56,7 @@ class FwdConfig:
 #   * rows of 16-32 x WIDE_SLICE_BYTES (fp32 N = 131073 ... 262144, 16-bit N = 262145 ... 524288):
 #     16 CTAs of 128 threads, 32 vectors per thread (fp32 N = 262144, H100: 0.982, against 0.959 for 8
 #     CTAs of 256 threads, 0.929 for 8 CTAs of 512 and 0.752-0.827 for 16 CTAs of 256-1024 threads;
-#     `python bench/probe/cute_configs.py --ns 262144 --dtype float32`). The fewest threads that hold
+#     `python bench/tune/cute_rmsnorm_fwd.py --ns 262144 --dtype float32`). The fewest threads that hold
 #     the slice: every thread's 32 loads are in flight at once, and three such CTAs share an SM.
 #   * rows of SLICE_BYTES - ONE_CTA_BYTES (16-bit N = 8193 ... 24576) in one CTA, not a cluster: on an
 #     H200, bf16 N = 10240 / 12288 / 18432 / 20480 / 24576 measured 0.978 / 0.970 / 0.970 / 0.972 /

@@ -88,7 +88,7 @@ CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 @functools.lru_cache(maxsize=None)
 def measured_configs() -> dict:
     """{arch: {dtype: [(N, BwdConfig, ratio_to_copy), ...]}} from the sweep's table
-    (bench/cutile/rmsnorm_bwd_configs.py --write-configs)."""
+    (bench/tune/cutile_rmsnorm_bwd.py --write-configs)."""
     try:
         with open(CONFIG_TABLE) as f:
             table = json.load(f)

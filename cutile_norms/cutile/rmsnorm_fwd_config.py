@@ -150,7 +150,7 @@ def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: s
     """The launch config of `mode` for rows of N elements of `dtype` ("bfloat16", ...): the config
     measured best for the nearest row size (bytes) on this arch, among the entries measured in this
     dtype if there are any (tuning/rmsnorm_fwd_configs.json, written by
-    bench/cutile/rmsnorm_fwd_configs.py --dtype D --write-configs), else the analytical rule below."""
+    bench/tune/cutile_rmsnorm_fwd.py --dtype D --write-configs), else the analytical rule below."""
     tables = measured_configs()
     entries = tables.get(table_arch(dev, tables) or "", {}).get(mode)  # an unmeasured arch: the nearest
     if entries:

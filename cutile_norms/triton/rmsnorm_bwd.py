@@ -279,7 +279,7 @@ class BwdConfig(TileConfig):
         return super().short() + (f", TMA {self.tma_stages} stages where the rows allow" if self.tma_stages else "")
 
 
-# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; docs/design.md),
+# Measured on an H100, bf16, 2^27 elements (`python bench/tune/triton_rmsnorm.py`; docs/design.md),
 # as a ratio to a same-run copy (1.5x its bytes):
 #   * rows up to 8192: tiles of TILE_ELEMS (several narrow rows), 16 values per thread (8 when the
 #     row is not a power of two: 0.915 against 0.903 at 2880, 0.879 against 0.864 at 5120), each

@@ -151,7 +151,7 @@ class FwdConfig(TileConfig):
     """The forward's launch config (TileConfig's fields)."""
 
 
-# Measured on an H100, bf16, 2^27 elements (`python bench/probe/triton_configs.py`; docs/design.md),
+# Measured on an H100, bf16, 2^27 elements (`python bench/tune/triton_rmsnorm.py`; docs/design.md),
 # as a ratio to a same-run copy:
 #   * rows of up to ROW_ELEMS (whole, or nearly whole, powers of two): the row in registers, tiles of
 #     TILE_ELEMS (several narrow rows), two 16-byte vectors per thread, one program per tile:

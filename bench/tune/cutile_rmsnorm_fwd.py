@@ -1,6 +1,6 @@
 """Sweep launch configs of the cuTile forward kernels (cutile_norms/cutile/rmsnorm_fwd.py).
 
-    python bench/cutile/rmsnorm_fwd_configs.py --ns 128,4096,65536 --dtype bfloat16
+    python bench/tune/cutile_rmsnorm_fwd.py --ns 128,4096,65536 --dtype bfloat16
 
 For every N, M = 2^27 / N: a same-run copy, then each candidate config (checked against the
 reference, then timed: CUDA-event median, L2 flushed), as a ratio to the copy. The heuristics in
@@ -26,8 +26,9 @@ from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, per_call_us, ratios_to_copy  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.cutile.rmsnorm_fwd import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
-                                             launch, split_part)
+from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_fwd_config import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
+                                                    split_part)
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 
@@ -283,7 +284,7 @@ def write_configs(results: dict, e: int, argv: str) -> str:
     runs = [r for r in src.get("runs", [])  # minus the runs this one supersedes
             if r["dtype"] != results["dtype"] or not set(r["row_bytes"]) <= set(measured)]
     runs.append({"date": datetime.date.today().isoformat(), "dtype": results["dtype"],
-                 "command": f"python bench/cutile/rmsnorm_fwd_configs.py {argv}", "row_bytes": measured})
+                 "command": f"python bench/tune/cutile_rmsnorm_fwd.py {argv}", "row_bytes": measured})
     table["source"][dev.arch_name] = {"gpu": dev.name, "runs": runs}
     os.makedirs(os.path.dirname(CONFIG_TABLE), exist_ok=True)
     with open(CONFIG_TABLE, "w") as f:

@@ -2,7 +2,7 @@
 ratio to a same-run copy: the analytic config and variants of its budgets (tile bytes for narrow rows,
 slice bytes per CTA before a row goes to a cluster, 16-byte vectors per thread, threads per CTA).
 
-    python bench/probe/cute_configs.py [--ns 1024,4096,...] [--dtype bfloat16] [--out F]
+    python bench/tune/cute_rmsnorm_fwd.py [--ns 1024,4096,...] [--dtype bfloat16] [--out F]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Sweep launch configs of the cuTile backward kernel (cutile_norms/cutile/rmsnorm_bwd.py).
 
-    python bench/cutile/rmsnorm_bwd_configs.py --ns 128,4096,65536 --dtype bfloat16 --write-configs
+    python bench/tune/cutile_rmsnorm_bwd.py --ns 128,4096,65536 --dtype bfloat16 --write-configs
 
 For every N, M = 2^27 / N: each candidate config is checked against the fp32 closed form, then timed
 in --rounds interleaved rounds against a same-run copy (CUDA-event medians, L2 flushed). Bytes:
@@ -29,8 +29,9 @@ sys.path.insert(0, ROOT)
 from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.cutile.rmsnorm_bwd import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
-                                             cut_pieces, launch)
+from cutile_norms.cutile.rmsnorm_bwd import launch  # noqa: E402
+from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
+                                                    cut_pieces)
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     dname = str(dtype).removeprefix("torch.")
     dev = device_info("cuda")
     warm_compiles([(N, dname, dataclasses.asdict(c)) for N in args.ns for c in candidates(N)], args.workers)
-    results = {"gpu": dev.name, "dtype": dname, "command": "python bench/cutile/rmsnorm_bwd_configs.py "
+    results = {"gpu": dev.name, "dtype": dname, "command": "python bench/tune/cutile_rmsnorm_bwd.py "
                + " ".join(sys.argv[1:] if argv is None else argv), "sweep": []}
     for N in args.ns:
         results["sweep"].append(sweep_width(N, dtype, dev, args))

@@ -5,7 +5,7 @@ persistent grid that prefetches its next tile, two passes over chunks or the who
 (forward), rows split over programs (parts in registers or in two passes); Liger's forward beside
 them. docs/history.md, "The Triton mode, second round", has the results and the choices made from them.
 
-    python bench/probe/triton_configs.py [--ns 1024,4096,...] [--only fwd|bwd] [--match REGEX] [--out F]
+    python bench/tune/triton_rmsnorm.py [--ns 1024,4096,...] [--only fwd|bwd] [--match REGEX] [--out F]
 
 Every variant is checked on every row against an fp32 reference and for identical bits on a later
 launch (split rows flip their exchange flags each launch); a wrong one prints WRONG.

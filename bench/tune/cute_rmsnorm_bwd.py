@@ -2,7 +2,7 @@
 ratio to a same-run copy (bytes: read x, dy + write dx = 1.5 x the copy's), with the cuTile persistent
 backward's table config timed in the same run, and each config's dw share (the same config without dw).
 
-    python bench/probe/cute_bwd_configs.py [--ns 65536,131072,262144] [--dtype bfloat16] [--reducers 16,132] [--offset 0.5] [--out F]
+    python bench/tune/cute_rmsnorm_bwd.py [--ns 65536,131072,262144] [--dtype bfloat16] [--reducers 16,132] [--offset 0.5] [--out F]
 """
 from __future__ import annotations
 
