@@ -4,7 +4,7 @@ import torch
 
 import cutile_norms as cn
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference
-from tests.conftest import assert_close, random_rows, random_weight, reference64
+from tests.conftest import FP64_SAME_MATH, assert_close, random_rows, random_weight, reference64
 
 DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
           (torch.bfloat16, torch.float32)]
@@ -51,9 +51,9 @@ def test_closed_form_backward_matches_float64_autograd(seed, offset, has_weight)
     grads = torch.autograd.grad(y, [x] + ([w] if has_weight else []), dy)
     dx, dw = rms_norm_backward(dy, x.detach(), None if w is None else w.detach(), rstd.detach(), offset,
                                compute_dtype=torch.float64)
-    torch.testing.assert_close(dx, grads[0], rtol=1e-10, atol=1e-12, msg=f"dx [seed {seed}]")
+    torch.testing.assert_close(dx, grads[0], **FP64_SAME_MATH, msg=f"dx [seed {seed}]")
     if has_weight:
-        torch.testing.assert_close(dw, grads[1], rtol=1e-10, atol=1e-12, msg=f"dw [seed {seed}]")
+        torch.testing.assert_close(dw, grads[1], **FP64_SAME_MATH, msg=f"dw [seed {seed}]")
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
-from tests.conftest import random_rows, random_weight
+from tests.conftest import INDUCTOR_FP32, TWO_ROUNDINGS_16BIT, VS_TORCH_SMALL_ROWS, random_rows, random_weight
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -84,20 +84,20 @@ def _compile_and_compare(device, dtype, mode, compile_mode=None, tol=None):
 
 
 def test_compile_fullgraph_cpu(seed):
-    _compile_and_compare("cpu", torch.float32, None, tol=dict(rtol=1e-4, atol=1e-4))  # inductor reorders sums
+    _compile_and_compare("cpu", torch.float32, None, tol=INDUCTOR_FP32)  # inductor reorders the sums
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", [None, "multi_wave_cached", "static_persistent"])
 def test_compile_fullgraph_gpu(seed, mode):
-    _compile_and_compare("cuda", torch.bfloat16, mode, tol=dict(rtol=2e-2, atol=2e-2))
+    _compile_and_compare("cuda", torch.bfloat16, mode, tol=TWO_ROUNDINGS_16BIT)
 
 
 @pytest.mark.gpu
 def test_compile_reduce_overhead_gpu(seed):
     """CUDA graphs through torch.compile: the kernels' launches are captured and replayed."""
     _compile_and_compare("cuda", torch.bfloat16, "multi_wave_cached", compile_mode="reduce-overhead",
-                         tol=dict(rtol=2e-2, atol=2e-2))
+                         tol=TWO_ROUNDINGS_16BIT)
 
 
 def test_eps_none_is_torchs_default(seed):
@@ -108,6 +108,6 @@ def test_eps_none_is_torchs_default(seed):
     assert list(ours.state_dict()) == list(theirs.state_dict())
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = random_rows((5, 64), dtype, "cpu", scale=1e-4)  # small rows: eps matters
-        torch.testing.assert_close(ours.to(dtype)(x), theirs.to(dtype)(x), rtol=1e-2, atol=1e-5)
+        torch.testing.assert_close(ours.to(dtype)(x), theirs.to(dtype)(x), **VS_TORCH_SMALL_ROWS)
     x = torch.full((1, 64), 1e-5)
     assert not torch.allclose(cn.rms_norm(x, None, None), cn.rms_norm(x, None, 1e-6))

@@ -11,7 +11,7 @@ import torch
 
 from cutile_norms import dispatch
 
-from tests.conftest import assert_close, random_rows, random_weight, reference64
+from tests.conftest import DW_SUM, assert_close, random_rows, random_weight, reference64
 
 MODES = dispatch.modes_of("cutile")
 WIDTHS = [128, 1000, 2880, 4096, 5120, 16384, 65536]
@@ -218,7 +218,7 @@ def test_autograd_through_the_kernel_forward(seed, mode):
     ex, ew = torch.autograd.grad(reference64(x64, w64, EPS, 1.0)[0], [x64, w64], dy.double())
     assert_close(y, reference64(x, w, EPS, 1.0)[0], torch.bfloat16, f"{mode} y", seed)
     assert_close(dx, ex, torch.bfloat16, f"{mode} dx", seed)
-    torch.testing.assert_close(dw.double(), ew, rtol=1e-3, atol=1e-3, msg=f"{mode} dw [seed {seed}]")
+    torch.testing.assert_close(dw.double(), ew, **DW_SUM, msg=f"{mode} dw [seed {seed}]")
 
 
 @pytest.mark.gpu
