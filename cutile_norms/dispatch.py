@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
+from .backends import BackwardBackend, ForwardBackend
 from ._platform import DeviceInfo, Toolchain, table_key, triton_interpreted
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
@@ -113,15 +114,14 @@ def _import(path: str):
 
 
 @functools.lru_cache(maxsize=None)
-def backend(mode_name: str):
-    """The forward backend object of a mode (imported on first use)."""
+def backend(mode_name: str) -> ForwardBackend:
+    """The forward backend object of a mode (imported on first use); "torch" has none (the reference)."""
     return _import(MODES[mode_name].backend)
 
 
 @functools.lru_cache(maxsize=None)
-def backward_backend(mode_name: str):
-    """The backward backend behind autograd for a mode's forward: an object with
-    `backward(dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev)` and `describe(M, N, dtype, dev)`."""
+def backward_backend(mode_name: str) -> BackwardBackend:
+    """The backward backend behind autograd for a mode's forward (backends.BackwardBackend)."""
     path = MODES[mode_name].bwd_backend
     if path is None:
         raise ValueError(f"mode {mode_name!r} has no backward kernel: autograd runs through its forward's ops")

@@ -202,7 +202,7 @@ def _plan(x, mode):
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
-    if choice.mode in _TAKES_ONLY_SOME and M:
+    if M and choice.mode != "torch" and not dispatch.backend(choice.mode).takes_every_row:
         why = dispatch.backend(choice.mode).unsupported(_as_rows(x), batch_invariant=mode is None)
         if why:  # the mode cannot take these rows: an error when asked for, another mode for mode=None
             if mode is not None:
@@ -211,9 +211,8 @@ def _plan(x, mode):
     return dev, M, choice
 
 
-# Modes whose backend has `unsupported(x2d)`: shapes, strides or alignments it cannot take (checked per
-# call signature; x's 16-byte alignment is part of the call plans' key)
-_TAKES_ONLY_SOME = frozenset({"tma_smem_cached"})
+# A backend that does not take every row (ForwardBackend.takes_every_row) says why in `unsupported`:
+# checked once per call signature (x's 16-byte alignment is part of the call plans' key)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -272,13 +271,11 @@ def _call_plan(x, weight, eps, offset, mode, grad: bool):
     x2d = _as_rows(x)
     shape, N, mode_name, bwd_mode = x.shape, x.shape[-1], choice.mode, choice.backward_mode
     w_dtype = None if weight is None else weight.dtype
-    launcher = getattr(backend, "launcher", None)
+    run = backend.launcher(M, N, x2d.stride(0), x.dtype, w_dtype, grad, dev)
     if grad:
-        run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, True, dev) if launcher else None
         return lambda x, w: _RMSNormFunction.apply(x, w, eps, offset, mode_name, bwd_mode, dev, run)
-    if launcher is None:
+    if run is None:
         return lambda x, w: backend.forward(_as_rows(x), w, eps, offset, False, dev, out_shape=shape)[0]
-    run = launcher(M, N, x2d.stride(0), x.dtype, w_dtype, False, dev)
     return lambda x, w: run(_as_rows(x), w, eps, offset, shape)[0]
 
 

@@ -38,3 +38,17 @@ def test_no_private_name_is_imported_across_modules():
                 imported += [f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}" for a in node.names
                              if a.name.startswith("_")]
     assert not imported, imported
+
+
+@pytest.mark.parametrize("mode", [m for m in __import__("cutile_norms.dispatch", fromlist=["x"]).modes_of()
+                                  if m != "torch"])
+def test_every_mode_implements_the_typed_backends(mode):
+    """dispatch.MODES points at objects of the typed interface (backends.py), forward and backward: the
+    API layer calls nothing else (no duck typing)."""
+    from cutile_norms import dispatch
+    from cutile_norms.backends import BackwardBackend, ForwardBackend
+
+    fwd = dispatch.backend(mode)
+    assert isinstance(fwd, ForwardBackend) and isinstance(fwd.takes_every_row, bool), mode
+    assert fwd.mode == mode
+    assert isinstance(dispatch.backward_backend(mode), BackwardBackend), mode

@@ -139,6 +139,7 @@ def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtyp
 @dataclass(frozen=True)
 class TmaSmemCachedForward:
     mode: str = "tma_smem_cached"
+    takes_every_row = False  # rows must start 16-byte aligned (the bulk copies' rule): `unsupported`
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> FwdConfig | None:
         return analytic_config(N, dtype.itemsize)

@@ -244,6 +244,10 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
 class CuTileForward:
     mode: str
     idea: str
+    takes_every_row = True  # any row stride and alignment (flat gathers)
+
+    def unsupported(self, x2d: torch.Tensor, batch_invariant: bool = False) -> str | None:
+        return None
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
         return default_config(self.mode, N, dtype.itemsize, dev, str(dtype).removeprefix("torch."))

@@ -265,6 +265,14 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
 @dataclass(frozen=True)
 class TritonForward:
     mode: str = "triton"
+    takes_every_row = True  # any row stride and alignment (masked pointer loads)
+
+    def unsupported(self, x2d: torch.Tensor, batch_invariant: bool = False) -> str | None:
+        return None
+
+    def launcher(self, M: int, N: int, stride: int, dtype: torch.dtype, w_dtype: torch.dtype | None,
+                 store_rstd: bool, dev: DeviceInfo):
+        return None  # the launch per call is all there is (Triton's own launcher caches the kernel)
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
         return analytic_config(N, dtype.itemsize, dev.vendor, max(1, dev.sm_count))
