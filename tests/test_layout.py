@@ -10,7 +10,9 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "cutile_norms"
 CONFIG_MODULES = ["cutile_norms.cutile.rmsnorm_fwd_config", "cutile_norms.cute.rmsnorm_fwd_config",
-                  "cutile_norms.cute.rmsnorm_bwd_config", "cutile_norms.dispatch"]
+                  "cutile_norms.cute.rmsnorm_bwd_config", "cutile_norms.cutile.rmsnorm_bwd_config",
+                  "cutile_norms.triton.rmsnorm_fwd_config", "cutile_norms.triton.rmsnorm_bwd_config",
+                  "cutile_norms.dispatch"]
 
 
 @pytest.mark.parametrize("module", CONFIG_MODULES)

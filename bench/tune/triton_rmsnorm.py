@@ -28,8 +28,9 @@ from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.reference import rms_norm_backward  # noqa: E402
+from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as B, rmsnorm_fwd as F  # noqa: E402
-from cutile_norms.triton._common import pow2_ceil  # noqa: E402
+from cutile_norms.triton import rmsnorm_bwd_config as BC, rmsnorm_fwd_config as FC  # noqa: E402
 
 ELEMENTS = 1 << 27
 
@@ -39,16 +40,16 @@ def _warps(threads_needed: int) -> int:
 
 
 def fwd_variants(N, dev):
-    base = F.analytic_config(N, 2, dev.vendor, dev.sm_count)
+    base = FC.analytic_config(N, 2, dev.vendor, dev.sm_count)
     out = {"analytic": base, "analytic 1tile": dataclasses.replace(base, one_tile=True)}
-    if N <= F.ROW_ELEMS:
+    if N <= FC.ROW_ELEMS:
         block = pow2_ceil(N)
         out["analytic prefetch"] = dataclasses.replace(base, prefetch=True)
         out["one per tile"] = dataclasses.replace(base, programs_per_sm=0)
         for tile in (2048, 4096):  # smaller tiles, one program per tile or persistent with prefetch
             rows = max(1, tile // block)
             for vpt in (8, 16):
-                cfg = F.FwdConfig(rows=rows, split=1, part=N, block_n=block, chunks=1,
+                cfg = FC.FwdConfig(rows=rows, split=1, part=N, block_n=block, chunks=1,
                                   num_warps=_warps(rows * block // vpt), programs_per_sm=0)
                 out[f"tile {rows * block} {vpt}/thr"] = cfg
                 pps = max(1, 2048 // (cfg.num_warps * 32))
@@ -56,14 +57,14 @@ def fwd_variants(N, dev):
         for block in (1024, 2048, 4096):  # two passes over chunks, one program per row (x re-read from L2)
             for warps in (4, 8, 16):
                 if block < N and block // (warps * 32) >= 4:
-                    out[f"2pass {block}/{warps}w"] = F.FwdConfig(
+                    out[f"2pass {block}/{warps}w"] = FC.FwdConfig(
                         rows=1, split=1, part=N, block_n=block, chunks=-(-N // block), num_warps=warps,
                         programs_per_sm=0)
     else:
         if N <= 16384:  # the whole row in registers, one program per row (Liger's shape: 16 per thread)
             block = pow2_ceil(N)
             for vpt in (8, 16, 32):
-                cfg = F.FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=1, num_warps=_warps(block // vpt),
+                cfg = FC.FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=1, num_warps=_warps(block // vpt),
                                   programs_per_sm=0)
                 out[f"row in regs {vpt}/thr"] = cfg
                 out[f"row in regs {vpt}/thr 1tile"] = dataclasses.replace(cfg, one_tile=True)
@@ -73,19 +74,19 @@ def fwd_variants(N, dev):
                 continue
             part = -(-part // 16) * 16
             for vpt in (16, 32):
-                out[f"split {split} {vpt}/thr"] = F.FwdConfig(
+                out[f"split {split} {vpt}/thr"] = FC.FwdConfig(
                     rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1,
                     num_warps=_warps(pow2_ceil(part) // vpt), programs_per_sm=0)
             for block, warps in ((2048, 4), (4096, 8)):  # each part in two passes over chunks (re-read from L2)
                 if part > block:
-                    out[f"split {split} 2pass {block}/{warps}w"] = F.FwdConfig(
+                    out[f"split {split} 2pass {block}/{warps}w"] = FC.FwdConfig(
                         rows=1, split=split, part=part, block_n=block, chunks=-(-part // block), num_warps=warps,
                         programs_per_sm=0)
     return out
 
 
 def bwd_variants(N, dev):
-    base = B.analytic_config(N, 2, dev.vendor, dev.sm_count)
+    base = BC.analytic_config(N, 2, dev.vendor, dev.sm_count)
     out = {"analytic": base, "analytic prefetch": dataclasses.replace(base, prefetch=True)}
     if N <= 8192:
         block = pow2_ceil(N)
@@ -93,7 +94,7 @@ def bwd_variants(N, dev):
             rows = max(1, tile // block)
             for vpt in (8, 16):
                 warps = _warps(rows * block // vpt)
-                out[f"tile {rows * block} {vpt}/thr pf"] = B.BwdConfig(
+                out[f"tile {rows * block} {vpt}/thr pf"] = BC.BwdConfig(
                     rows=rows, split=1, part=N, block_n=block, chunks=1, num_warps=warps,
                     programs_per_sm=max(1, 2048 // (warps * 32)), prefetch=True)
     else:
@@ -106,12 +107,12 @@ def bwd_variants(N, dev):
                 warps = _warps(pow2_ceil(part) // vpt)
                 pps = max(1, 2048 // (warps * 32))
                 for pf in (False, True):
-                    out[f"split {split} {vpt}/thr{' pf' if pf else ''}"] = B.BwdConfig(
+                    out[f"split {split} {vpt}/thr{' pf' if pf else ''}"] = BC.BwdConfig(
                         rows=1, split=split, part=part, block_n=pow2_ceil(part), chunks=1, num_warps=warps,
                         programs_per_sm=pps, prefetch=pf)
                 if part & (part - 1) == 0 and part * split == N:  # x and dy by TMA, pipelined (rms_norm_bwd_tma_kernel)
                     for stages in (2, 3, 4):
-                        out[f"split {split} {vpt}/thr tma{stages}"] = B.BwdConfig(
+                        out[f"split {split} {vpt}/thr tma{stages}"] = BC.BwdConfig(
                             rows=1, split=split, part=part, block_n=part, chunks=1, num_warps=warps,
                             programs_per_sm=pps, prefetch=True, tma_stages=stages)
     return out

@@ -44,7 +44,7 @@ def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
-    from cutile_norms.triton.rmsnorm_bwd import SPLIT_MAX, TILE_ELEMS, analytic_config, grid_groups
+    from cutile_norms.triton.rmsnorm_bwd_config import SPLIT_MAX, TILE_ELEMS, analytic_config, grid_groups
 
     cfg = analytic_config(N, e, vendor, sms)
     assert cfg.split * cfg.part >= N and cfg.split <= min(SPLIT_MAX, sms)
@@ -85,7 +85,7 @@ def test_configs_match_reference(seed, device, rows, split, part, block_n, chunk
                                   w_dtype):
     """Chunked parts (dw read-modify-written in the program's own row), several rows per split tile,
     a short last part."""
-    from cutile_norms.triton.rmsnorm_bwd import BwdConfig
+    from cutile_norms.triton.rmsnorm_bwd_config import BwdConfig
 
     cfg = BwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=4,
                     programs_per_sm=pps, prefetch=prefetch)
@@ -140,7 +140,8 @@ def test_tma_split_rows(seed, device, split, part, N, warps, x_dtype, w_dtype, o
     """rms_norm_bwd_tma_kernel: x's rows strided (16-byte aligned, so TMA takes them), one row and
     13 rows over the grid's row groups, weight None, offset, dx alone; dx and dw bit-identical on a
     later launch (the exchange's flags flip each launch)."""
-    from cutile_norms.triton.rmsnorm_bwd import BwdConfig, tma_applies
+    from cutile_norms.triton.rmsnorm_bwd import tma_applies
+    from cutile_norms.triton.rmsnorm_bwd_config import BwdConfig
 
     cfg = BwdConfig(rows=1, split=split, part=part, block_n=part, chunks=1, num_warps=warps, programs_per_sm=1,
                     prefetch=True, tma_stages=3)
@@ -163,7 +164,8 @@ def test_tma_split_rows(seed, device, split, part, N, warps, x_dtype, w_dtype, o
 def test_tma_declined_rows_take_the_pointer_kernel(seed, device, case):
     """Rows TMA cannot address (a start or row stride that is not 16-byte aligned, dy's row stride 0)
     and parts that do not tile the row go to rms_norm_bwd_kernel with the same config: still right."""
-    from cutile_norms.triton.rmsnorm_bwd import BwdConfig, tma_applies
+    from cutile_norms.triton.rmsnorm_bwd import tma_applies
+    from cutile_norms.triton.rmsnorm_bwd_config import BwdConfig
 
     M, N = 9, 4096
     cfg = BwdConfig(rows=1, split=4, part=1024, block_n=1024, chunks=1, num_warps=4, programs_per_sm=1,

@@ -29,7 +29,8 @@ import json, re, sys
 import torch, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from cutile_norms.triton.rmsnorm_bwd import analytic_config, rms_norm_bwd_tma_kernel as K
+from cutile_norms.triton.rmsnorm_bwd_config import analytic_config
+from cutile_norms.triton.rmsnorm_bwd_kernel import rms_norm_bwd_tma_kernel as K
 
 TY = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 out = {}

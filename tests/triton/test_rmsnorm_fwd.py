@@ -41,8 +41,8 @@ def _check(x, w, offset, y, rstd, what, seed):
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
 def test_config_covers_the_row(N, e, vendor, sms):
-    from cutile_norms.triton.rmsnorm_fwd import (PART_ELEMS, ROW_ELEMS, SPLIT_FROM, SPLIT_MAX, TILE_ELEMS,
-                                                 analytic_config, grid_programs)
+    from cutile_norms.triton.rmsnorm_fwd_config import (PART_ELEMS, ROW_ELEMS, SPLIT_FROM, SPLIT_MAX, TILE_ELEMS,
+                                                        analytic_config, grid_programs)
 
     cfg = analytic_config(N, e, vendor, sms)
     if N <= SPLIT_FROM:  # wider rows split over programs (measured, see the module)
@@ -96,7 +96,7 @@ CONFIG_CASES = [(1, 1, 1000, 128, 8, 1000, False, 1), (2, 2, 512, 128, 4, 1000, 
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "float32"), ("float32", "float32")])
 def test_configs_match_reference(seed, device, rows, split, part, block_n, chunks, N, prefetch, pps, x_dtype,
                                   w_dtype):
-    from cutile_norms.triton.rmsnorm_fwd import FwdConfig
+    from cutile_norms.triton.rmsnorm_fwd_config import FwdConfig
 
     cfg = FwdConfig(rows=rows, split=split, part=part, block_n=block_n, chunks=chunks, num_warps=4,
                     programs_per_sm=pps, prefetch=prefetch)
