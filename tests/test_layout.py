@@ -54,3 +54,10 @@ def test_every_mode_implements_the_typed_backends(mode):
     assert isinstance(fwd, ForwardBackend) and isinstance(fwd.takes_every_row, bool), mode
     assert fwd.mode == mode
     assert isinstance(dispatch.backward_backend(mode), BackwardBackend), mode
+
+
+def test_no_module_is_over_450_lines():
+    """A module past ~450 lines splits along its seams (kernel / config / launch, shared helpers)."""
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, long
