@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
-from .backends import BackwardBackend, ForwardBackend
 from ._platform import DeviceInfo, Toolchain, table_key, triton_interpreted
+from .backends import BackwardBackend, ForwardBackend
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 

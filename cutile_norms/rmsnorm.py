@@ -202,17 +202,16 @@ def _plan(x, mode):
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
-    if M and choice.mode != "torch" and not dispatch.backend(choice.mode).takes_every_row:
-        why = dispatch.backend(choice.mode).unsupported(_as_rows(x), batch_invariant=mode is None)
+    # a backend that does not take every row says why in `unsupported`: checked once per call signature
+    # (x's 16-byte alignment is part of the call plans' key)
+    backend = None if choice.mode == "torch" else dispatch.backend(choice.mode)
+    if M and backend is not None and not backend.takes_every_row:
+        why = backend.unsupported(_as_rows(x), batch_invariant=mode is None)
         if why:  # the mode cannot take these rows: an error when asked for, another mode for mode=None
             if mode is not None:
                 raise ValueError(why)
             choice = dispatch.instead_of(dev, toolchain(), choice.mode, why)
     return dev, M, choice
-
-
-# A backend that does not take every row (ForwardBackend.takes_every_row) says why in `unsupported`:
-# checked once per call signature (x's 16-byte alignment is part of the call plans' key)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from cutile_norms import dispatch
+
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "cutile_norms"
 CONFIG_MODULES = ["cutile_norms.cutile.rmsnorm_fwd_config", "cutile_norms.cute.rmsnorm_fwd_config",
                   "cutile_norms.cute.rmsnorm_bwd_config", "cutile_norms.cutile.rmsnorm_bwd_config",
@@ -42,12 +44,10 @@ def test_no_private_name_is_imported_across_modules():
     assert not imported, imported
 
 
-@pytest.mark.parametrize("mode", [m for m in __import__("cutile_norms.dispatch", fromlist=["x"]).modes_of()
-                                  if m != "torch"])
+@pytest.mark.parametrize("mode", [m for m in dispatch.modes_of() if m != "torch"])
 def test_every_mode_implements_the_typed_backends(mode):
     """dispatch.MODES points at objects of the typed interface (backends.py), forward and backward: the
     API layer calls nothing else (no duck typing)."""
-    from cutile_norms import dispatch
     from cutile_norms.backends import BackwardBackend, ForwardBackend
 
     fwd = dispatch.backend(mode)

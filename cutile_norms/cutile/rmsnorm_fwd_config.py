@@ -31,7 +31,7 @@ class FwdConfig:
     hoist_w: bool = False  # cached, stream: keep the weight in registers across a persistent loop
     latency: int = 1  # ct.gather/scatter DRAM latency hint
     w_early: bool = False  # split, cached: the weight never delays x's loads
-    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (_zero_of)
+    tie_slot: bool = False  # split: the workspace slot's load goes out with x's (tiles.zero_of)
     num_worker_warps: int | None = None  # compiler hints (None = compiler's choice)
     num_ctas: int | None = None
     occupancy: int | None = None
