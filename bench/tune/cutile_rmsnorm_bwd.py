@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -28,6 +27,7 @@ sys.path.insert(0, ROOT)
 
 from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import best_timed, read_table, save_sweep, write_table  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
@@ -149,9 +149,8 @@ def sweep_width(N: int, dtype, dev, args) -> dict:
         entry["configs"][k]["vs_copy_rounds"] = [round(r, 4) for r in rs]
     for rec in entry["configs"]:
         print(f"N={N:>6} {rec.get('vs_copy', 0):6.3f}x  {rec['config']:<64} {rec.get('error', '')[:100]}", flush=True)
-    ok = [c for c in entry["configs"] if "vs_copy" in c]
-    if ok:
-        best = max(ok, key=lambda c: c["vs_copy"])
+    best = best_timed(entry["configs"])
+    if best:
         cfg = BwdConfig(**best["fields"])
         t = {True: [], False: []}  # the dw reduction's share: with dw / dx only, interleaved rounds
         for _ in range(args.rounds):
@@ -186,17 +185,8 @@ def main(argv=None) -> int:
     for N in args.ns:
         results["sweep"].append(sweep_width(N, dtype, dev, args))
         torch.cuda.empty_cache()
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"rmsnorm_bwd_configs_{dname}.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print("\nsummary (best per N):")
-    for entry in results["sweep"]:
-        ok = [c for c in entry["configs"] if "vs_copy" in c]
-        if ok:
-            b = max(ok, key=lambda c: c["vs_copy"])
-            print(f"  N={entry['N']:>6} {b['vs_copy']:.3f}x  dw share {100 * entry.get('dw_share', 0):4.1f} %  {b['config']}")
-    print(f"wrote {path}")
+    save_sweep(results, args.out, f"rmsnorm_bwd_configs_{dname}.json",
+               note=lambda entry: f"dw share {100 * entry.get('dw_share', 0):4.1f} %  ")
     if args.write_configs:
         print(f"wrote {write_configs(results, dev)}")
     return 0
@@ -204,12 +194,11 @@ def main(argv=None) -> int:
 
 def write_configs(results: dict, dev) -> str:
     """The best measured config per width into the package's backward table (this arch and dtype)."""
-    table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}
+    table = read_table(CONFIG_TABLE)
     rows = {e["N"]: e for e in table["configs"].get(dev.arch_name, {}).get(results["dtype"], [])}
     for sweep in results["sweep"]:
-        ok = [c for c in sweep["configs"] if "vs_copy" in c]
-        if ok:
-            best = max(ok, key=lambda c: c["vs_copy"])
+        best = best_timed(sweep["configs"])
+        if best:
             rows[sweep["N"]] = {"N": sweep["N"], "config": best["fields"], "vs_copy": round(best["vs_copy"], 4),
                                 "dw_share": round(sweep.get("dw_share", 0.0), 4)}
     table["configs"].setdefault(dev.arch_name, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
@@ -217,11 +206,7 @@ def write_configs(results: dict, dev) -> str:
     src["gpu"] = dev.name
     src.setdefault("runs", {})[results["dtype"]] = {"date": datetime.date.today().isoformat(),
                                                     "command": results["command"]}
-    os.makedirs(os.path.dirname(CONFIG_TABLE), exist_ok=True)
-    with open(CONFIG_TABLE, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    return CONFIG_TABLE
+    return write_table(table, CONFIG_TABLE)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Also reports the host cost per call of ct.launch and of cutile_norms.rms_norm (s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ sys.path.insert(0, ROOT)
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, per_call_us, ratios_to_copy  # noqa: E402
+from bench.tune.sweep import best_timed, read_table, save_sweep, write_table  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
@@ -214,23 +214,13 @@ def main(argv=None) -> int:
                   f"{rec.get('error', '')[:120]}", flush=True)
         if args.confirm:
             confirm(entry, x, w, dev, args)
-        best = max((c for c in entry["configs"] if "vs_copy" in c), key=lambda c: c["vs_copy"], default=None)
+        best = best_timed(entry["configs"])
         if best:
             print(f"N={N:>6} BEST {best['vs_copy']:.3f}x {best['config']}", flush=True)
         results["sweep"].append(entry)
         del x, w
         torch.cuda.empty_cache()
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"rmsnorm_fwd_configs_{str(dtype).removeprefix('torch.')}.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    print("\nsummary (best per N):")
-    for entry in results["sweep"]:
-        ok = [c for c in entry["configs"] if "vs_copy" in c]
-        if ok:
-            b = max(ok, key=lambda c: c["vs_copy"])
-            print(f"  N={entry['N']:>6} {b['vs_copy']:.3f}x  {b['config']}")
-    print(f"wrote {path}")
+    save_sweep(results, args.out, f"rmsnorm_fwd_configs_{str(dtype).removeprefix('torch.')}.json")
     if args.write_configs:
         print(f"wrote {write_configs(results, e, ' '.join(sys.argv[1:]))}")
     return 0
@@ -266,14 +256,13 @@ def write_configs(results: dict, e: int, argv: str) -> str:
     from cutile_norms.cutile.rmsnorm_fwd_config import CONFIG_TABLE
 
     dev = device_info("cuda")
-    table = json.load(open(CONFIG_TABLE)) if os.path.exists(CONFIG_TABLE) else {"source": {}, "configs": {}}
+    table = read_table(CONFIG_TABLE)
     arch = table["configs"].setdefault(dev.arch_name, {})
     for mode, in_family in FAMILIES.items():
         entries = {(ent["row_bytes"], ent.get("dtype", "")): ent for ent in arch.get(mode, [])}
         for sweep in results["sweep"]:
-            timed = [c for c in sweep["configs"] if "vs_copy" in c and in_family(FwdConfig(**c["fields"]))]
-            if timed:
-                best = max(timed, key=lambda c: c["vs_copy"])
+            best = best_timed(sweep["configs"], keep=lambda c: in_family(FwdConfig(**c["fields"])))
+            if best:
                 entries[(sweep["N"] * e, results["dtype"])] = {"row_bytes": sweep["N"] * e, "measured_n": sweep["N"], "dtype": results["dtype"],
                                            "config": best["fields"], "vs_copy": round(best["vs_copy"], 4)}
         arch[mode] = sorted(entries.values(), key=lambda ent: (ent["row_bytes"], ent.get("dtype", "")))
@@ -286,11 +275,7 @@ def write_configs(results: dict, e: int, argv: str) -> str:
     runs.append({"date": datetime.date.today().isoformat(), "dtype": results["dtype"],
                  "command": f"python bench/tune/cutile_rmsnorm_fwd.py {argv}", "row_bytes": measured})
     table["source"][dev.arch_name] = {"gpu": dev.name, "runs": runs}
-    os.makedirs(os.path.dirname(CONFIG_TABLE), exist_ok=True)
-    with open(CONFIG_TABLE, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    return CONFIG_TABLE
+    return write_table(table, CONFIG_TABLE)
 
 
 if __name__ == "__main__":
