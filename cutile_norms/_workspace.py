@@ -65,3 +65,13 @@ def workspace(kind: str, numel: int, dtype: torch.dtype, device: torch.device, s
         ws.record_stream(torch.cuda.ExternalStream(stream, device=device))
     ws = _BUFFERS[key] = _allocate_outside_pools(need, dtype, device, zero)
     return ws
+
+
+def grad_outputs(x2d: torch.Tensor, weight, need_dx: bool, need_dw: bool, out=None):
+    """(dx [M, N] in x's dtype or None, dw [N] in the weight's dtype or None): the backward's outputs,
+    the caller's `out` pair when given."""
+    if out is not None:
+        return out
+    dx = torch.empty(x2d.shape, dtype=x2d.dtype, device=x2d.device) if need_dx else None
+    dw = torch.empty(weight.shape[0], dtype=weight.dtype, device=x2d.device) if need_dw else None
+    return dx, dw

@@ -443,10 +443,12 @@ def documented_refusals(mode: str, x) -> set[str]:
     why_not = cn.available_modes(x.device)[mode]
     if why_not:
         return {" ".join(why_not.split())}
-    if mode == "torch":
+    if mode == "torch" or not x.numel():
         return set()
-    rows = x.detach().reshape(-1, x.shape[-1]) if x.numel() else None
-    why = dispatch.backend(mode).unsupported(rows) if rows is not None and rows.stride(-1) == 1 else None
+    rows = x.detach().reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1 and rows.shape[-1] > 1:  # the API copies such rows first (rmsnorm.as_rows)
+        rows = rows.contiguous()
+    why = dispatch.backend(mode).unsupported(rows)
     return {" ".join(why.split())} if why else set()
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .._platform import DeviceInfo
-from .._workspace import current_raw_stream, workspace
+from .._workspace import current_raw_stream, grad_outputs, workspace
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
 from .compile import CompileCache, compile_options, cutlass_dtype
 
@@ -130,11 +130,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         dy2d = dy2d.as_strided((1, N), (N, 1))
     if has_w and weight.data_ptr() % 16:
         weight = weight.clone()
-    if out is not None:
-        dx, dw = out
-    else:
-        dx = torch.empty(M, N, dtype=x2d.dtype, device=device) if need_dx else None
-        dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
+    dx, dw = grad_outputs(x2d, weight, need_dx, need_dw, out)
     clusters = min(M, max_clusters(device.index, cfg.cluster_n, sm_count))
     stream = current_raw_stream(device.index)
     part = workspace("cute_bwd_partials", (clusters if need_dw else 1) * N, torch.float32, device, stream, zero=False)

@@ -162,7 +162,7 @@ class TmaSmemCachedForward:
     def forward(self, x2d, weight, eps, offset, store_rstd, dev: DeviceInfo, cfg: FwdConfig | None = None,
                 out: tuple | None = None, out_shape=None):
         """x2d as `unsupported` accepts it: the API layer checked that once per call signature
-        (rmsnorm._plan) and raises or routes around it there."""
+        (rmsnorm.plan) and raises or routes around it there."""
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
         return launch(cfg, x2d, weight, eps, offset, store_rstd, out, out_shape)
 

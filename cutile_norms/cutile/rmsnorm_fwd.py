@@ -211,7 +211,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
 def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: torch.dtype | None,
              store_rstd: bool, sm_count: int):
     """`launch` for one call signature (M free) with everything but the tensors worked out once: the
-    host path at batch 1, where a call is host bound (bench/probe/host_path.py). Returns
+    host path at batch 1, where a call is host bound (bench/decode.py times it). Returns
     run(x2d, weight, eps, offset, out_shape) -> (y, rstd), or None where the signature needs the
     general path (2-D padded y, the split kernel's slots, the fp32 weight's planes)."""
     if row_pad(cfg) > 1 or cfg.kernel == "split" or weight_planes_offset(dtype, w_dtype, N):

@@ -116,7 +116,7 @@ FAMILIES = {  # which configs implement each mode's idea
 def _table_config(fields: dict) -> FwdConfig:
     """A table entry's config. Entries swept before w_early existed have no such field: a one-row
     multi-wave cached tile takes it, the others keep their measured loads. Measured on the H200
-    with the table's configs, off / on (bench/probe/w_early_both_ends.py, docs/design.md):
+    with the table's configs, off / on (docs/design.md):
     without it the weight's loads wait for x's sum of squares (SASS), a second DRAM round trip in
     series that nothing hides when a launch has fewer blocks than SMs: bf16 N = 4096, M = 1
     5.4 -> 5.1 us (copy 4.6), fp32 4096 5.9 -> 5.3; at full size a tie or better (bf16 4096

@@ -148,7 +148,7 @@ def weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES, base=0):
     (TILE_M, size) for multi-row tiles: gathered once per row of the tile, in the x tile's own
     layout. A (1, size) gather broadcast over the rows went through shared memory (a layout change,
     a barrier) before the x loads were even issued: 0.969 against 0.992 without a weight (N=512,
-    4-row tiles, H200, bench/probe/weight_cost.py). The repeated reads are L1 hits."""
+    4-row tiles, H200). The repeated reads are L1 hits."""
     cols = ct.arange(size, dtype=ct.int32) + off
     if TILE_M > 1:
         cols = ct.reshape(cols, (1, size)) + ct.zeros((TILE_M, 1), dtype=ct.int32)

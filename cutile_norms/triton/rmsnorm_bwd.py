@@ -8,7 +8,7 @@ import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._platform import DeviceInfo
-from .._workspace import workspace
+from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
 from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config)
 from .rmsnorm_bwd_kernel import dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel
@@ -47,11 +47,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     need_dw = need_dw and weight is not None
     if weight is not None and weight.stride(0) != 1 and N > 1:  # the kernel reads the weight at unit stride
         weight = weight.contiguous()
-    if out is not None:
-        dx, dw = out
-    else:
-        dx = torch.empty(M, N, dtype=x2d.dtype, device=device) if need_dx else None
-        dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
+    dx, dw = grad_outputs(x2d, weight, need_dx, need_dw, out)
     if not (need_dx or need_dw):
         return dx, dw
     sx = x2d.stride(0) if M > 1 else N

@@ -27,12 +27,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exchange, slot_flag, slot_word, slot_row_stride
+from ._common import exchange, program_part, slot_flag, slot_row_stride, slot_word
 
 
 # ================================================================================================
 # Kernels
 # ================================================================================================
+@triton.jit
+def _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
+    """Chunk c of a part too long for registers: (its columns, their in-row mask, the tile mask, x and
+    dy in fp32)."""
+    lanes_c = c * BLOCK_N + lanes
+    cols_c = col0 + lanes_c
+    ok_c = (lanes_c < PART) & (cols_c < N)
+    mask_c = row_ok[:, None] & ok_c[None, :]
+    xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    dyc = tl.load(dy_rows + cols_c[None, :], mask=mask_c, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    return cols_c, ok_c, mask_c, xc, dyc
+
+
 @triton.jit
 def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
@@ -41,9 +54,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                         PHASE: tl.constexpr, INT64: tl.constexpr):
     # DW: dw itself (one row group, parts in registers) or the R x N fp32 partials. PHASE as in the forward:
     # 0 = one launch; under the interpreter a split launch runs PHASE 1 (dot partials and dw), then 2 (dx).
-    pid = tl.program_id(0)
-    part = pid % SPLIT
-    group = pid // SPLIT
+    part, group = program_part(SPLIT)
     groups = tl.num_programs(0) // SPLIT
     lanes = tl.arange(0, BLOCK_N)
     col0 = part * PART
@@ -106,15 +117,9 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
             if SPLIT > 1 and NEED_DX:
                 flag = slot_flag(SLOTS, tile, rows, row_ok, part, ROWS, SPLIT, PHASE)
             dot = tl.zeros([ROWS], dtype=tl.float32)
-            for c in range(CHUNKS):
-                lanes_c = c * BLOCK_N + lanes
-                cols_c = col0 + lanes_c
-                ok_c = (lanes_c < PART) & (cols_c < N)
-                mask_c = row_ok[:, None] & ok_c[None, :]
-                xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
-                             eviction_policy="evict_last").to(tl.float32)
-                dyc = tl.load(dy_rows + cols_c[None, :], mask=mask_c, other=0.0,
-                              eviction_policy="evict_last").to(tl.float32)
+            for c in range(CHUNKS):  # first pass: the dot (x and dy kept in L2 for the second)
+                cols_c, ok_c, mask_c, xc, dyc = _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N, BLOCK_N,
+                                                       "evict_last")
                 xhat_c = xc * rstd[:, None]
                 gc = dyc
                 if HAS_W:
@@ -132,15 +137,9 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                 dx = rstd[:, None] * (g - xhat * mean[:, None])
                 tl.store(dx_rows + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             else:
-                for c in range(CHUNKS):
-                    lanes_c = c * BLOCK_N + lanes
-                    cols_c = col0 + lanes_c
-                    ok_c = (lanes_c < PART) & (cols_c < N)
-                    mask_c = row_ok[:, None] & ok_c[None, :]
-                    xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
-                                 eviction_policy="evict_first").to(tl.float32)
-                    dyc = tl.load(dy_rows + cols_c[None, :], mask=mask_c, other=0.0,
-                                  eviction_policy="evict_first").to(tl.float32)
+                for c in range(CHUNKS):  # second pass: dx (x and dy read for the last time)
+                    cols_c, ok_c, mask_c, xc, dyc = _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N,
+                                                           BLOCK_N, "evict_first")
                     gc = dyc
                     if HAS_W:
                         gc = dyc * (tl.load(W + cols_c, mask=ok_c, other=0.0).to(tl.float32) + offset)[None, :]
@@ -203,9 +202,7 @@ def rms_norm_bwd_tma_kernel(XD, DYD, W, RSTD, DX, DW, SLOTS, M, offset, N,
     partial sums; the register prefetch of the pointer kernel held one row ahead in registers and
     left one program per SM. The exchange, the flags and dw are the pointer kernel's (`exchange`);
     the poll is `_poll_low_words`. PHASE as in rms_norm_bwd_kernel (the interpreter's two launches)."""
-    pid = tl.program_id(0)
-    part = pid % SPLIT
-    group = pid // SPLIT
+    part, group = program_part(SPLIT)
     groups = tl.num_programs(0) // SPLIT
     cols = part * (C * INNER) + tl.arange(0, C * INNER)
     if HAS_W:

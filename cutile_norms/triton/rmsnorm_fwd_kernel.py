@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exchange, slot_flag
+from ._common import exchange, program_part, slot_flag
 
 
 # ================================================================================================
@@ -49,13 +49,11 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
     # per row: the config's one_tile): straight-line code for the program's one tile,
     # the weight loaded where it is used. With a row's parts waiting for each other, the tile loop
     # and the early weight load measured 0.75 x copy against 0.987 without them (N = 65536, 16 parts
-    # of 4096, 4 warps; bench/probe/triton_split_wait.py). Else the tile loop (one trip without a
+    # of 4096, 4 warps). Else the tile loop (one trip without a
     # persistent grid) with the weight loaded first: whole rows of up to 8 warps measured the same
     # either way (16 warps at 8192 did not: 0.947 with the loop, 0.993 without), and
     # two-pass rows 1-4 % faster with the loop (5120: 0.982 against 0.947).
-    pid = tl.program_id(0)
-    part = pid % SPLIT
-    group = pid // SPLIT
+    part, group = program_part(SPLIT)
     if ONE_TILE:
         last = group + 1
         step = 1
