@@ -15,10 +15,11 @@ import sys
 from ._experimental import ExperimentalKernelWarning, enable_experimental, experimental_kernel
 from .dispatch import MODES
 from .patch import patch
+from .residual import add_rms_norm, add_rms_norm_
 from .rmsnorm import RMSNorm, available_modes, explain, rms_norm
 
 __version__ = "0.1.0"
-__all__ = ["rms_norm", "RMSNorm", "available_modes", "explain", "enable_experimental",
+__all__ = ["rms_norm", "add_rms_norm", "add_rms_norm_", "RMSNorm", "available_modes", "explain", "enable_experimental",
            "experimental_kernel", "ExperimentalKernelWarning", "MODES", "patch"]
 
 

@@ -339,3 +339,23 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
         return Choice(mode.name, f"asked for explicitly; backward: the cuTile persistent kernel ({refusal})",
                       bwd_mode="multi_wave_cached")
     return Choice(mode.name, "asked for explicitly")
+
+
+# The residual add (rms_norm(..., residual=r)): fused into the norm by the Triton kernel in
+# experimental/ (x and r read once, h and y written once) where the user opted in to experimental
+# kernels and Triton runs here; everywhere else the add runs as one torch.add into h before the norm
+# kernel `resolve` picks for h (a full extra pass over h: 5 M N e bytes instead of 4). The backward
+# is always the norm's backward kernel on h plus the grad flowing into h from later layers.
+FUSED_ADD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_norm_fwd"
+
+
+def residual_add_unfused(mode_name: str | None, norm_mode: str, dev: DeviceInfo, tools: Toolchain) -> str | None:
+    """None where the fused add + norm kernel runs for a call that asked for `mode_name` and whose norm
+    `resolve` gave as `norm_mode`, else why the add runs unfused before that mode's norm kernel."""
+    if norm_mode == "torch":
+        return "mode torch: the reference's ops"
+    if not experimental_enabled():
+        return f"the fused add + norm kernel is experimental (opt in with {ENV_VAR}=1)"
+    if mode_name not in (None, "triton"):
+        return f"mode {mode_name!r} has no fused add kernel yet (Triton's is the only one)"
+    return unavailable_reason(MODES["triton"], dev, tools)

@@ -39,3 +39,16 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
     if need_dw and weight is not None:
         dw = (dyc * xhat).sum(dim=0).to(weight.dtype)
     return dx, dw
+
+
+def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                           eps: float = 1e-6, offset: float = 0.0, residual_dtype: torch.dtype | None = None, *,
+                           compute_dtype: torch.dtype = torch.float32):
+    """The fused residual add's reference: (y in x.dtype, h in residual_dtype (default x's), rstd).
+
+    h = x + residual, summed in compute_dtype and rounded once to residual_dtype; y normalizes h as
+    stored (the value the next layer reads), so the fused op equals the unfused `h = x + r` then
+    `rms_norm(h)` whenever residual_dtype is x's. Differentiable: dx = dresidual = the grad into h."""
+    h = (x.to(compute_dtype) + residual.to(compute_dtype)).to(residual_dtype or x.dtype)
+    y, rstd = rms_norm_reference(h, weight, eps, offset, compute_dtype=compute_dtype)
+    return y.to(x.dtype), h, rstd

@@ -24,17 +24,17 @@ from ._experimental import experimental_enabled
 from ._platform import DeviceInfo, device_info, toolchain
 from .reference import rms_norm_backward, rms_norm_reference
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_TORCH_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None (torch.nn.RMSNorm's default), measured equal
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TORCH_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None (torch.nn.RMSNorm's default), measured equal
 
 
 # ================================================================================================
 # Validation
 # ================================================================================================
-def _validate(x, weight, eps, offset) -> None:
+def validate(x, weight, eps, offset) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _DTYPES:
+    if x.dtype not in DTYPES:
         raise TypeError(f"x must be float16, bfloat16 or float32, got {x.dtype}")
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the normalized one), got a 0-d tensor")
@@ -61,7 +61,7 @@ def _validate(x, weight, eps, offset) -> None:
                          f"pass a weight or offset=0")
 
 
-def _as_rows(x: torch.Tensor) -> torch.Tensor:
+def as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as [M, N] with unit column stride, a view whenever torch can make one (x itself when it is one:
     inside a forward + backward every torch call costs ~4-5 us of host time, docs/design.md)."""
     x2d = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
@@ -74,17 +74,16 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 # Autograd
 # ================================================================================================
 class _RMSNormFunction(torch.autograd.Function):
-    """The kernel forward (saving x's rows, the weight and rstd in fp32) and the mode's backward kernel.
-    Takes x in its own shape and gives y in it: x's rows are made here, where no autograd node records
-    the reshape (two view nodes per call otherwise, each a few µs of host time in a training step)."""
+    """The eager autograd node over `forward_rows` and `backward_rows`, the implementation the custom ops
+    below run too. Takes x in its own shape and gives y in it: x's rows are made inside, where no
+    autograd node records the reshape (two view nodes per call otherwise, each a few µs of host time
+    in a training step)."""
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, mode, bwd_mode, dev, run=None):
-        # run: the plan's prepared launch (x2d, weight, eps, offset, out_shape) -> (y, rstd), if any;
-        # bwd_mode: the mode whose backward kernel runs (dispatch.Choice.backward_mode)
-        x2d = _as_rows(x)
-        y, rstd = (run(x2d, weight, eps, offset, x.shape) if run is not None else
-                   dispatch.backend(mode).forward(x2d, weight, eps, offset, True, dev, out_shape=x.shape))
+        # run: the call plan's prepared launch, if any; bwd_mode: dispatch.Choice.backward_mode
+        x2d = as_rows(x)
+        y, rstd = forward_rows(x2d, weight, eps, offset, True, mode, dev, x.shape, run)
         ctx.save_for_backward(x2d, weight, rstd)
         ctx.offset, ctx.bwd_mode, ctx.dev, ctx.x_shape = offset, bwd_mode, dev, x.shape
         return y
@@ -94,14 +93,35 @@ class _RMSNormFunction(torch.autograd.Function):
         x2d, weight, rstd = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
         need_dw = weight is not None and ctx.needs_input_grad[1]
-        dx, dw = dispatch.backward_backend(ctx.bwd_mode).backward(
-            _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, ctx.offset, need_dx, need_dw, ctx.dev)
+        dx, dw = backward_rows(dy, x2d, weight, rstd, ctx.offset, ctx.bwd_mode, need_dx, need_dw, ctx.dev)
         if dx is not None and dx.shape != ctx.x_shape:
             dx = dx.view(ctx.x_shape)
         return dx, dw, None, None, None, None, None, None
 
 
-def _grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
+# ================================================================================================
+# The implementation both autograd paths run (eager: _RMSNormFunction and the call plans; compiled:
+# the custom ops)
+# ================================================================================================
+def forward_rows(x2d, weight, eps, offset, store_rstd, mode, dev, out_shape, run=None):
+    """(y in out_shape, rstd [M] fp32 or None) from the mode's kernel; `run` is a call plan's launch
+    prepared for this signature (the backend's `launcher`), else the backend's forward decides."""
+    if run is not None:
+        return run(x2d, weight, eps, offset, out_shape)
+    return dispatch.backend(mode).forward(x2d, weight, eps, offset, store_rstd, dev, out_shape=out_shape)
+
+
+def backward_rows(dy, x2d, weight, rstd, offset, bwd_mode, need_dx, need_dw, dev):
+    """(dx [M, N] or None, dw [N] or None) from the backward kernel of `bwd_mode`; mode "torch" and
+    empty x take the reference's closed form."""
+    dy2d = grad_rows(dy, x2d)
+    if bwd_mode == "torch" or x2d.numel() == 0:
+        return rms_norm_backward(dy2d, x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
+    return dispatch.backward_backend(bwd_mode).backward(dy2d, x2d, _unit_stride(weight), rstd, offset,
+                                                        need_dx, need_dw, dev)
+
+
+def grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
     """dy as [M, N] rows with unit column stride in x's dtype. Autograd hands out expanded grads (a
     row stride of 0 is read in place) and, rarely, transposed or other-dtype ones (copied)."""
     if dy.shape != x2d.shape:
@@ -124,19 +144,18 @@ def _unit_stride(weight):
 # cutile_norms::rms_norm_bwd, wired by register_autograd): dynamo never traces the dispatch code or
 # cuTile's launch, the fake impls give inductor the output shapes with M symbolic, and CUDA graphs
 # (mode="reduce-overhead") capture the kernels' launches. Eager calls skip the op layer (the
-# dispatcher's round trip through Python costs host time at batch 1) and run the same kernels
-# through _RMSNormFunction. The mode travels as a string ("" = None) and is resolved inside the op,
-# per call, with the real M.
+# dispatcher's round trip through Python costs host time at batch 1) and reach the same `forward_rows`
+# and `backward_rows` through _RMSNormFunction. The mode travels as a string ("" = None) and is resolved
+# inside the op, per call, with the real M.
 @torch.library.custom_op("cutile_norms::rms_norm_fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, mode: str,
             store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(y in x's shape and dtype, rstd [M] fp32, or an empty tensor without store_rstd)."""
-    dev, M, choice = _plan(x, mode or None)
+    dev, M, choice = plan(x, mode or None)
     if choice.mode == "torch" or x.numel() == 0:
         y, rstd = rms_norm_reference(x, weight, eps, offset)
         return y.contiguous(), rstd.reshape(-1).float() if store_rstd else x.new_empty(0, dtype=torch.float32)
-    y, rstd = dispatch.backend(choice.mode).forward(_as_rows(x), weight, eps, offset, store_rstd, dev,
-                                                    out_shape=x.shape)
+    y, rstd = forward_rows(as_rows(x), weight, eps, offset, store_rstd, choice.mode, dev, x.shape)
     return y, rstd if store_rstd else x.new_empty(0, dtype=torch.float32)
 
 
@@ -151,14 +170,10 @@ def _fwd_fake(x, weight, eps, offset, mode, store_rstd):
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
             mode: str, need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx in x's shape and dtype, dw [N] in the weight's dtype); an empty tensor for a grad not asked for."""
-    x2d = _as_rows(x)
-    dev, M, choice = _plan(x, mode or None)
+    dev, M, choice = plan(x, mode or None)
     need_dw = need_dw and weight is not None
-    if choice.mode == "torch" or x.numel() == 0:
-        dx, dw = rms_norm_backward(_grad_rows(dy, x2d), x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
-    else:
-        dx, dw = dispatch.backward_backend(choice.backward_mode).backward(
-            _grad_rows(dy, x2d), x2d, _unit_stride(weight), rstd, offset, need_dx, need_dw, dev)
+    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+    dx, dw = backward_rows(dy, as_rows(x), weight, rstd, offset, bwd_mode, need_dx, need_dw, dev)
     return (dx.view(x.shape) if need_dx else x.new_empty(0),
             dw if need_dw else x.new_empty(0))
 
@@ -198,7 +213,7 @@ def _rms_norm_traced(x, weight, eps: float, offset: float, mode: str | None) -> 
 # ================================================================================================
 # Public entry points
 # ================================================================================================
-def _plan(x, mode):
+def plan(x, mode):
     N = x.shape[-1]
     M = x.numel() // N if N else 0
     dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
@@ -206,7 +221,7 @@ def _plan(x, mode):
     # (x's 16-byte alignment is part of the call plans' key)
     backend = None if choice.mode == "torch" else dispatch.backend(choice.mode)
     if M and backend is not None and not backend.takes_every_row:
-        why = backend.unsupported(_as_rows(x), batch_invariant=mode is None)
+        why = backend.unsupported(as_rows(x), batch_invariant=mode is None)
         if why:  # the mode cannot take these rows: an error when asked for, another mode for mode=None
             if mode is not None:
                 raise ValueError(why)
@@ -223,7 +238,8 @@ def _route(mode, device, dtype, M, N, _experimental_on):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
-             mode: str | None = None, offset: float = 0.0) -> torch.Tensor:
+             mode: str | None = None, offset: float = 0.0, residual: torch.Tensor | None = None,
+             residual_dtype: torch.dtype | None = None):
     """RMSNorm over the last dim: x * rsqrt(mean(x^2) + eps) * (offset + weight).
 
     eps=None: what torch's rms_norm does, torch.finfo(torch.float32).eps (its math type's epsilon,
@@ -231,51 +247,57 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
     measured heuristic; `explain()` says what it picks), "multi_wave_reload", "multi_wave_cached",
     "static_persistent" (cuTile), "tma_smem_cached" (CuTe DSL), "triton", or "torch" (the fp32
     reference). A mode that cannot run here raises and says why. Under torch.compile the call is one
-    opaque op (see the torch.library ops above).
+    opaque op (see the torch.library ops above). With `residual`: the residual add fused in front,
+    returning (y, h) with h = x + residual (cutile_norms.residual, add_rms_norm).
     """
+    if residual is not None or residual_dtype is not None:
+        if residual is None:
+            raise ValueError("residual_dtype is the dtype of h = x + residual; it needs a residual")
+        from .residual import add_rms_norm
+        return add_rms_norm(x, residual, weight, eps, mode=mode, offset=offset, residual_dtype=residual_dtype)
     if eps is None:  # torch's rms_norm: the epsilon of its math type, fp32 for all three dtypes
-        eps = _TORCH_DEFAULT_EPS
+        eps = TORCH_DEFAULT_EPS
     if torch.compiler.is_compiling():
-        _validate(x, weight, eps, offset)
+        validate(x, weight, eps, offset)
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
         grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
         key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, x.data_ptr() & 15,
                None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device))
-        plan = _PLANS.get(key)
-        if plan is None:
-            plan = _call_plan(x, weight, eps, offset, mode, grad)
+        call = _PLANS.get(key)
+        if call is None:
+            call = _call_plan(x, weight, eps, offset, mode, grad)
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
-            _PLANS[key] = plan
-        return plan(x, weight)
-    _validate(x, weight, eps, offset)  # raises: x or the weight is not a tensor
+            _PLANS[key] = call
+        return call(x, weight)
+    validate(x, weight, eps, offset)  # raises: x or the weight is not a tensor
 
 
 # Call plans: the call signature (shapes, strides, dtypes, devices, eps, offset, mode, autograd or
 # not) -> a function of (x, weight) that runs the kernel with nothing left to decide. At batch 1 a call
-# is host bound: validation and routing cost ~12 us of a 40 us call on an H100 host
-# (bench/probe/host_path.py). Tensors' values are never part of the key: only what was validated.
+# is host bound: validation and routing measured ~12 us of a 40 us call on an H100 host; a plan
+# leaves them to the first call of a signature (bench/decode.py times calls). Tensors' values are never part of the key: only what was validated.
 _PLANS: dict = {}
 _MAX_PLANS = 4096  # a serving loop meets a few signatures per model; past this the dict starts over
 
 
 def _call_plan(x, weight, eps, offset, mode, grad: bool):
-    _validate(x, weight, eps, offset)
-    dev, M, choice = _plan(x, mode)
+    validate(x, weight, eps, offset)
+    dev, M, choice = plan(x, mode)
     eps, offset = float(eps), float(offset)
     if choice.mode == "torch" or x.numel() == 0:  # empty: the reference's ops give empty dx and zero dw
         return lambda x, w: rms_norm_reference(x, w, eps, offset)[0].contiguous()  # y contiguous, as documented
     backend = dispatch.backend(choice.mode)
-    x2d = _as_rows(x)
+    x2d = as_rows(x)
     shape, N, mode_name, bwd_mode = x.shape, x.shape[-1], choice.mode, choice.backward_mode
     w_dtype = None if weight is None else weight.dtype
     run = backend.launcher(M, N, x2d.stride(0), x.dtype, w_dtype, grad, dev)
     if grad:
         return lambda x, w: _RMSNormFunction.apply(x, w, eps, offset, mode_name, bwd_mode, dev, run)
     if run is None:
-        return lambda x, w: backend.forward(_as_rows(x), w, eps, offset, False, dev, out_shape=shape)[0]
-    return lambda x, w: run(_as_rows(x), w, eps, offset, shape)[0]
+        return lambda x, w: forward_rows(as_rows(x), w, eps, offset, False, mode_name, dev, shape)[0]
+    return lambda x, w: run(as_rows(x), w, eps, offset, shape)[0]  # forward_rows with its launch, one call less
 
 
 def available_modes(device: torch.device | str | int | None = None) -> dict[str, str | None]:
@@ -287,10 +309,12 @@ def available_modes(device: torch.device | str | int | None = None) -> dict[str,
 
 
 def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | None = None,
-            offset: float = 0.0, eps: float = 1e-6) -> str:
-    """Which kernel and launch config `rms_norm` would run for these tensors, and why."""
-    _validate(x, weight, eps, offset)
-    dev, M, choice = _plan(x, mode)
+            offset: float = 0.0, eps: float = 1e-6, residual: torch.Tensor | None = None,
+            residual_dtype: torch.dtype | None = None) -> str:
+    """Which kernel and launch config `rms_norm` would run for these tensors, and why (with
+    `residual`: also how the add runs; the norm's lines are then about h = x + residual)."""
+    validate(x, weight, eps, offset)
+    dev, M, choice = plan(x, mode)
     N = x.shape[-1]
     wdesc = "none" if weight is None else str(weight.dtype).removeprefix("torch.")
     lines = [f"rms_norm on {_where(dev)}: x {str(x.dtype).removeprefix('torch.')} {list(x.shape)} "
@@ -304,6 +328,10 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
         lines.append("kernel: " + dispatch.backend(choice.mode).describe(M, N, x.dtype, dev))
         lines.append("backward: " + dispatch.backward_backend(choice.backward_mode).describe(
             M, N, x.dtype, dev, weight.dtype if weight is not None else None))
+    if residual is not None:
+        from .residual import describe, validate_residual
+        validate_residual(x, residual, residual_dtype)
+        lines.append(describe(x, residual, residual_dtype, mode))
     return "\n".join(lines)
 
 
@@ -343,10 +371,16 @@ class RMSNorm(torch.nn.Module):
         if self.weight is not None:
             torch.nn.init.constant_(self.weight, 1.0 - self.offset)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """y, or (y, h) with h = x + residual when given one (vLLM's and Liger's modules' form)."""
         k = len(self.normalized_shape)
         if tuple(x.shape[-k:]) != self.normalized_shape:
             raise ValueError(f"expected x's trailing dims {self.normalized_shape}, got {tuple(x.shape)}")
+        if residual is not None:
+            w = None if self.weight is None else self.weight.reshape(-1)
+            flat = (lambda t: t.reshape(*t.shape[:-k], -1)) if k > 1 else (lambda t: t)
+            y, h = rms_norm(flat(x), w, self.eps, mode=self.mode, offset=self.offset, residual=flat(residual))
+            return y.view(x.shape), h.view(x.shape)
         if k == 1:
             return rms_norm(x, self.weight, self.eps, mode=self.mode, offset=self.offset)
         flat = x.reshape(*x.shape[:-k], -1)

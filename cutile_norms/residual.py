@@ -1,0 +1,226 @@
+"""The residual add fused with RMSNorm: `add_rms_norm` (differentiable; what `rms_norm(..., residual=r)`
+and `RMSNorm.forward(x, residual)` call) and `add_rms_norm_` (in place, for serving).
+
+Contract:
+  * x [..., N] in fp16/bf16/fp32; residual of x's shape, fp16/bf16/fp32, on x's device; weight, eps,
+    offset and mode as for `rms_norm`.
+  * h = x + residual, summed in fp32 and rounded once to residual_dtype (default: x's dtype);
+    y = rms_norm(h) of h as stored (the value the next layer reads), in x's dtype. With residual_dtype
+    x's dtype, (y, h) equal the unfused `h = x + residual; y = rms_norm(h, ...)` bit for bit.
+  * add_rms_norm returns (y, h), both contiguous in x's shape, differentiable in x, residual and the
+    weight: the grad into h is the norm's backward on h plus the grad h receives from later uses,
+    and dx and dresidual are that grad in x's and the residual's dtype.
+  * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
+    fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
+  * Kernels (dispatch.residual_add_unfused decides): the fused Triton kernel (experimental/,
+    opted in) reads x and r once and writes h and y once; elsewhere one torch.add writes h and the
+    norm kernel `mode` resolves to runs on it. The backward is the norm's backward kernel on h.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from . import dispatch
+from ._platform import toolchain
+from .reference import add_rms_norm_reference
+from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate)
+
+
+def validate_residual(x, residual, residual_dtype) -> None:
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor, got {type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    if residual.dtype not in DTYPES:
+        raise TypeError(f"residual must be float16, bfloat16 or float32, got {residual.dtype}")
+    if residual.device != x.device:
+        raise ValueError(f"x and residual must be on the same device, got {x.device} and {residual.device}")
+    if residual_dtype is not None and residual_dtype not in DTYPES:
+        raise TypeError(f"residual_dtype must be None, float16, bfloat16 or float32, got {residual_dtype}")
+
+
+def _fused_kernel():
+    module, _, name = dispatch.FUSED_ADD_KERNEL.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _sum_into(h, x, r) -> None:
+    """h <- x + r, summed in fp32 and rounded once to h's dtype. torch.add rounds to the operands'
+    promoted dtype first: right when that is fp32 or h's own dtype, twice rounded otherwise."""
+    promoted = torch.promote_types(x.dtype, r.dtype)
+    if promoted in (torch.float32, h.dtype):
+        torch.add(x, r, out=h)
+    elif h.dtype == torch.float32:  # 16-bit operands into an fp32 h: widen x exactly, then one fp32 add
+        h.copy_(x)
+        h.add_(r)
+    else:  # bf16 operands into an fp16 h or the reverse
+        torch.add(x.float(), r, out=h)
+
+
+def _weight_for(weight, h_dtype):
+    """The weight as the norm kernels take it for rows of h_dtype (its own dtype or fp32): a 16-bit
+    weight of x's dtype with an fp32 h is widened (N elements, exact)."""
+    if weight is None or weight.dtype in (h_dtype, torch.float32):
+        return weight
+    return weight.float()
+
+
+def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_place=False):
+    """(y, h, rstd [M] fp32 or None) in x's shape; in place: y written into x, h into residual."""
+    if in_place:
+        h = residual
+    else:
+        h = torch.empty(x.shape, dtype=h_dtype, device=x.device)
+    if x.numel() == 0:
+        y = x if in_place else torch.empty_like(x, memory_format=torch.contiguous_format)
+        return y, h, x.new_empty(0, dtype=torch.float32)
+    dev, M, choice = plan(h, mode)
+    why_unfused = dispatch.residual_add_unfused(mode, choice.mode, dev, toolchain())
+    if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
+        out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
+               (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
+        y2d, _, rstd = _fused_kernel()(as_rows(x), as_rows(residual), weight, eps, offset, h_dtype, store_rstd,
+                                        out=out)
+        return (x if in_place else y2d.view(x.shape)), h, rstd
+    if choice.mode == "torch":
+        y, h_ref, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
+        h.copy_(h_ref)
+        rstd = rstd.reshape(-1).float()
+    else:
+        if in_place:
+            residual.add_(x)  # summed in fp32 (16-bit operands in torch's fp32 opmath), rounded once
+        else:
+            _sum_into(h, x, residual)
+        y, rstd = forward_rows(as_rows(h), _weight_for(weight, h.dtype), eps, offset, store_rstd, choice.mode, dev,
+                               h.shape)
+    if in_place:
+        x.copy_(y)
+        return x, h, rstd
+    return (y if y.dtype == x.dtype else y.to(x.dtype)), h, rstd
+
+
+# ================================================================================================
+# torch.library ops: the one path in eager and under torch.compile (M symbolic in the fake impls)
+# ================================================================================================
+@torch.library.custom_op("cutile_norms::add_rms_norm_fwd", mutates_args=())
+def _fwd_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+            mode: str, h_dtype: torch.dtype, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y in x's shape and dtype, h in x's shape and h_dtype, rstd [M] fp32 or an empty tensor)."""
+    y, h, rstd = _add_norm(x, residual, weight, eps, offset, mode or None, h_dtype, store_rstd)
+    return y, h, rstd if store_rstd and rstd is not None else x.new_empty(0, dtype=torch.float32)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(x, residual, weight, eps, offset, mode, h_dtype, store_rstd):
+    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, dtype=h_dtype, memory_format=torch.contiguous_format),
+            x.new_empty(M if store_rstd else 0, dtype=torch.float32))
+
+
+@torch.library.custom_op("cutile_norms::add_rms_norm_bwd", mutates_args=())
+def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor | None,
+            rstd: torch.Tensor, offset: float, mode: str, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the grad into h in h's dtype, dw in the weight's dtype or an empty tensor): the norm's backward
+    on h (its mode's kernel) plus dh. The autograd formula hands the first to x and the residual."""
+    need_dw = need_dw and weight is not None
+    if h.numel() == 0:
+        g, dw = torch.zeros_like(h), (torch.zeros_like(weight) if need_dw else None)
+    else:
+        dev, M, choice = plan(h, mode or None)
+        bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+        g2d, dw = backward_rows(dy, as_rows(h), _weight_for(weight, h.dtype), rstd, offset, bwd_mode, True, need_dw,
+                                dev)
+        g = g2d.view(h.shape)
+        if dw is not None and dw.dtype != weight.dtype:
+            dw = dw.to(weight.dtype)
+    if dh is not None:
+        g = g.add_(dh) if g.dtype == dh.dtype else torch.add(g, dh)  # in h's dtype, summed in fp32
+    return g, dw if need_dw else h.new_empty(0)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(dy, dh, h, weight, rstd, offset, mode, need_dw):
+    return (torch.empty_like(h, memory_format=torch.contiguous_format),
+            weight.new_empty(weight.shape) if need_dw and weight is not None else h.new_empty(0))
+
+
+def _setup(ctx, inputs, output):
+    x, residual, weight, eps, offset, mode, h_dtype, store_rstd = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+    ctx.offset, ctx.mode, ctx.x_dtype, ctx.r_dtype = offset, mode, x.dtype, residual.dtype
+    ctx.set_materialize_grads(False)  # an unused h (or y) gives None: no add of zeros
+
+
+def _backward(ctx, dy, dh, _drstd):
+    h, weight, rstd = ctx.saved_tensors
+    need_dx, need_dr = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_dw = weight is not None and ctx.needs_input_grad[2]
+    if dy is None:  # y unused: the grad into h is dh alone
+        dy = torch.zeros_like(h, dtype=ctx.x_dtype)
+    g, dw = torch.ops.cutile_norms.add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset, ctx.mode, need_dw)
+    # h = x + residual: both take the grad into h (the same tensor where the dtypes agree, as autograd's
+    # own add does; the op's outputs may not alias, this formula's may)
+    return (g.to(ctx.x_dtype) if need_dx else None, g.to(ctx.r_dtype) if need_dr else None,
+            dw if need_dw else None, None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+@torch.library.custom_op("cutile_norms::add_rms_norm_", mutates_args=("x", "residual"))
+def _in_place_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+                 mode: str) -> None:
+    _add_norm(x, residual, weight, eps, offset, mode or None, residual.dtype, False, in_place=True)
+
+
+# ================================================================================================
+# Public entry points
+# ================================================================================================
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float | None = 1e-6, *, mode: str | None = None, offset: float = 0.0,
+                 residual_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, h): h = x + residual (in residual_dtype, default x's), y = rms_norm(h) * (offset + weight)
+    in x's dtype. See the module docstring; `explain(x, w, residual=r)` says which kernels run."""
+    if eps is None:
+        eps = TORCH_DEFAULT_EPS
+    validate(x, weight, eps, offset)
+    validate_residual(x, residual, residual_dtype)
+    h_dtype = residual_dtype or x.dtype
+    if mode == "torch":  # the reference's ops: autograd (also of higher order) through them
+        y, h, _ = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
+        return y.contiguous(), h.contiguous()
+    grad = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
+                                        or (weight is not None and weight.requires_grad))
+    y, h, _ = torch.ops.cutile_norms.add_rms_norm_fwd(x, residual, weight, float(eps), float(offset), mode or "",
+                                                      h_dtype, grad)
+    return y, h
+
+
+def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                  eps: float | None = 1e-6, *, mode: str | None = None, offset: float = 0.0) -> None:
+    """In place: residual <- x + residual (in the residual's dtype), x <- rms_norm(residual) *
+    (offset + weight). No autograd; CUDA-graph safe (no host sync, no output allocation)."""
+    if eps is None:
+        eps = TORCH_DEFAULT_EPS
+    validate(x, weight, eps, offset)
+    validate_residual(x, residual, None)
+    if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
+                                    or (weight is not None and weight.requires_grad)):
+        raise RuntimeError("add_rms_norm_ writes x and residual in place and has no autograd; "
+                           "use rms_norm(x, weight, residual=residual) to differentiate")
+    if x.numel() and x.untyped_storage().data_ptr() == residual.untyped_storage().data_ptr():
+        raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share a storage)")
+    torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
+
+
+def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str | None) -> str:
+    """explain()'s line for the add: fused or not, and why."""
+    h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
+    dev, M, choice = plan(h, mode)
+    why = dispatch.residual_add_unfused(mode, choice.mode, dev, toolchain())
+    if why is None:
+        return f"residual add: fused into the norm ({dispatch.FUSED_ADD_KERNEL}, experimental)"
+    return f"residual add: torch.add into h, then the norm kernel on h ({why})"

@@ -1,0 +1,1 @@
+"""Experimental kernels (experimental/), called directly."""

@@ -1,0 +1,190 @@
+"""The fused residual add (cutile_norms/residual.py): rms_norm(x, w, residual=r) -> (y, h),
+add_rms_norm_ in place, RMSNorm.forward(x, residual), the ops under torch.compile, explain().
+
+Oracles: h = the fp32 sum rounded once to h's dtype (bit for bit, the contract); y = the fp64 norm of
+h as stored; grads = the fp64 closed form of the norm's backward at h plus the grad into h from
+later uses (dx = dresidual), within two roundings of h's dtype (the norm's grad is rounded to h's
+dtype, then the sum). The CPU runs mode "torch", mode None, and mode "triton" under Triton's
+interpreter unfused and fused (the experimental kernel; its bf16 h is one ulp off there, see
+tests/experimental/test_triton_add_rmsnorm.py); the GPU every mode.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutile_norms as cn
+from cutile_norms import dispatch
+from tests.conftest import TOLERANCES, assert_close, random_rows, random_weight, reference64, reference_bwd64
+
+CPU_CASES = [pytest.param("cpu", m, f, id=f"cpu-{m}-{'fused' if f else 'unfused'}")
+             for m, f in (("torch", False), (None, False), ("triton", False), ("triton", True))]
+GPU_CASES = [pytest.param("cuda", m, f, marks=pytest.mark.gpu, id=f"cuda-{m}-{'fused' if f else 'unfused'}")
+             for m in [None] + dispatch.modes_of() for f in ((False, True) if m in (None, "triton") else (False,))]
+CASES = CPU_CASES + GPU_CASES
+
+
+@pytest.fixture
+def fused_gate(monkeypatch):
+    def set_gate(on: bool):
+        monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1" if on else "0")
+    return set_gate
+
+
+def check_h(h, x, r, device, fused, what, s):
+    expected = (x.float() + r.float()).to(h.dtype)
+    assert torch.isfinite(h.float()).all(), f"{what}: non-finite h [seed {s}]"
+    if fused and device == "cpu" and h.dtype == torch.bfloat16:  # the interpreter truncates to bf16
+        assert ((h.double() - expected.double()).abs() <= expected.double().abs() * 2 ** -7).all(), what
+    else:
+        assert torch.equal(h, expected), f"{what}: h is not the fp32 sum rounded once [seed {s}]"
+
+
+def check_grads(x, r, w, h, dy, dh, offset, s, what):
+    """x.grad, r.grad (and w.grad) against the norm's fp64 backward at h (as stored) plus dh."""
+    g, gw, sg, sw = reference_bwd64(h.detach().reshape(-1, h.shape[-1]), w.detach() if w is not None else None,
+                                    dy.reshape(-1, h.shape[-1]), 1e-6, offset)
+    expected = g.reshape(h.shape) + (dh.double() if dh is not None else 0)
+    terms = g.abs().reshape(h.shape) + (dh.double().abs() if dh is not None else 0)
+    for t in (x, r):
+        a = t.grad.double()
+        assert t.grad.dtype == t.dtype and torch.isfinite(a).all(), f"{what}: grad of a {t.dtype} input [seed {s}]"
+        rt = max(TOLERANCES[h.dtype]["rtol"], TOLERANCES[t.dtype]["rtol"])
+        limit = 1e-5 + 2 * rt * terms + 2.0 ** -16 * sg.reshape(h.shape)
+        over = (a - expected).abs() > limit
+        assert not over.any(), f"{what}: {int(over.sum())} grad elements off [seed {s}]"
+    if w is not None:
+        a = w.grad.double()
+        tol = TOLERANCES[w.dtype]
+        assert not ((a - gw).abs() > 1e-5 + tol["rtol"] * gw.abs() + 2.0 ** -16 * sw).any(), f"{what}: dw [seed {s}]"
+
+
+@pytest.mark.parametrize("device,mode,fused", CASES)
+@pytest.mark.parametrize("shape,x_dtype,r_dtype,h_dtype,w_dtype,offset", [
+    ((3, 5, 64), torch.bfloat16, torch.bfloat16, None, torch.bfloat16, 0.0),
+    ((7, 1000), torch.bfloat16, torch.float32, torch.float32, torch.float32, 0.0),
+    ((4, 4096), torch.float16, torch.float16, None, None, 0.0),
+    ((2, 9000), torch.float32, torch.float32, None, torch.float32, 1.0),
+    ((5, 2048), torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, 1.0)])
+def test_forward_and_backward(fused_gate, seed, device, mode, fused, shape, x_dtype, r_dtype, h_dtype, w_dtype,
+                              offset):
+    fused_gate(fused)
+    x = random_rows(shape, x_dtype, device).requires_grad_()
+    r = random_rows(shape, r_dtype, device).requires_grad_()
+    w = random_weight(shape[-1], w_dtype, device).requires_grad_() if w_dtype else None
+    what = f"{mode} fused={fused} {shape} x={x_dtype} r={r_dtype} h={h_dtype} w={w_dtype} offset={offset}"
+    y, h = cn.rms_norm(x, w, 1e-6, mode=mode, offset=offset, residual=r, residual_dtype=h_dtype)
+    assert y.shape == h.shape == x.shape and y.dtype == x_dtype and h.dtype == (h_dtype or x_dtype)
+    check_h(h.detach(), x.detach(), r.detach(), device, fused, what, seed)
+    assert_close(y.detach(), reference64(h.detach(), w.detach() if w is not None else None, 1e-6, offset)[0],
+                 x_dtype, f"{what} y", seed)
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    torch.autograd.backward((y, h), (dy, dh))
+    check_grads(x, r, w, h, dy, dh, offset, seed, what)
+
+
+@pytest.mark.parametrize("device,mode,fused", CASES)
+@pytest.mark.parametrize("unused", ["h", "y"])
+def test_one_output_unused(fused_gate, seed, device, mode, fused, unused):
+    """Only y (the last layer's residual is dropped) or only h flows on: the other's grad is none."""
+    fused_gate(fused)
+    x = random_rows((6, 512), torch.bfloat16, device).requires_grad_()
+    r = random_rows((6, 512), torch.bfloat16, device).requires_grad_()
+    w = random_weight(512, torch.bfloat16, device).requires_grad_()
+    y, h = cn.rms_norm(x, w, mode=mode, residual=r)
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    if unused == "h":
+        y.backward(dy)
+        check_grads(x, r, w, h, dy, None, 0.0, seed, f"{mode} h unused")
+    else:
+        h.backward(dh)
+        for t in (x, r):
+            assert torch.equal(t.grad, dh), "with y unused, dx = dresidual = dh"
+        assert w.grad is None or not w.grad.any()
+
+
+@pytest.mark.parametrize("device,mode,fused", CASES)
+@pytest.mark.parametrize("shape,dtype", [((4, 3, 768), torch.bfloat16), ((5, 12000), torch.float16),
+                                         ((3, 256), torch.float32)])
+def test_in_place(fused_gate, seed, device, mode, fused, shape, dtype):
+    fused_gate(fused)
+    x, r = random_rows(shape, dtype, device), random_rows(shape, dtype, device)
+    w = random_weight(shape[-1], dtype, device)
+    x0, r0 = x.clone(), r.clone()
+    assert cn.add_rms_norm_(x, r, w, 1e-6, mode=mode) is None
+    what = f"{mode} fused={fused} in place {shape} {dtype}"
+    check_h(r, x0, r0, device, fused, what, seed)
+    assert_close(x, reference64(r, w, 1e-6, 0.0)[0], dtype, f"{what} y", seed)
+
+
+@pytest.mark.parametrize("device,mode,fused", CASES)
+def test_in_place_strided(fused_gate, seed, device, mode, fused):
+    """Views that are not contiguous (rows of a wider buffer) are written in place all the same."""
+    fused_gate(fused)
+    xb, rb = random_rows((8, 1040), torch.bfloat16, device), random_rows((8, 1040), torch.bfloat16, device)
+    x, r = xb[:, :1024], rb[:, 8:1032]
+    w = random_weight(1024, torch.bfloat16, device)
+    x0, r0, xb0, rb0 = x.clone(), r.clone(), xb.clone(), rb.clone()
+    cn.add_rms_norm_(x, r, w, mode=mode)
+    check_h(r, x0, r0, device, fused, f"{mode} strided in place", seed)
+    assert_close(x, reference64(r, w, 1e-6, 0.0)[0], torch.bfloat16, f"{mode} strided in place y", seed)
+    assert torch.equal(xb[:, 1024:], xb0[:, 1024:]) and torch.equal(rb[:, :8], rb0[:, :8]), "wrote outside the views"
+
+
+def test_in_place_refuses_autograd_and_overlap():
+    x = torch.randn(4, 64, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no autograd"):
+        cn.add_rms_norm_(x, torch.randn(4, 64))
+    buf = torch.randn(4, 128)
+    with pytest.raises(ValueError, match="separate memory"):
+        cn.add_rms_norm_(buf[:, :64], buf[:, 64:])
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (lambda x: torch.randn(4, 65), ValueError, "x's shape"),
+    (lambda x: torch.randn(4, 64).double(), TypeError, "residual must be float16"),
+    (lambda x: [1.0], TypeError, "torch.Tensor")])
+def test_validation(bad, err, match):
+    x = torch.randn(4, 64)
+    with pytest.raises(err, match=match):
+        cn.rms_norm(x, residual=bad(x))
+    with pytest.raises(ValueError, match="needs a residual"):
+        cn.rms_norm(x, residual_dtype=torch.float32)
+    with pytest.raises(TypeError, match="residual_dtype"):
+        cn.rms_norm(x, residual=torch.randn(4, 64), residual_dtype=torch.int32)
+
+
+def test_module_forward_with_residual(seed):
+    norm = cn.RMSNorm((4, 32), eps=1e-6, mode="torch")
+    torch.nn.init.normal_(norm.weight)
+    x, r = torch.randn(3, 4, 32), torch.randn(3, 4, 32)
+    y, h = norm(x, r)
+    assert torch.equal(h, x + r)
+    assert torch.allclose(y, norm(x + r), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device,mode,fused", CPU_CASES[1:] + GPU_CASES[:2])
+def test_torch_compile_fullgraph(fused_gate, seed, device, mode, fused):
+    fused_gate(fused)
+
+    def block(x, r, w):
+        y, h = cn.rms_norm(x, w, mode=mode, residual=r)
+        return y * 2, h
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=True, backend="aot_eager")
+    w = random_weight(256, torch.bfloat16, device)
+    for M in (3, 17):
+        x, r = random_rows((M, 256), torch.bfloat16, device), random_rows((M, 256), torch.bfloat16, device)
+        y, h = compiled(x, r, w)
+        ye, he = block(x, r, w)
+        assert torch.equal(h, he) and torch.equal(y, ye), f"compiled differs from eager at M={M}"
+
+
+def test_explain_says_how_the_add_runs(fused_gate):
+    x, r = torch.randn(4, 64), torch.randn(4, 64)
+    fused_gate(False)
+    assert "residual add: torch.add into h" in cn.explain(x, residual=r, mode="triton")
+    fused_gate(True)
+    assert "residual add: fused" in cn.explain(x, residual=r, mode="triton")
+    assert "no fused add kernel" in cn.explain(x, residual=r, mode="torch") or "mode torch" in cn.explain(
+        x, residual=r, mode="torch")
