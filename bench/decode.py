@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
+from bench.probe.common import write_json  # noqa: E402
 from bench.timing import per_call_us  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 
@@ -190,9 +190,7 @@ def main() -> int:
     result = {"gpu": torch.cuda.get_device_name(), "command": "python bench/decode.py " + " ".join(sys.argv[1:]),
               "calls": calls(args.ns, args.ms, args.runs),
               "decode": decode(args.hidden, args.head_dim, args.layers, args.batches, args.runs)}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
     return 0
 
 

@@ -13,7 +13,6 @@ rows). Then a pre-norm block forward + backward (hidden --block-n, --block-m row
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, MODEL_NS, random_widths  # noqa: E402
+from bench.probe.common import write_json  # noqa: E402
 from bench.timing import device_ms, ratios_to_copy  # noqa: E402
 from cutile_norms.reference import add_rms_norm_reference, rms_norm_reference  # noqa: E402
 
@@ -96,7 +96,7 @@ def forward_table(ns, dtype, runs) -> list:
                "vs_copy_runs": {k: [round(2 * t, 4) for t in v] for k, v in ratios.items()}}
         rows.append(rec)
         print(f"N={N:>6} " + "  ".join(f"{k} {v:.3f}" for k, v in rec["vs_copy"].items()), flush=True)
-        del x, r
+        x = r = ok = None  # free the inputs before the next width
         torch.cuda.empty_cache()
     return rows
 
@@ -148,9 +148,7 @@ def main() -> int:
     b = result["block"]
     print(f"block M={args.block_m} N={args.block_n} fwd+bwd ms: " + "  ".join(f"{k} {v:.3f}" for k, v in b.items())
           + f"  | unfused / fused {b['x + r then rms_norm'] / b['fused']:.2f}x", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
     return 0
 
 

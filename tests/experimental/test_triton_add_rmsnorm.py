@@ -9,18 +9,11 @@ there and bit for bit on the GPU.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from tests.conftest import assert_close, poisoned, random_rows, random_weight, reference64
-from tests.triton._util import DEVICES
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.triton._util import DEVICES, compile_in_child
 
 
 @pytest.fixture
@@ -119,13 +112,7 @@ COMPILE_CASES = [(N, x, h, a) for N in (128, 4096, 16384, 65536) for x, h in (("
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(COMPILE_CASES)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=900)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, f"compile child failed: {proc.stderr[-2000:]}"
-    return json.loads(line[0][len("RESULT "):])
+    return compile_in_child(CHILD, COMPILE_CASES)
 
 
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))

@@ -1,7 +1,10 @@
 """What the Triton tests share: the devices they run on and a simulated GPU for the interpreter."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,3 +32,19 @@ def device_for(device: str) -> DeviceInfo:
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def compile_in_child(child: str, cases: list) -> dict:
+    """Run the script `child` (it compiles `cases`, given as JSON in argv[1], and prints one line
+    "RESULT <json>") in a process without TRITON_INTERPRET: under the interpreter, which the CPU test
+    session turns on, `triton.jit` gives functions that cannot be compiled."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", child, json.dumps(cases)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=900)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, f"compile child failed: {proc.stderr[-2000:]}"
+    return json.loads(line[0][len("RESULT "):])

@@ -9,14 +9,10 @@ test session turns on, `triton.jit` gives functions that cannot be compiled).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.triton._util import compile_in_child
+
 ARCHS = [90, 100]
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32"), ("bfloat16", None)]
 WIDTHS = [16384, 65536, 262144]
@@ -61,13 +57,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASES)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=900)
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and line, f"compile child failed: {proc.stderr[-2000:]}"
-    return json.loads(line[0][len("RESULT "):])
+    return compile_in_child(CHILD, CASES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
