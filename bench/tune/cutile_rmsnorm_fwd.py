@@ -5,7 +5,6 @@
 For every N, M = 2^27 / N: a same-run copy, then each candidate config (checked against the
 reference, then timed: CUDA-event median, L2 flushed), as a ratio to the copy. The heuristics in
 rmsnorm_fwd.default_config are set from these numbers (docs/history.md records each decision).
-Also reports the host cost per call of ct.launch and of cutile_norms.rms_norm (small-M latency).
 """
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms, per_call_us, ratios_to_copy  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms, ratios_to_copy  # noqa: E402
 from bench.tune.sweep import best_timed, read_table, save_sweep, write_table  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
@@ -131,37 +129,6 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
 ELEMENTS = 1 << 27
 
 
-def host_costs(dtype) -> dict:
-    """Microseconds per call back to back (host-bound here): the pieces of one small rms_norm call."""
-    import cuda.tile as ct
-
-    from cutile_norms.cutile.rmsnorm_fwd import prepared
-
-    N, M = 4096, 1
-    x = torch.randn(M, N, device="cuda", dtype=dtype)
-    w = torch.ones(N, device="cuda", dtype=dtype)
-    y = torch.empty_like(x)
-    dev = device_info("cuda")
-    cfg = default_config("multi_wave_cached", N, x.element_size(), dev)
-    kernel, consts = prepared(cfg, N, 8, True, False)
-    args = (x.view(-1), w, y.view(-1), y.view(-1), M, N, 1e-6, 0.0) + consts
-    stream = torch.cuda.current_stream()
-    out = {"clone": per_call_us(lambda: x.clone()),
-           "torch.empty": per_call_us(lambda: torch.empty(N, device="cuda", dtype=dtype)),
-           "current_stream": per_call_us(lambda: torch.cuda.current_stream()),
-           "ct.launch (prebuilt args)": per_call_us(lambda: ct.launch(stream, (1,), kernel, args)),
-           "launch() wrapper": per_call_us(lambda: launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)),
-           "rms_norm(mode=cached)": per_call_us(lambda: cn.rms_norm(x, w, mode="multi_wave_cached")),
-           "rms_norm(mode=None)": per_call_us(lambda: cn.rms_norm(x, w)),
-           "F.rms_norm": per_call_us(lambda: torch.nn.functional.rms_norm(x, (N,), w, 1e-6))}
-    try:
-        raw = torch.cuda.current_stream().cuda_stream
-        out["ct.launch (int stream)"] = per_call_us(lambda: ct.launch(raw, (1,), kernel, args))
-    except Exception as exc:
-        out["ct.launch (int stream)"] = f"{type(exc).__name__}: {exc}"[:120]
-    return out
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
@@ -183,9 +150,7 @@ def main(argv=None) -> int:
     dtype = DTYPES[args.dtype]
     e = torch.empty((), dtype=dtype).element_size()
     dev = device_info("cuda")
-    results = {"gpu": dev.name, "dtype": str(dtype).removeprefix("torch."), "host": host_costs(dtype), "sweep": []}
-    print("host costs (us per call):", {k: (round(v, 2) if isinstance(v, float) else v) for k, v in results["host"].items()},
-          flush=True)
+    results = {"gpu": dev.name, "dtype": str(dtype).removeprefix("torch."), "sweep": []}
     for N in args.ns:
         M = ELEMENTS // N
         x = torch.randn(M, N, device="cuda", dtype=dtype)
