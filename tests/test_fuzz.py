@@ -38,6 +38,12 @@ bound grows with M); and for all three an L2 bound, ||err|| <= 1.5 u ||ref|| (u:
 roundoff; 1e-5 for fp32) plus the same magnitude terms, tighter than the elementwise rtol, so a kernel
 that is a little wrong everywhere fails. Where the exact value is at the edge of fp16's range (dx of a
 row of tiny values with a tiny eps), inf of the right sign is accepted.
+
+The residual add (test_fuzz_residual_cpu / _gpu, 60 and 300 cases from the same seed): a mode, fused
+(the experimental kernel opted in) or not, x / residual / h / weight dtypes, offset, rows sliced from a
+wider tensor, in place or differentiated in a random subset of x, the residual and the weight, with or
+without a grad flowing into h; h checked bit for bit (one ulp for bf16 under Triton's interpreter, which
+truncates), y and the grads by tests/test_residual.py's oracles.
 """
 from __future__ import annotations
 
@@ -660,3 +666,90 @@ def test_fuzz_past_int32_gpu():
         check_close("dw", dw, ew, torch.bfloat16, sw)
     except AssertionError as err:
         pytest.fail(f"{what}: {_one_line(err)}")
+
+
+# ================================================================================================
+# The residual add (rms_norm(..., residual=r), add_rms_norm_): cases from (seed, index) alone
+# ================================================================================================
+N_RESIDUAL_GPU, N_RESIDUAL_CPU = 300, 60
+
+
+def residual_case(seed: int, test: str, index: int, device: str, modes: tuple, max_elems: int) -> dict:
+    """One case: mode, fused (the experimental kernel opted in) or not, shape, dtypes of x, r, h and the
+    weight, offset, layouts of x and r, in place or differentiated (which inputs, dh or not)."""
+    rng = random.Random(f"{seed}/{test}/{index}")
+    pool = [n for n in WIDTHS if n <= max_elems]
+    N = rng.choice(pool)
+    M = min(_log_uniform(rng, 1, 4096), max(1, max_elems // N))
+    x_dtype = rng.choice((torch.bfloat16, torch.float16, torch.float32))
+    return dict(mode=modes[index % len(modes)], fused=rng.random() < 0.5, lead=(M,) if rng.random() < 0.7 else
+                (1, M), N=N, x_dtype=x_dtype, r_dtype=x_dtype if rng.random() < 0.7 else torch.float32,
+                h_dtype=None if rng.random() < 0.7 else torch.float32,
+                w_dtype=rng.choice((x_dtype, torch.float32, None)), offset=rng.choice((0.0, 0.0, 1.0)),
+                x_layout=rng.choice(("contiguous", "contiguous", "rows")),
+                r_layout=rng.choice(("contiguous", "contiguous", "rows")), in_place=rng.random() < 0.25,
+                grads=rng.choice(("x", "r", "xrw", "w")), dh=rng.random() < 0.7, torch_seed=rng.getrandbits(63))
+
+
+def _residual_inputs(c: dict, device: str):
+    shape = c["lead"] + (c["N"],)
+
+    def make(dtype, layout):
+        if layout == "rows":  # a column slice of a wider tensor
+            wide = torch.randn(shape[:-1] + (c["N"] + 24,), device=device).to(dtype)
+            return wide[..., 8:8 + c["N"]]
+        return torch.randn(shape, device=device).to(dtype)
+    x, r = make(c["x_dtype"], c["x_layout"]), make(c["r_dtype"], c["r_layout"])
+    w = None if c["w_dtype"] is None else (1 + 0.5 * torch.randn(c["N"], device=device)).to(c["w_dtype"])
+    return x, r, w
+
+
+def fuzz_residual(c: dict, device: str, index: int, test: str):
+    from tests.test_residual import check_grads, check_h  # the residual tests' oracles
+    torch.manual_seed(c["torch_seed"])
+    os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1" if c["fused"] else "0"
+    where = f"{replay_line(f'{test}[{index}]')}  # {c}"
+    try:
+        x, r, w = _residual_inputs(c, device)
+        offset = c["offset"] if w is not None else 0.0
+        if c["in_place"]:
+            if c["h_dtype"] is not None:
+                return  # in place, h takes the residual's dtype: nothing else to draw
+            x0, r0 = x.clone(), r.clone()
+            cn.add_rms_norm_(x, r, w, 1e-6, mode=c["mode"], offset=offset)
+            check_h(r, x0, r0, device, c["fused"], where, c["torch_seed"])
+            ey = reference64(r, w, 1e-6, offset)[0]
+            check_close("y (in place)", x, ey, c["x_dtype"], truncated=c["fused"] and device == "cpu")
+            return
+        for t, name in ((x, "x"), (r, "r"), (w, "w")):
+            if t is not None and name in c["grads"]:
+                t.requires_grad_()
+        y, h = cn.rms_norm(x, w, 1e-6, mode=c["mode"], offset=offset, residual=r, residual_dtype=c["h_dtype"])
+        check_h(h.detach(), x.detach(), r.detach(), device, c["fused"], where, c["torch_seed"])
+        ey = reference64(h.detach(), w.detach() if w is not None else None, 1e-6, offset)[0]
+        check_close("y", y.detach(), ey, c["x_dtype"], truncated=c["fused"] and device == "cpu")
+        if not (x.requires_grad or r.requires_grad or (w is not None and w.requires_grad)):
+            return
+        dy, dh = torch.randn_like(y), (torch.randn_like(h) if c["dh"] and h.requires_grad else None)
+        torch.autograd.backward((y, h) if dh is not None else (y,), (dy, dh) if dh is not None else (dy,))
+        check_grads(x, r, w, h, dy, dh, offset, c["torch_seed"], where)
+    except Exception as err:  # noqa: BLE001 -- one line that replays the case
+        pytest.fail(f"{where}: {_one_line(err)}", pytrace=False)
+    finally:
+        os.environ.pop("CUTILE_NORMS_EXPERIMENTAL", None)
+
+
+RESIDUAL_CPU_MODES = ("torch", None) + CPU_INTERPRETED
+
+
+@pytest.mark.parametrize("i", range(N_RESIDUAL_CPU))
+def test_fuzz_residual_cpu(i):
+    fuzz_residual(residual_case(SEED, "test_fuzz_residual_cpu", i, "cpu", RESIDUAL_CPU_MODES, CPU_MAX_ELEMS),
+                  "cpu", i, "test_fuzz_residual_cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(N_RESIDUAL_GPU))
+def test_fuzz_residual_gpu(i):
+    fuzz_residual(residual_case(SEED, "test_fuzz_residual_gpu", i, "cuda", GPU_MODES + (None,), GPU_MAX_ELEMS),
+                  "cuda", i, "test_fuzz_residual_gpu")

@@ -41,19 +41,22 @@ def check_h(h, x, r, device, fused, what, s):
 
 
 def check_grads(x, r, w, h, dy, dh, offset, s, what):
-    """x.grad, r.grad (and w.grad) against the norm's fp64 backward at h (as stored) plus dh."""
+    """x.grad, r.grad and w.grad (those that require grad) against the norm's fp64 backward at h (as
+    stored) plus dh."""
     g, gw, sg, sw = reference_bwd64(h.detach().reshape(-1, h.shape[-1]), w.detach() if w is not None else None,
                                     dy.reshape(-1, h.shape[-1]), 1e-6, offset)
     expected = g.reshape(h.shape) + (dh.double() if dh is not None else 0)
     terms = g.abs().reshape(h.shape) + (dh.double().abs() if dh is not None else 0)
     for t in (x, r):
+        if not t.requires_grad:
+            continue
         a = t.grad.double()
         assert t.grad.dtype == t.dtype and torch.isfinite(a).all(), f"{what}: grad of a {t.dtype} input [seed {s}]"
         rt = max(TOLERANCES[h.dtype]["rtol"], TOLERANCES[t.dtype]["rtol"])
         limit = 1e-5 + 2 * rt * terms + 2.0 ** -16 * sg.reshape(h.shape)
         over = (a - expected).abs() > limit
         assert not over.any(), f"{what}: {int(over.sum())} grad elements off [seed {s}]"
-    if w is not None:
+    if w is not None and w.requires_grad:
         a = w.grad.double()
         tol = TOLERANCES[w.dtype]
         assert not ((a - gw).abs() > 1e-5 + tol["rtol"] * gw.abs() + 2.0 ** -16 * sw).any(), f"{what}: dw [seed {s}]"
