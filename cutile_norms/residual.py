@@ -25,7 +25,7 @@ import torch
 from . import dispatch
 from ._platform import toolchain
 from .reference import add_rms_norm_reference
-from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate)
+from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate
 
 
 def validate_residual(x, residual, residual_dtype) -> None:
@@ -160,6 +160,10 @@ def _backward(ctx, dy, dh, _drstd):
     need_dw = weight is not None and ctx.needs_input_grad[2]
     if dy is None:  # y unused: the grad into h is dh alone
         dy = torch.zeros_like(h, dtype=ctx.x_dtype)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise NotImplementedError(
+            "create_graph=True (second order) through the fused residual add is not supported yet: compute "
+            "h = x + residual and y = rms_norm(h, weight) separately, rms_norm supports it")
     g, dw = torch.ops.cutile_norms.add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset, ctx.mode, need_dw)
     # h = x + residual: both take the grad into h (the same tensor where the dtypes agree, as autograd's
     # own add does; the op's outputs may not alias, this formula's may)

@@ -84,15 +84,17 @@ class _RMSNormFunction(torch.autograd.Function):
         # run: the call plan's prepared launch, if any; bwd_mode: dispatch.Choice.backward_mode
         x2d = as_rows(x)
         y, rstd = forward_rows(x2d, weight, eps, offset, True, mode, dev, x.shape, run)
-        ctx.save_for_backward(x2d, weight, rstd)
-        ctx.offset, ctx.bwd_mode, ctx.dev, ctx.x_shape = offset, bwd_mode, dev, x.shape
+        ctx.save_for_backward(x2d, weight, rstd, x)
+        ctx.eps, ctx.offset, ctx.bwd_mode, ctx.dev, ctx.x_shape = eps, offset, bwd_mode, dev, x.shape
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x2d, weight, rstd = ctx.saved_tensors
+        x2d, weight, rstd, x = ctx.saved_tensors
         need_dx = ctx.needs_input_grad[0]
         need_dw = weight is not None and ctx.needs_input_grad[1]
+        if torch.is_grad_enabled():  # create_graph=True: the grads must carry a graph themselves
+            return graph_backward(dy, x, weight, ctx.eps, ctx.offset, need_dx, need_dw) + (None,) * 6
         dx, dw = backward_rows(dy, x2d, weight, rstd, ctx.offset, ctx.bwd_mode, need_dx, need_dw, ctx.dev)
         if dx is not None and dx.shape != ctx.x_shape:
             dx = dx.view(ctx.x_shape)
@@ -119,6 +121,19 @@ def backward_rows(dy, x2d, weight, rstd, offset, bwd_mode, need_dx, need_dw, dev
         return rms_norm_backward(dy2d, x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
     return dispatch.backward_backend(bwd_mode).backward(dy2d, x2d, _unit_stride(weight), rstd, offset,
                                                         need_dx, need_dw, dev)
+
+
+def graph_backward(dy, x, weight, eps, offset, need_dx, need_dw):
+    """(dx, dw) with their own graph, for create_graph=True (gradient penalties, Hessian-vector
+    products): the reference's forward recomputed in torch ops from the saved inputs and differentiated
+    with its graph kept. The kernels give first-order grads only; this recompute runs only when asked."""
+    inputs = [t for t, need in ((x, need_dx), (weight, need_dw)) if need]
+    if not inputs:
+        return None, None
+    with torch.enable_grad():
+        y = rms_norm_reference(x, weight, eps, offset)[0]
+        grads = iter(torch.autograd.grad(y, inputs, dy, create_graph=True, allow_unused=True))
+    return (next(grads) if need_dx else None), (next(grads) if need_dw else None)
 
 
 def grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
@@ -187,13 +202,15 @@ def _bwd_fake(dy, x, weight, rstd, offset, mode, need_dx, need_dw):
 def _fwd_op_setup(ctx, inputs, output):
     x, weight, eps, offset, mode, store_rstd = inputs
     ctx.save_for_backward(x, weight, output[1])
-    ctx.offset, ctx.mode = offset, mode
+    ctx.eps, ctx.offset, ctx.mode = eps, offset, mode
 
 
 def _fwd_op_backward(ctx, dy, _drstd):
     x, weight, rstd = ctx.saved_tensors
     need_dx = ctx.needs_input_grad[0]
     need_dw = weight is not None and ctx.needs_input_grad[1]
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():  # create_graph=True, eager
+        return graph_backward(dy, x, weight, ctx.eps, ctx.offset, need_dx, need_dw) + (None,) * 4
     dx, dw = torch.ops.cutile_norms.rms_norm_bwd(dy, x, weight, rstd, ctx.offset, ctx.mode, need_dx, need_dw)
     return dx if need_dx else None, dw if need_dw else None, None, None, None, None
 

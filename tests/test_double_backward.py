@@ -1,0 +1,60 @@
+"""Second order (create_graph=True: gradient penalties, Hessian-vector products) through rms_norm,
+against fp64 autograd of the same formula and beside torch's own rms_norm (the fused residual add
+refuses it with a clear error for now). The kernels
+give first-order grads; under create_graph the backward recomputes the reference's forward in torch ops
+(rmsnorm.graph_backward), so every mode must match.
+
+Tolerance: fp32 math against fp64, relative to the largest second-order grad (the penalty sums
+products of first-order grads, each within fp32 rounding): 1e-4.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cutile_norms as cn
+from cutile_norms import dispatch
+from tests.conftest import random_rows, random_weight
+
+CASES = [pytest.param("cpu", m, id=f"cpu-{m}") for m in ("torch", None, "triton")] + \
+        [pytest.param("cuda", m, marks=pytest.mark.gpu, id=f"cuda-{m}") for m in [None] + dispatch.modes_of()]
+RTOL = 1e-4
+
+
+def second_order(loss, x, w, v):
+    """grad of (|dL/dx|^2 + <dL/dw, v>) with respect to x and w, for the loss L(x, w)."""
+    gx, gw = torch.autograd.grad(loss(x, w), (x, w), create_graph=True)
+    return torch.autograd.grad(gx.square().sum() + (gw * v).sum(), (x, w))
+
+
+def assert_matches(got, expected, what, seed):
+    for a, e, name in zip(got, expected, ("x", "w")):
+        assert a is not None and torch.isfinite(a).all(), f"{what} d{name}: missing or non-finite [seed {seed}]"
+        err = (a.double() - e).abs().max().item()
+        assert err <= RTOL * e.abs().max().item(), f"{what} d{name}: max error {err:.3g} [seed {seed}]"
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+@pytest.mark.parametrize("shape", [(6, 256), (3, 2, 1000)])
+def test_second_order_matches_fp64(seed, device, mode, shape):
+    N = shape[-1]
+    x = random_rows(shape, torch.float32, device).requires_grad_()
+    w = random_weight(N, torch.float32, device).requires_grad_()
+    dy, v = torch.randn(shape, device=device), torch.randn(N, device=device)
+    ours = second_order(lambda a, b: (cn.rms_norm(a, b, 1e-6, mode=mode) * dy).sum(), x, w, v)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = second_order(lambda a, b: (F.rms_norm(a, (N,), b, 1e-6) * dy.double()).sum(), x64, w64, v.double())
+    assert_matches(ours, ref, f"{mode} {shape}", seed)
+    theirs = second_order(lambda a, b: (F.rms_norm(a, (N,), b, 1e-6) * dy).sum(), x, w, v)  # torch's, fp32
+    assert_matches(theirs, ref, f"torch's rms_norm {shape}", seed)
+
+
+@pytest.mark.parametrize("mode", ["triton", None])
+def test_second_order_through_the_residual_add_refuses(mode):
+    """Not supported yet through the fused op's kernels: a clear error, never grads without a graph."""
+    x = torch.randn(5, 64, requires_grad=True)
+    w = torch.randn(64, requires_grad=True)
+    y, h = cn.rms_norm(x, w, mode=mode, residual=torch.randn(5, 64))
+    with pytest.raises(NotImplementedError, match="second order"):
+        torch.autograd.grad((y.square()).sum() + h.sum(), (x, w), create_graph=True)
