@@ -15,6 +15,7 @@ import sys
 from ._experimental import ExperimentalKernelWarning, enable_experimental, experimental_kernel
 from .dispatch import MODES
 from .patch import patch
+from . import distributed as _distributed
 from .residual import add_rms_norm, add_rms_norm_
 from .rmsnorm import RMSNorm, available_modes, explain, rms_norm
 
@@ -41,3 +42,5 @@ _src_experimental = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath
 if (not os.path.isdir(os.path.join(os.path.dirname(__file__), "experimental"))
         and os.path.isfile(os.path.join(_src_experimental, "__init__.py"))):
     sys.meta_path.append(_SourceTreeExperimental(_src_experimental))
+
+_distributed.install()  # the DTensor sharding rules, once torch.distributed.tensor is imported

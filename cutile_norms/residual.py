@@ -24,6 +24,7 @@ import torch
 
 from . import dispatch
 from ._platform import toolchain
+from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference
 from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate
 
@@ -73,9 +74,9 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
         h = residual
     else:
         h = torch.empty(x.shape, dtype=h_dtype, device=x.device)
-    if x.numel() == 0:
-        y = x if in_place else torch.empty_like(x, memory_format=torch.contiguous_format)
-        return y, h, x.new_empty(0, dtype=torch.float32)
+    if x.numel() == 0:  # the reference's shapes (rstd of x's leading shape), nothing to compute
+        y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
+        return (x if in_place else y.contiguous()), h, rstd.float()
     dev, M, choice = plan(h, mode)
     why_unfused = dispatch.residual_add_unfused(mode, choice.mode, dev, toolchain())
     if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
@@ -109,15 +110,16 @@ def _fwd_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None
             mode: str, h_dtype: torch.dtype, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y in x's shape and dtype, h in x's shape and h_dtype, rstd [M] fp32 or an empty tensor)."""
     y, h, rstd = _add_norm(x, residual, weight, eps, offset, mode or None, h_dtype, store_rstd)
-    return y, h, rstd if store_rstd and rstd is not None else x.new_empty(0, dtype=torch.float32)
+    if store_rstd and rstd is not None:  # x's leading shape, as rms_norm_fwd's (DTensor shards it alike)
+        return y, h, rstd.reshape(x.shape[:-1])
+    return y, h, x.new_empty(x.shape[:-1] + (0,), dtype=torch.float32)
 
 
 @_fwd_op.register_fake
 def _fwd_fake(x, residual, weight, eps, offset, mode, h_dtype, store_rstd):
-    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(x, dtype=h_dtype, memory_format=torch.contiguous_format),
-            x.new_empty(M if store_rstd else 0, dtype=torch.float32))
+            x.new_empty(x.shape[:-1] if store_rstd else x.shape[:-1] + (0,), dtype=torch.float32))
 
 
 @torch.library.custom_op("cutile_norms::add_rms_norm_bwd", mutates_args=())
@@ -131,8 +133,8 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
     else:
         dev, M, choice = plan(h, mode or None)
         bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
-        g2d, dw = backward_rows(dy, as_rows(h), _weight_for(weight, h.dtype), rstd, offset, bwd_mode, True, need_dw,
-                                dev)
+        g2d, dw = backward_rows(dy, as_rows(h), _weight_for(weight, h.dtype), rstd.reshape(-1), offset, bwd_mode,
+                                True, need_dw, dev)
         g = g2d.view(h.shape)
         if dw is not None and dw.dtype != weight.dtype:
             dw = dw.to(weight.dtype)
@@ -193,6 +195,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     validate(x, weight, eps, offset)
     validate_residual(x, residual, residual_dtype)
     h_dtype = residual_dtype or x.dtype
+    if is_dtensor(x):
+        warn_if_gathered(x, weight)
     if mode == "torch":  # the reference's ops: autograd (also of higher order) through them
         y, h, _ = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return y.contiguous(), h.contiguous()
@@ -215,7 +219,9 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
                                     or (weight is not None and weight.requires_grad)):
         raise RuntimeError("add_rms_norm_ writes x and residual in place and has no autograd; "
                            "use rms_norm(x, weight, residual=residual) to differentiate")
-    if x.numel() and x.untyped_storage().data_ptr() == residual.untyped_storage().data_ptr():
+    if is_dtensor(x):
+        warn_if_gathered(x, weight)
+    elif x.numel() and x.untyped_storage().data_ptr() == residual.untyped_storage().data_ptr():
         raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share a storage)")
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
 

@@ -22,6 +22,7 @@ import torch
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._platform import DeviceInfo, device_info, toolchain
+from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -165,20 +166,22 @@ def _unit_stride(weight):
 @torch.library.custom_op("cutile_norms::rms_norm_fwd", mutates_args=())
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, mode: str,
             store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y in x's shape and dtype, rstd [M] fp32, or an empty tensor without store_rstd)."""
+    """(y in x's shape and dtype, rstd fp32 of x's leading shape, or of x's leading shape + (0,) without
+    store_rstd). rstd keeps x's leading dims so that a DTensor sharding of x on them shards it alike."""
     dev, M, choice = plan(x, mode or None)
+    if not store_rstd:
+        no_rstd = x.new_empty(x.shape[:-1] + (0,), dtype=torch.float32)
     if choice.mode == "torch" or x.numel() == 0:
         y, rstd = rms_norm_reference(x, weight, eps, offset)
-        return y.contiguous(), rstd.reshape(-1).float() if store_rstd else x.new_empty(0, dtype=torch.float32)
+        return y.contiguous(), rstd.float().contiguous() if store_rstd else no_rstd
     y, rstd = forward_rows(as_rows(x), weight, eps, offset, store_rstd, choice.mode, dev, x.shape)
-    return y, rstd if store_rstd else x.new_empty(0, dtype=torch.float32)
+    return y, rstd.view(x.shape[:-1]) if store_rstd else no_rstd
 
 
 @_fwd_op.register_fake
 def _fwd_fake(x, weight, eps, offset, mode, store_rstd):
-    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(M if store_rstd else 0,
-                                                                                   dtype=torch.float32)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(x.shape[:-1] if store_rstd else x.shape[:-1] + (0,), dtype=torch.float32))
 
 
 @torch.library.custom_op("cutile_norms::rms_norm_bwd", mutates_args=())
@@ -188,7 +191,7 @@ def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd
     dev, M, choice = plan(x, mode or None)
     need_dw = need_dw and weight is not None
     bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
-    dx, dw = backward_rows(dy, as_rows(x), weight, rstd, offset, bwd_mode, need_dx, need_dw, dev)
+    dx, dw = backward_rows(dy, as_rows(x), weight, rstd.reshape(-1), offset, bwd_mode, need_dx, need_dw, dev)
     return (dx.view(x.shape) if need_dx else x.new_empty(0),
             dw if need_dw else x.new_empty(0))
 
@@ -276,6 +279,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
         eps = TORCH_DEFAULT_EPS
     if torch.compiler.is_compiling():
         validate(x, weight, eps, offset)
+        return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
+    if type(x) is not torch.Tensor and is_dtensor(x):  # the op on each shard (cutile_norms/distributed.py)
+        validate(x, weight, eps, offset)
+        warn_if_gathered(x, weight)
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
         grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
