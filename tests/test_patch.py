@@ -424,17 +424,21 @@ def _tiny_hf_model(family):
         config, model_cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
     elif family == "qwen3":
         config, model_cls = transformers.Qwen3Config(head_dim=16, **common), transformers.Qwen3ForCausalLM
+    elif family == "gemma3":
+        config = transformers.Gemma3TextConfig(head_dim=16, sliding_window=16, **common)
+        model_cls = transformers.Gemma3ForCausalLM
     else:
         config, model_cls = transformers.GemmaConfig(head_dim=16, **common), transformers.GemmaForCausalLM
     return model_cls(config).float().eval()
 
 
-@pytest.mark.parametrize("family, norms", [("llama", 2 * 2 + 1), ("qwen3", 2 * 4 + 1), ("gemma", 2 * 2 + 1)])
+@pytest.mark.parametrize("family, norms", [("llama", 2 * 2 + 1), ("qwen3", 2 * 4 + 1), ("gemma", 2 * 2 + 1),
+                                           ("gemma3", 2 * 6 + 1)])
 def test_hf_model_matches(seed, family, norms):
     model = randomise_norm_weights(_tiny_hf_model(family))
     patched, replaced = patch_copy(model)
     assert len(replaced) == norms and sorted(n for n, _ in replaced) == norm_names(model)
-    if family == "gemma":
+    if family.startswith("gemma"):
         assert all(patched.get_submodule(n).offset == 1.0 for n, _ in replaced)
     else:
         assert all(patched.get_submodule(n).offset == 0.0 for n, _ in replaced)
@@ -444,6 +448,26 @@ def test_hf_model_matches(seed, family, norms):
     ids = torch.randint(0, 128, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(patched(input_ids=ids).logits, model(input_ids=ids).logits, **FP32_OUT)
+
+
+GENERATE_CASES = [pytest.param(f, "cpu", "triton", id=f"{f}-cpu")
+                  for f in ("llama", "qwen3", "gemma3")] + \
+                 [pytest.param(f, "cuda", None, marks=pytest.mark.gpu, id=f"{f}-cuda") for f in ("llama", "qwen3", "gemma3")]
+
+
+@pytest.mark.parametrize("family, device, mode", GENERATE_CASES)
+def test_hf_generate_greedy_tokens_match(seed, family, device, mode):
+    """model.generate() of a randomly initialised fp32 model, patched against unpatched: the same greedy
+    tokens (fp32 norms agree to rounding; a logit tie would be the only way to differ)."""
+    model = randomise_norm_weights(_tiny_hf_model(family)).to(device)
+    patched, replaced = patch_copy(model, mode=mode)
+    assert replaced
+    ids = torch.randint(0, 128, (2, 5), device=device)
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(ids, **kw)
+        got = patched.generate(ids, **kw)
+    assert torch.equal(got, expected), f"{family}: greedy tokens differ [seed {seed}]"
 
 
 def test_eps_values_are_real_numbers():
