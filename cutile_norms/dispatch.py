@@ -347,6 +347,11 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 # kernel `resolve` picks for h (a full extra pass over h: 5 M N e bytes instead of 4). The backward
 # is always the norm's backward kernel on h plus the grad flowing into h from later layers.
 FUSED_ADD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_norm_fwd"
+FUSED_ADD_BWD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_norm_bwd"
+# The fused backward (the norm's grad plus dh in one pass: reads dy, h, dh, writes one grad, 4 M N e
+# bytes where the norm's backward then an add move 6) holds h, dy, dh and its dw accumulator in
+# registers: rows of up to 8192 elements; wider rows take the norm's backward kernel and an add.
+FUSED_ADD_BWD_MAX_N = 8192
 
 
 def residual_add_unfused(mode_name: str | None, norm_mode: str, dev: DeviceInfo, tools: Toolchain) -> str | None:
@@ -359,3 +364,12 @@ def residual_add_unfused(mode_name: str | None, norm_mode: str, dev: DeviceInfo,
     if mode_name not in (None, "triton"):
         return f"mode {mode_name!r} has no fused add kernel yet (Triton's is the only one)"
     return unavailable_reason(MODES["triton"], dev, tools)
+
+
+def residual_backward_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
+                              tools: Toolchain) -> str | None:
+    """None where the fused add + norm backward runs, else why the norm's backward and an add of dh do."""
+    why = residual_add_unfused(mode_name, norm_mode, dev, tools)
+    if why is None and N > FUSED_ADD_BWD_MAX_N:
+        why = f"the fused backward holds rows of up to {FUSED_ADD_BWD_MAX_N} elements in registers, N={N}"
+    return why

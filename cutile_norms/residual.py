@@ -26,7 +26,7 @@ from . import dispatch
 from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference
-from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate
+from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, grad_rows, plan, validate
 
 
 def validate_residual(x, residual, residual_dtype) -> None:
@@ -42,8 +42,9 @@ def validate_residual(x, residual, residual_dtype) -> None:
         raise TypeError(f"residual_dtype must be None, float16, bfloat16 or float32, got {residual_dtype}")
 
 
-def _fused_kernel():
-    module, _, name = dispatch.FUSED_ADD_KERNEL.partition(":")
+def _kernel(path: str):
+    """An experimental kernel's launch function by "module:name" (dispatch names them)."""
+    module, _, name = path.partition(":")
     return getattr(importlib.import_module(module), name)
 
 
@@ -82,7 +83,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
     if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
-        y2d, _, rstd = _fused_kernel()(as_rows(x), as_rows(residual), weight, eps, offset, h_dtype, store_rstd,
+        y2d, _, rstd = _kernel(dispatch.FUSED_ADD_KERNEL)(as_rows(x), as_rows(residual), weight, eps, offset, h_dtype, store_rstd,
                                         out=out)
         return (x if in_place else y2d.view(x.shape)), h, rstd
     if choice.mode == "torch":
@@ -132,6 +133,12 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
         g, dw = torch.zeros_like(h), (torch.zeros_like(weight) if need_dw else None)
     else:
         dev, M, choice = plan(h, mode or None)
+        if dispatch.residual_backward_unfused(mode or None, choice.mode, h.shape[-1], dev, toolchain()) is None:
+            h2d = as_rows(h)
+            rows = [None if t is None else grad_rows(t, h2d) for t in (dy, dh)]
+            g2d, dw = _kernel(dispatch.FUSED_ADD_BWD_KERNEL)(rows[0], rows[1], h2d, weight, rstd.reshape(-1), offset,
+                                                             need_dw, 4 * max(dev.sm_count, 1))
+            return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
         bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
         g2d, dw = backward_rows(dy, as_rows(h), _weight_for(weight, h.dtype), rstd.reshape(-1), offset, bwd_mode,
                                 True, need_dw, dev)

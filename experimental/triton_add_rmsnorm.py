@@ -1,4 +1,4 @@
-"""Residual add fused into the RMSNorm forward, in Triton (experimental: compile-checked for sm_90 and
+"""Residual add fused into the RMSNorm forward and backward, in Triton (experimental: compile-checked for sm_90 and
 sm_100 and run under Triton's interpreter in CI; not yet validated on hardware).
 
     h = x + r   (summed in fp32, rounded once to h's dtype, stored)
@@ -114,3 +114,70 @@ def add_rms_norm_fwd(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor 
         BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=weight is not None, STORE_RSTD=store_rstd, INT64=int64,
         num_warps=warps)
     return y, h, rstd
+
+
+# ================================================================================================
+# Backward
+# ================================================================================================
+@triton.jit
+def add_rms_norm_bwd_kernel(DY, DH, H, W, RSTD, G, DWP, M, stride_dy, stride_dh, stride_h, offset, N,
+                            BLOCK_N: tl.constexpr, ROWS: tl.constexpr, HAS_W: tl.constexpr, HAS_DH: tl.constexpr,
+                            NEED_DW: tl.constexpr, INT64: tl.constexpr):
+    """The grad into h = rstd * (g - xhat * mean(g * xhat)) + dh (g = dy * (offset + w), xhat = h * rstd)
+    for a grid-stride loop over row tiles; each program sums its rows' dy * xhat into its own row of
+    the fp32 partials DWP (summed in a fixed order afterwards: the same bits every run)."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    ok = cols < N
+    if HAS_W:
+        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for tile in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        if INT64:
+            rows = rows.to(tl.int64)
+        mask = row_ok[:, None] & ok[None, :]
+        h = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = h * rstd[:, None]
+        g = dy
+        if HAS_W:
+            g = dy * w[None, :]
+        dot = tl.sum(g * xhat, axis=1) / N
+        gh = rstd[:, None] * (g - xhat * dot[:, None])
+        if HAS_DH:
+            gh += tl.load(DH + rows[:, None] * stride_dh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(G + rows[:, None] * N + cols[None, :], gh.to(G.dtype.element_ty), mask=mask)
+        if NEED_DW:
+            dw_acc += tl.sum(dy * xhat, axis=0)
+    if NEED_DW:
+        tl.store(DWP + pid * N + cols, dw_acc, mask=ok)
+
+
+@experimental_kernel
+def add_rms_norm_bwd(dy2d: torch.Tensor, dh2d: torch.Tensor | None, h2d: torch.Tensor, weight: torch.Tensor | None,
+                     rstd: torch.Tensor, offset: float, need_dw: bool, programs_max: int):
+    """(the grad into h [M, N] in h's dtype, dw in the weight's dtype or None) for rows of up to
+    dispatch.FUSED_ADD_BWD_MAX_N elements with unit column stride (dy, dh in h's dtype; rstd [M] fp32). Reads dy, h
+    and dh and writes one grad: 4 M N e bytes, where the norm's backward then an add of dh move 6."""
+    M, N = h2d.shape
+    device = h2d.device
+    block = pow2_ceil(N)
+    rows = max(1, min(MAX_ROWS, 2048 // block))
+    warps = max(1, min(16, block * rows // 256))
+    tiles = -(-M // rows)
+    programs = max(1, min(tiles, programs_max))
+    need_dw = need_dw and weight is not None
+    g = torch.empty(M, N, dtype=h2d.dtype, device=device)
+    parts = torch.empty(programs if need_dw else 1, N, dtype=torch.float32, device=device)
+    if weight is not None and weight.stride(0) != 1 and N > 1:
+        weight = weight.contiguous()
+    strides = [t.stride(0) if M > 1 else N for t in (dy2d, dh2d if dh2d is not None else dy2d, h2d)]
+    add_rms_norm_bwd_kernel[(programs,)](
+        dy2d, dh2d if dh2d is not None else dy2d, h2d, weight if weight is not None else rstd, rstd, g, parts, M,
+        *strides, offset, N, BLOCK_N=block, ROWS=rows, HAS_W=weight is not None, HAS_DH=dh2d is not None,
+        NEED_DW=need_dw, INT64=max(strides) * M + N >= 2 ** 31, num_warps=warps)
+    dw = parts.sum(0).to(weight.dtype) if need_dw else None
+    return g, dw

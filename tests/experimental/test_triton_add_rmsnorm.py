@@ -1,5 +1,5 @@
-"""The fused residual add + RMSNorm forward kernel (experimental/triton_add_rmsnorm.py), called
-directly: outputs poisoned with NaN first, h against the fp32 sum rounded once, y against the fp64
+"""The fused residual add + RMSNorm kernels (experimental/triton_add_rmsnorm.py): the forward called
+directly (the backward through the API: tests/test_residual.py's fused cases), compile checks of both: outputs poisoned with NaN first, h against the fp32 sum rounded once, y against the fp64
 norm of h as stored, rstd against fp64; in place (y into x, h into r); and compile checks for sm_90 and
 sm_100 in a child process without the interpreter.
 
@@ -84,30 +84,41 @@ CHILD = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-sys.modules.pop("cutile_norms.experimental", None)
 import cutile_norms; cutile_norms.enable_experimental()
-from cutile_norms.experimental.triton_add_rmsnorm import add_rms_norm_fwd_kernel as K, config
+from cutile_norms.experimental import triton_add_rmsnorm as T
 out = {}
-for N, x, h, arch in json.loads(sys.argv[1]):
-    key = f"{N}-{x}-{h}-{arch}"
+for kind, N, x, h, arch in json.loads(sys.argv[1]):
+    key = f"{kind}-{N}-{x}-{h}-{arch}"
     try:
-        block, chunks, rows, warps = config(N)
-        sig = {"X": f"*{x}", "R": f"*{x}", "W": f"*{x}", "Y": f"*{x}", "H": f"*{h}", "RSTD": "*fp32", "M": "i32",
-               "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_h": "i32", "eps": "fp32",
-               "offset": "fp32", "N": "i32"}
-        consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=True, STORE_RSTD=True, INT64=False)
+        if kind == "fwd":
+            K = T.add_rms_norm_fwd_kernel
+            block, chunks, rows, warps = T.config(N)
+            sig = {"X": f"*{x}", "R": f"*{x}", "W": f"*{x}", "Y": f"*{x}", "H": f"*{h}", "RSTD": "*fp32", "M": "i32",
+                   "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_h": "i32", "eps": "fp32",
+                   "offset": "fp32", "N": "i32"}
+            consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=True, STORE_RSTD=True, INT64=False)
+        else:
+            K = T.add_rms_norm_bwd_kernel
+            block = T.pow2_ceil(N)
+            rows = max(1, min(T.MAX_ROWS, 2048 // block))
+            warps = max(1, min(16, block * rows // 256))
+            sig = {"DY": f"*{x}", "DH": f"*{h}", "H": f"*{h}", "W": f"*{x}", "RSTD": "*fp32", "G": f"*{h}",
+                   "DWP": "*fp32", "M": "i32", "stride_dy": "i32", "stride_dh": "i32", "stride_h": "i32",
+                   "offset": "fp32", "N": "i32"}
+            consts = dict(BLOCK_N=block, ROWS=rows, HAS_W=True, HAS_DH=True, NEED_DW=True, INT64=False)
         sig.update({k: "constexpr" for k in consts})
         src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
         c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         ptx = c.asm["ptx"]
         out[key] = dict(cubin=len(c.asm["cubin"]), target=f".target sm_{arch}" in ptx,
-                        rn=("cvt.rn.bf16.f32" in ptx or "cvt.rn.bf16x2.f32" in ptx) if h == "bf16" else True)
+                        rn=("cvt.rn.bf16.f32" in ptx or "cvt.rn.bf16x2.f32" in ptx) if h == "bf16" else True,
+                        float_atomics=bool(__import__("re").search(r"(atom|red)[.\w]*\.f(16|32|64)", ptx)))
     except Exception as exc:
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
-COMPILE_CASES = [(N, x, h, a) for N in (128, 4096, 16384, 65536) for x, h in (("bf16", "bf16"), ("fp16", "fp32"))
-                 for a in (90, 100)]
+COMPILE_CASES = [(k, N, x, h, a) for k, widths in (("fwd", (128, 4096, 16384, 65536)), ("bwd", (128, 4096, 8192)))
+                 for N in widths for x, h in (("bf16", "bf16"), ("fp16", "fp32")) for a in (90, 100)]
 
 
 @pytest.fixture(scope="module")
@@ -120,4 +131,5 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     r = compiled["-".join(map(str, case))]
     assert "error" not in r, r.get("error")
     assert r["cubin"] > 0 and r["target"]
-    assert r["rn"], "h is not rounded to nearest (cvt.rn) on the GPU"
+    assert r["rn"], "h (or its grad) is not rounded to nearest (cvt.rn) on the GPU"
+    assert not r["float_atomics"], "dw is summed in a fixed order: no float atomics"
