@@ -1,7 +1,8 @@
-"""The fused residual add + RMSNorm kernels (experimental/triton_add_rmsnorm.py): the forward called
-directly (the backward through the API: tests/test_residual.py's fused cases), compile checks of both: outputs poisoned with NaN first, h against the fp32 sum rounded once, y against the fp64
-norm of h as stored, rstd against fp64; in place (y into x, h into r); and compile checks for sm_90 and
-sm_100 in a child process without the interpreter.
+"""The fused residual add + RMSNorm kernels (experimental/triton_add_rmsnorm.py). The forward called
+directly: outputs poisoned with NaN first, h against the fp32 sum rounded once, y against the fp64 norm
+of h as stored, rstd against fp64; in place (y into x, h into r). The backward through the API
+(tests/test_residual.py's fused cases and the residual fuzz). Both compiled for sm_90 and sm_100 in a
+child process without the interpreter.
 
 Under Triton's interpreter (the CPU CI) an fp32 -> bf16 conversion truncates instead of rounding to
 nearest (measured: 2023 of 4096 values one ulp below torch's), so bf16 h is checked within one ulp
