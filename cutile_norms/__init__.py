@@ -16,11 +16,12 @@ from ._experimental import ExperimentalKernelWarning, enable_experimental, exper
 from .dispatch import MODES
 from .patch import patch
 from . import distributed as _distributed
+from .fp8 import rms_norm_fp8
 from .residual import add_rms_norm, add_rms_norm_
 from .rmsnorm import RMSNorm, available_modes, explain, rms_norm
 
 __version__ = "0.1.0"
-__all__ = ["rms_norm", "add_rms_norm", "add_rms_norm_", "RMSNorm", "available_modes", "explain", "enable_experimental",
+__all__ = ["rms_norm", "add_rms_norm", "add_rms_norm_", "rms_norm_fp8", "RMSNorm", "available_modes", "explain", "enable_experimental",
            "experimental_kernel", "ExperimentalKernelWarning", "MODES", "patch"]
 
 

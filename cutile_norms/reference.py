@@ -52,3 +52,30 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
     h = (x.to(compute_dtype) + residual.to(compute_dtype)).to(residual_dtype or x.dtype)
     y, rstd = rms_norm_reference(h, weight, eps, offset, compute_dtype=compute_dtype)
     return y.to(x.dtype), h, rstd
+
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+FP8_MIN_AMAX = 1e-12  # a row (or group) of zeros: its scale is this / FP8_MAX, never 0 (no 0 / 0)
+
+
+def fp8_scale(amax: torch.Tensor, out_dtype: torch.dtype, scale_ub: float | None = None,
+              ue8m0: bool = False) -> torch.Tensor:
+    """The dynamic scale of a row or group from its amax (fp32): max(min(amax, scale_ub), 1e-12) / the
+    format's largest value, IEEE division; `ue8m0`: rounded up to a power of two (the exponent-only
+    scales of MX and DeepGEMM's UE8M0). NaN amax gives a NaN scale."""
+    a = amax.float()
+    if scale_ub is not None:
+        a = torch.minimum(a, torch.tensor(scale_ub, dtype=torch.float32, device=a.device))
+    s = torch.clamp(a, min=FP8_MIN_AMAX) / FP8_MAX[out_dtype]
+    if ue8m0:  # 2^ceil(log2 s) from the bits: the exponent, plus one unless the mantissa is zero
+        bits = s.view(torch.int32)
+        exp = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+        s = torch.where(torch.isnan(s), s, (exp << 23).view(torch.float32))
+    return s
+
+
+def fp8_quantize(y: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """y (fp32) / scale, IEEE division, clamped to the format's finite range (NaN stays NaN), rounded
+    to nearest even: the quantizer the FP8 kernels match bit for bit."""
+    top = FP8_MAX[out_dtype]
+    return (y.float() / scale).clamp(-top, top).to(out_dtype)

@@ -1,0 +1,148 @@
+"""RMSNorm with an FP8 output for serving: `rms_norm_fp8`, optionally after the fused residual add.
+
+    q, scales = cn.rms_norm_fp8(x, w, eps)                              # per-token dynamic scales
+    q, scales = cn.rms_norm_fp8(x, w, eps, scale=s)                     # a given per-tensor scale
+    q, scales = cn.rms_norm_fp8(x, w, eps, group_size=128)              # 1 x 128 group scales
+    q, scales, h = cn.rms_norm_fp8(x, w, eps, residual=r)               # h = x + r, as rms_norm's
+
+Contract:
+  * y = h * rsqrt(mean(h^2) + eps) * (offset + w) in fp32 (h = x, or x + residual as `rms_norm`'s
+    residual add defines it), never rounded to 16 bits; q = fp8(clamp(y / s, -max, max)), IEEE division,
+    round to nearest even (`reference.fp8_quantize`). out_dtype: torch.float8_e4m3fn (max 448) or
+    torch.float8_e5m2 (max 57344); dequantize as q.float() * s.
+  * Scales (fp32): `scale` given (a float or a one-element fp32 tensor): returned as given. Else per
+    token: [..., 1], s = max(min(amax, scale_ub), 1e-12) / max (`reference.fp8_scale`; scale_ub an
+    optional upper bound on the amax, vLLM's). group_size=g (a power of two dividing N): [..., N / g]
+    row-major (the layout vLLM's per_token_group_quant_fp8 returns by default; DeepGEMM reads the
+    transpose, M-major), one scale per 1 x g columns. scale_ue8m0=True: dynamic scales rounded up to a
+    power of two (the exponent-only UE8M0 scales), still returned as fp32.
+  * A zero row (or group) gets the scale 1e-12 / max and q = 0. inf in a row: its sum of squares is
+    inf, rstd 0, y NaN at the inf and 0 elsewhere; NaN in a row: y all NaN. A dynamic scale over a NaN
+    is NaN and so is all of its row's (group's) q; with a given scale only the NaN elements are NaN.
+    q never holds inf: |y / s| past the format's max saturates to it (e4m3fn has no inf at all).
+  * Not differentiable (an output for the next GEMM). Kernel: the Triton kernel in experimental/ where
+    the user opted in, mode is None or "triton" and N <= 16384; else the same math in torch ops.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+
+import torch
+
+from . import dispatch
+from ._experimental import experimental_enabled
+from ._platform import device_info, toolchain
+from .reference import FP8_MAX, add_rms_norm_reference, fp8_quantize, fp8_scale, rms_norm_reference
+from .residual import validate_residual
+from .rmsnorm import TORCH_DEFAULT_EPS, as_rows, validate
+
+FP8_KERNEL = "cutile_norms.experimental.triton_rmsnorm_fp8:rms_norm_fp8"
+FP8_KERNEL_MAX_N = 16384  # a row in registers
+
+
+def _validate_fp8(x, out_dtype, scale, scale_ub, group_size, ue8m0) -> None:
+    if out_dtype not in FP8_MAX:
+        raise TypeError(f"out_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {out_dtype}")
+    if scale is not None:
+        if isinstance(scale, torch.Tensor):
+            if scale.numel() != 1 or scale.dtype != torch.float32 or scale.device != x.device:
+                raise ValueError(f"scale must be one fp32 element on x's device, got {tuple(scale.shape)} "
+                                 f"{scale.dtype} on {scale.device}")
+        elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0 < scale < math.inf:
+            raise ValueError(f"scale must be a finite positive number or a tensor, got {scale!r}")
+        if scale_ub is not None or group_size is not None or ue8m0:
+            raise ValueError("a given scale is per tensor: scale_ub, group_size and scale_ue8m0 are for "
+                             "dynamic scales")
+    if scale_ub is not None and (isinstance(scale_ub, bool) or not isinstance(scale_ub, numbers.Real)
+                                 or not 0 < scale_ub < math.inf):
+        raise ValueError(f"scale_ub must be a finite positive number, got {scale_ub!r}")
+    if group_size is not None:
+        N = x.shape[-1]
+        if (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+                or group_size & (group_size - 1) or N % group_size):
+            raise ValueError(f"group_size must be a power of two dividing N={N}, got {group_size!r}")
+
+
+def _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scale_ub, group_size, ue8m0):
+    """(q, scales, h or None) in torch ops: the fallback, and the oracle's math."""
+    if residual is not None:
+        _, h, _ = add_rms_norm_reference(x, residual, None, eps, 0.0, h_dtype)
+    else:
+        h = None
+    y = rms_norm_reference((h if h is not None else x).float(), weight, eps, offset)[0]
+    if scale is not None:
+        return fp8_quantize(y, scale, out_dtype), scale, h
+    if group_size:
+        yg = y.unflatten(-1, (y.shape[-1] // group_size, group_size))
+        s = fp8_scale(yg.abs().amax(-1), out_dtype, scale_ub, ue8m0)
+        return fp8_quantize(yg, s.unsqueeze(-1), out_dtype).flatten(-2), s, h
+    s = fp8_scale(y.abs().amax(-1, keepdim=True), out_dtype, scale_ub, ue8m0)
+    return fp8_quantize(y, s, out_dtype), s, h
+
+
+def kernel_unused(mode: str | None, x) -> str | None:
+    """None where the FP8 kernel runs, else why the torch ops do."""
+    if not experimental_enabled():
+        return "the FP8 kernel is experimental (opt in with CUTILE_NORMS_EXPERIMENTAL=1)"
+    if mode not in (None, "triton"):
+        return f"mode {mode!r} has no FP8 kernel (Triton's is the only one)"
+    if x.shape[-1] > FP8_KERNEL_MAX_N:
+        return f"the FP8 kernel holds rows of up to {FP8_KERNEL_MAX_N} elements, N={x.shape[-1]}"
+    return dispatch.unavailable_reason(dispatch.MODES["triton"], device_info(x.device), toolchain())
+
+
+@torch.library.custom_op("cutile_norms::rms_norm_fp8", mutates_args=())
+def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float, offset: float,
+            mode: str, out_dtype: torch.dtype, h_dtype: torch.dtype, scale: torch.Tensor | None,
+            scale_ub: float | None, group_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, scales, h or an empty tensor without a residual)."""
+    group = group_size or None
+    if x.numel() and kernel_unused(mode or None, x) is None:
+        module, _, name = FP8_KERNEL.partition(":")
+        kernel = getattr(importlib.import_module(module), name)
+        q, s, h, _ = kernel(as_rows(x), None if residual is None else as_rows(residual), weight, eps, offset,
+                            out_dtype, h_dtype, scale, scale_ub, group, ue8m0)
+        lead = x.shape[:-1]
+        s = s.clone() if scale is not None else s.view(*lead, -1)
+        return q.view(x.shape), s, h.view(x.shape) if h is not None else x.new_empty(0)
+    q, s, h = _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scale_ub, group, ue8m0)
+    return (q.contiguous(), s.clone() if scale is not None else s.contiguous(),
+            h.contiguous() if h is not None else x.new_empty(0))
+
+
+@_fp8_op.register_fake
+def _fp8_fake(x, residual, weight, eps, offset, mode, out_dtype, h_dtype, scale, scale_ub, group_size, ue8m0):
+    lead = x.shape[:-1]
+    s = (scale.new_empty(scale.shape) if scale is not None else
+         x.new_empty(*lead, x.shape[-1] // group_size if group_size else 1, dtype=torch.float32))
+    return (x.new_empty(x.shape, dtype=out_dtype), s,
+            x.new_empty(x.shape, dtype=h_dtype) if residual is not None else x.new_empty(0))
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
+                 out_dtype: torch.dtype = torch.float8_e4m3fn, scale=None, scale_ub: float | None = None,
+                 group_size: int | None = None, scale_ue8m0: bool = False, residual: torch.Tensor | None = None,
+                 residual_dtype: torch.dtype | None = None, offset: float = 0.0, mode: str | None = None):
+    """(q, scales), or (q, scales, h) with a residual. See the module docstring."""
+    if eps is None:
+        eps = TORCH_DEFAULT_EPS
+    validate(x, weight, eps, offset)
+    _validate_fp8(x, out_dtype, scale, scale_ub, group_size, scale_ue8m0)
+    if residual is not None or residual_dtype is not None:
+        if residual is None:
+            raise ValueError("residual_dtype is the dtype of h = x + residual; it needs a residual")
+        validate_residual(x, residual, residual_dtype)
+    if mode is not None and mode not in dispatch.MODES:
+        raise ValueError(f"unknown mode {mode!r}; modes: None, " + ", ".join(map(repr, dispatch.MODES)))
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
+        raise RuntimeError("rms_norm_fp8 is not differentiable (an FP8 output for the next GEMM); call it under "
+                           "torch.no_grad() or on tensors that do not require grad")
+    if scale is not None and not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([float(scale)], dtype=torch.float32, device=x.device)
+    q, s, h = torch.ops.cutile_norms.rms_norm_fp8(x, residual, weight, float(eps), float(offset), mode or "",
+                                                  out_dtype, residual_dtype or x.dtype, scale,
+                                                  None if scale_ub is None else float(scale_ub), group_size or 0,
+                                                  bool(scale_ue8m0))
+    return (q, s) if residual is None else (q, s, h)

@@ -1,0 +1,119 @@
+"""The FP8-output RMSNorm kernel (experimental/triton_rmsnorm_fp8.py), called directly, against the
+reference quantizer (reference.fp8_scale, reference.fp8_quantize) applied to y computed from the
+kernel's own rstd in the kernel's op order: the scales bit for bit everywhere, q bit for bit on the GPU.
+
+Under Triton's interpreter (the CPU CI) an fp32 -> fp8 conversion is not the GPU's (measured: NaN
+becomes 384 in e4m3, and values land up to 8 fp8 steps away), so q is checked on the GPU only; the
+interpreter checks everything else (h, rstd, the scales, the shapes). Compiled for sm_90 and sm_100 in
+a child process: the PTX must round and saturate in one cvt (cvt.rn.satfinite to e4m3 / e5m2) and
+divide by the scale with IEEE division (div.rn).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cutile_norms.reference import fp8_quantize, fp8_scale
+from tests.conftest import random_rows, random_weight
+from tests.triton._util import DEVICES, compile_in_child
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
+    import importlib
+
+    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental to the experimental/ folder)
+    return importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8").rms_norm_fp8
+
+
+def same_bits_or_both_nan(a, b) -> bool:
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("out_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("kind", ["token", "group", "group_ue8m0", "static", "token_ub", "residual"])
+@pytest.mark.parametrize("N", [256, 1024, 12288])
+def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, N):
+    x = random_rows((7, N), torch.bfloat16, device)
+    x[1] = 0.0
+    x[2, 5] = float("inf")
+    x[3, 6] = float("nan")
+    w = random_weight(N, torch.bfloat16, device)
+    r = random_rows((7, N), torch.bfloat16, device) if kind == "residual" else None
+    scale = torch.tensor([0.01], device=device) if kind == "static" else None
+    ub = 2.0 if kind == "token_ub" else None
+    group = 128 if kind.startswith("group") else None
+    q, s, h, rstd = kernel(x, r, w, 1e-6, 0.0, out_dtype, torch.bfloat16 if r is not None else None, scale, ub, group,
+                           kind == "group_ue8m0")
+    src = x
+    if r is not None:
+        assert torch.equal(h, (x.float() + r.float()).to(torch.bfloat16)) or device == "cpu"  # cpu: bf16 truncates
+        src = h
+    y = (src.float() * rstd[:, None]) * (w.float() + 0.0)  # the kernel's op order, from its rstd
+    if scale is not None:
+        s_ref, q_ref = scale, fp8_quantize(y, scale, out_dtype)
+    elif group:
+        yg = y.unflatten(-1, (N // group, group))
+        s_ref = fp8_scale(yg.abs().amax(-1), out_dtype, ub, kind == "group_ue8m0")
+        q_ref = fp8_quantize(yg, s_ref.unsqueeze(-1), out_dtype).flatten(-2)
+    else:
+        s_ref = fp8_scale(y.abs().amax(-1), out_dtype, ub)
+        q_ref = fp8_quantize(y, s_ref.unsqueeze(-1), out_dtype)
+    what = f"{kind} {out_dtype} N={N} [seed {seed}]"
+    assert s.shape == s_ref.shape and same_bits_or_both_nan(s, s_ref), f"{what}: scales"
+    if scale is None:  # inf in a row: rstd 0, y NaN at the inf, 0 elsewhere; NaN in a row: rstd and y all NaN
+        assert torch.isnan(s[3]).all() and torch.isnan(s[2]).any(), f"{what}: NaN scales where y has NaN"
+        if group:
+            assert torch.isnan(s[2]).sum() == 1, f"{what}: only the inf's group has a NaN scale"
+    if device == "cuda":
+        assert same_bits_or_both_nan(q.float(), q_ref.float()), f"{what}: q differs from the reference quantizer"
+
+
+CHILD = r"""
+import json, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import cutile_norms; cutile_norms.enable_experimental()
+from cutile_norms.experimental import triton_rmsnorm_fp8 as T
+out = {}
+for N, fp8, group, arch in json.loads(sys.argv[1]):
+    key = f"{N}-{fp8}-{group}-{arch}"
+    try:
+        K = T.rms_norm_fp8_kernel
+        block = max(T.pow2_ceil(N), group or 1)
+        rows = max(1, min(T.MAX_ROWS, 2048 // block))
+        warps = max(1, min(16, block * rows // 512))
+        sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Q": f"*{fp8}", "H": "*bf16", "S": "*fp32", "SCALE": "*fp32",
+               "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
+               "scale_ub": "fp32", "N": "i32"}
+        consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
+                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False)
+        sig.update({k: "constexpr" for k in consts})
+        src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
+        c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+        ptx = c.asm["ptx"]
+        cvt = "cvt.rn.satfinite.e4m3x2.f32" if fp8 == "fp8e4nv" else "cvt.rn.satfinite.e5m2x2.f32"
+        out[key] = dict(cubin=len(c.asm["cubin"]), target=f".target sm_{arch}" in ptx, cvt=cvt in ptx,
+                        div_rn="div.rn.f32" in ptx)
+    except Exception as exc:
+        out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
+print("RESULT " + json.dumps(out))
+"""
+COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 16384) for f in ("fp8e4nv", "fp8e5") for g in (0, 128)
+                 for a in (90, 100)]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_in_child(CHILD, COMPILE_CASES)
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_compiles_for_sm90_and_sm100(compiled, case):
+    r = compiled["-".join(map(str, case))]
+    assert "error" not in r, r.get("error")
+    assert r["cubin"] > 0 and r["target"]
+    assert r["cvt"], "q is not rounded and saturated by one cvt.rn.satfinite"
+    assert r["div_rn"], "y / s is not an IEEE division (div.rn)"

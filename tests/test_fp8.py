@@ -1,0 +1,131 @@
+"""rms_norm_fp8 (cutile_norms/fp8.py): the FP8 output's semantics against an fp64 oracle, the scales'
+shapes and layouts, rows of zeros, huge values, inf and NaN, validation, torch.compile.
+
+Oracle: y in fp64; a dynamic scale from the fp64 amax; q = fp8 of y / s rounded to nearest. The
+torch-ops path and the kernel compute y in fp32, so their amax (and scale) differ from the oracle's
+by fp32 rounding (relative 1e-6) and a q element may sit one fp8 step away where y / s is within that
+of a rounding boundary: q is checked within one step, scales within 1e-6. (The kernel's bit-exact
+agreement with the reference quantizer, given its rstd, is tests/experimental/test_triton_rmsnorm_fp8.py.)
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cutile_norms as cn
+from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
+from tests.conftest import random_rows, random_weight
+
+MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
+SUBNORMAL_STEP = {torch.float8_e4m3fn: 2.0 ** -9, torch.float8_e5m2: 2.0 ** -16}  # the spacing below the normals
+# CPU: the torch ops (mode torch, or None without the opt-in); the kernel's own tests are experimental's
+CASES = [pytest.param("cpu", "torch", id="cpu-torch"), pytest.param("cpu", None, id="cpu-None"),
+         pytest.param("cuda", None, marks=pytest.mark.gpu, id="cuda-None"),
+         pytest.param("cuda", "triton", marks=pytest.mark.gpu, id="cuda-triton")]
+
+
+def oracle(x, w, eps, offset, out_dtype, scale=None, scale_ub=None, group=None):
+    """(y / s in fp64, s in fp64 with the scales' shape)."""
+    xd = x.double()
+    y = xd * torch.rsqrt(xd.square().mean(-1, keepdim=True) + eps)
+    if w is not None:
+        y = y * (w.double() + offset)
+    top = FP8_MAX[out_dtype]
+    if scale is not None:
+        return y / scale, torch.tensor([scale], dtype=torch.float64)
+    yg = y.unflatten(-1, (y.shape[-1] // group, group)) if group else y.unsqueeze(-2)
+    a = yg.abs().amax(-1)
+    if scale_ub is not None:
+        a = a.clamp(max=scale_ub)
+    s = a.clamp(min=FP8_MIN_AMAX) / top
+    v = (yg / s.unsqueeze(-1)).flatten(-2)
+    return v, (s if group else s)
+
+
+def assert_fp8_close(q, v, out_dtype, what):
+    """q within one fp8 step of v (clamped to the format's range); NaN exactly where v is NaN."""
+    top = FP8_MAX[out_dtype]
+    vc = v.clamp(-top, top)
+    qf = q.double()
+    assert torch.equal(torch.isnan(qf), torch.isnan(vc)), f"{what}: NaN in other places"
+    ok = ~torch.isnan(vc)
+    tiny = SUBNORMAL_STEP[out_dtype]
+    step = torch.exp2(torch.floor(torch.log2(vc.abs().clamp(min=tiny))) - MANTISSA[out_dtype]).clamp(min=tiny)
+    err = (qf - vc).abs()[ok] / step[ok]
+    assert (err <= 1.0 + 1e-9).all(), f"{what}: {int((err > 1).sum())} elements more than one fp8 step off"
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+@pytest.mark.parametrize("out_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("kind", ["token", "group", "static", "token_ub"])
+def test_matches_oracle(seed, device, mode, out_dtype, kind):
+    x = random_rows((3, 5, 512), torch.bfloat16, device)
+    w = random_weight(512, torch.bfloat16, device)
+    kw = {"token": {}, "group": {"group_size": 128}, "static": {"scale": 0.01}, "token_ub": {"scale_ub": 1.5}}[kind]
+    q, s = cn.rms_norm_fp8(x, w, 1e-6, out_dtype=out_dtype, mode=mode, **kw)
+    v, s64 = oracle(x, w, 1e-6, 0.0, out_dtype, kw.get("scale"), kw.get("scale_ub"), kw.get("group_size"))
+    assert q.dtype == out_dtype and q.shape == x.shape and s.dtype == torch.float32
+    assert s.shape == s64.shape, f"scales {tuple(s.shape)}, expected {tuple(s64.shape)}"
+    assert torch.allclose(s.double().cpu(), s64.cpu(), rtol=1e-6, atol=0), f"{kind} scales [seed {seed}]"
+    assert_fp8_close(q.cpu(), v.cpu(), out_dtype, f"{kind} {out_dtype} [seed {seed}]")
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+def test_layouts(device, mode):
+    x = random_rows((4, 6, 256), torch.bfloat16, device)
+    q, s = cn.rms_norm_fp8(x, None, mode=mode)
+    assert s.shape == (4, 6, 1) and s.is_contiguous()
+    q, s = cn.rms_norm_fp8(x, None, mode=mode, group_size=64)
+    assert s.shape == (4, 6, 4) and s.stride() == (24, 4, 1), "1 x 64 group scales: [..., N / 64] row-major"
+    q, s = cn.rms_norm_fp8(x, None, mode=mode, group_size=128, scale_ue8m0=True)
+    m, e = torch.frexp(s)
+    assert (m == 0.5).all(), "UE8M0 scales are powers of two"
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+def test_zeros_huge_inf_nan(device, mode):
+    x = random_rows((6, 256), torch.float32, device)
+    x[0] = 0.0
+    x[1] *= 1e17
+    x[2, 7] = float("inf")
+    x[3, 9] = float("nan")
+    q, s = cn.rms_norm_fp8(x, None, mode=mode)
+    assert s[0].item() == torch.tensor(FP8_MIN_AMAX / 448.0, dtype=torch.float32).item() and not q[0].float().any()
+    v, s64 = oracle(x[1:2], None, 1e-6, 0.0, torch.float8_e4m3fn)
+    assert_fp8_close(q[1:2].cpu(), v.cpu(), torch.float8_e4m3fn, "huge row")
+    for r in (2, 3):
+        assert torch.isnan(s[r]).all() and torch.isnan(q[r].float()).all(), f"row {r}: NaN scale and q"
+    qs, _ = cn.rms_norm_fp8(x, None, mode=mode, scale=0.01)
+    assert torch.isnan(qs[3, 9].float()) and torch.isnan(qs[2].float()).sum() >= 1
+    assert torch.isfinite(qs[4:].float()).all() and qs[4:].float().abs().max() <= 448
+
+
+def test_residual_and_offset(seed):
+    x, r = random_rows((4, 256), torch.bfloat16, "cpu"), random_rows((4, 256), torch.bfloat16, "cpu")
+    w = random_weight(256, torch.float32, "cpu")
+    q, s, h = cn.rms_norm_fp8(x, w, residual=r, offset=1.0, group_size=128)
+    assert torch.equal(h, (x.float() + r.float()).to(torch.bfloat16))
+    v, s64 = oracle(h, w, 1e-6, 1.0, torch.float8_e4m3fn, group=128)
+    assert_fp8_close(q, v, torch.float8_e4m3fn, "residual")
+
+
+@pytest.mark.parametrize("kw,err,match", [
+    (dict(out_dtype=torch.bfloat16), TypeError, "out_dtype"), (dict(scale=-1.0), ValueError, "scale"),
+    (dict(scale=0.1, group_size=128), ValueError, "per tensor"), (dict(group_size=100), ValueError, "power of two"),
+    (dict(group_size=512), ValueError, "dividing"), (dict(scale_ub=0.0), ValueError, "scale_ub"),
+    (dict(mode="nope"), ValueError, "unknown mode")])
+def test_validation(kw, err, match):
+    with pytest.raises(err, match=match):
+        cn.rms_norm_fp8(torch.randn(2, 256), **kw)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        cn.rms_norm_fp8(torch.randn(2, 256, requires_grad=True))
+
+
+def test_torch_compile_fullgraph():
+    f = torch.compile(lambda a: cn.rms_norm_fp8(a, None, group_size=128), fullgraph=True, backend="aot_eager",
+                      dynamic=True)
+    for M in (3, 7):
+        x = torch.randn(M, 256)
+        q, s = f(x)
+        qe, se = cn.rms_norm_fp8(x, None, group_size=128)
+        assert torch.equal(q.float(), qe.float()) and torch.equal(s, se)
