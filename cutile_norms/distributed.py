@@ -111,6 +111,19 @@ def register() -> None:
     def _add_in_place_rule(*args):  # (x, residual, weight, eps, offset, mode) -> ()
         return _row_shardings(args, 3, 0, 2)
 
+    @register_sharding(ops.rms_norm_fp8.default)
+    def _fp8_rule(*args):  # (x, residual, weight, eps, offset, mode, out_dtype, h_dtype, scale, ...) -> (q, s, h)
+        given_scale, has_residual = args[8] is not None, args[1] is not None
+        rules = []
+        for outs, ins in _row_shardings(args, 3, 3, 2):
+            if given_scale:  # a per-tensor scale in and out: replicated
+                outs[1] = Replicate()
+                ins[8] = Replicate()
+            if not has_residual:  # h is then an empty 1-D tensor
+                outs[2] = Replicate()
+            rules.append((outs, ins))
+        return rules
+
 
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
     """Runs `register` right after torch.distributed.tensor is first imported, so the rules exist before

@@ -238,6 +238,9 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
     dev, M, choice = plan(h, mode)
     why = dispatch.residual_add_unfused(mode, choice.mode, dev, toolchain())
-    if why is None:
-        return f"residual add: fused into the norm ({dispatch.FUSED_ADD_KERNEL}, experimental)"
-    return f"residual add: torch.add into h, then the norm kernel on h ({why})"
+    fwd = (f"residual add: fused into the norm ({dispatch.FUSED_ADD_KERNEL}, experimental)" if why is None else
+           f"residual add: torch.add into h, then the norm kernel on h ({why})")
+    why_bwd = dispatch.residual_backward_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
+    bwd = (f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}, experimental)"
+           if why_bwd is None else f"residual backward: the norm's backward on h, then dh added ({why_bwd})")
+    return fwd + "\n" + bwd

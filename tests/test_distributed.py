@@ -106,3 +106,14 @@ def test_torch_compile_with_dtensor(mesh, seed, mode):
     y = compiled(x, w)
     assert tuple(y.placements) == (Shard(0),)
     assert torch.equal(y.full_tensor(), cn.rms_norm(x_full, w_full, 1e-6, mode=mode) * 2)
+
+
+@pytest.mark.parametrize("kw", [{}, {"group_size": 32}, {"scale": 0.02}], ids=["token", "group", "static"])
+def test_fp8_on_shards(mesh, seed, kw):
+    x_full, w_full = random_rows((4, 3, 64), torch.float32, "cpu"), random_weight(64, torch.float32, "cpu")
+    x = distribute_tensor(x_full, mesh, [Shard(1)])
+    w = distribute_tensor(w_full, mesh, [Replicate()])
+    q, s = cn.rms_norm_fp8(x, w, **kw)
+    qr, sr = cn.rms_norm_fp8(x_full, w_full, **kw)
+    assert tuple(q.placements) == (Shard(1),)
+    assert torch.equal(q.full_tensor().float(), qr.float()) and torch.equal(s.full_tensor(), sr)

@@ -188,6 +188,9 @@ def test_explain_says_how_the_add_runs(fused_gate):
     fused_gate(False)
     assert "residual add: torch.add into h" in cn.explain(x, residual=r, mode="triton")
     fused_gate(True)
-    assert "residual add: fused" in cn.explain(x, residual=r, mode="triton")
+    text = cn.explain(x, residual=r, mode="triton")
+    assert "residual add: fused" in text and "residual backward: fused" in text
+    wide = torch.randn(2, 9000)
+    assert "rows of up to 8192" in cn.explain(wide, residual=wide.clone(), mode="triton")
     assert "no fused add kernel" in cn.explain(x, residual=r, mode="torch") or "mode torch" in cn.explain(
         x, residual=r, mode="torch")
