@@ -20,6 +20,7 @@ import triton.language as tl
 
 from cutile_norms._experimental import experimental_kernel
 from cutile_norms._util import pow2_ceil
+from cutile_norms.triton._common import row_tile
 
 TILE_MAX = 16384  # elements of a row tile held in registers: 16 warps x 32 threads x 32 values
 CHUNK = 4096  # columns per chunk of wider rows
@@ -30,10 +31,7 @@ MAX_ROWS = 16
 def add_rms_norm_fwd_kernel(X, R, W, Y, H, RSTD, M, stride_x, stride_r, stride_y, stride_h, eps, offset, N,
                             BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
                             HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr, INT64: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    if INT64:
-        rows = rows.to(tl.int64)
+    rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     lanes = tl.arange(0, BLOCK_N)
     x_rows = X + rows[:, None] * stride_x
     r_rows = R + rows[:, None] * stride_r
@@ -133,10 +131,7 @@ def add_rms_norm_bwd_kernel(DY, DH, H, W, RSTD, G, DWP, M, stride_dy, stride_dh,
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
     dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for tile in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
-        rows = tile * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < M
-        if INT64:
-            rows = rows.to(tl.int64)
+        rows, row_ok = row_tile(tile, M, ROWS, INT64)
         mask = row_ok[:, None] & ok[None, :]
         h = tl.load(H + rows[:, None] * stride_h + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from cutile_norms._experimental import experimental_kernel
 from cutile_norms._util import pow2_ceil
+from cutile_norms.triton._common import row_tile
 from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
 
 TILE_MAX = 16384
@@ -50,10 +51,7 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr, STATIC: tl.constexpr,
                         HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
                         TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    if INT64:
-        rows = rows.to(tl.int64)
+    rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     cols = tl.arange(0, BLOCK_N)
     ok = cols < N
     mask = row_ok[:, None] & ok[None, :]

@@ -16,6 +16,16 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def row_tile(tile, M, ROWS: tl.constexpr, INT64: tl.constexpr):
+    """(the rows of row tile `tile`, int64 where INT64, and which of them are below M)."""
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    if INT64:
+        rows = rows.to(tl.int64)
+    return rows, row_ok
+
+
+@triton.jit
 def program_part(SPLIT: tl.constexpr):
     """(part, row group) of this program: program p owns part p % SPLIT of row group p // SPLIT's tiles."""
     pid = tl.program_id(0)

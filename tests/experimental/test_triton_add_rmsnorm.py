@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import assert_close, poisoned, random_rows, random_weight, reference64
-from tests.triton._util import DEVICES, compile_in_child
+from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
 @pytest.fixture
@@ -122,15 +122,11 @@ COMPILE_CASES = [(k, N, x, h, a) for k, widths in (("fwd", (128, 4096, 16384, 65
                  for N in widths for x, h in (("bf16", "bf16"), ("fp16", "fp32")) for a in (90, 100)]
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    return compile_in_child(CHILD, COMPILE_CASES)
+compiled = compile_fixture(CHILD, COMPILE_CASES)
 
 
-@pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=case_id)
 def test_compiles_for_sm90_and_sm100(compiled, case):
-    r = compiled["-".join(map(str, case))]
-    assert "error" not in r, r.get("error")
-    assert r["cubin"] > 0 and r["target"]
+    r = compiled_case(compiled, case)
     assert r["rn"], "h (or its grad) is not rounded to nearest (cvt.rn) on the GPU"
     assert not r["float_atomics"], "dw is summed in a fixed order: no float atomics"

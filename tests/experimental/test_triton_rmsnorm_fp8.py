@@ -15,7 +15,7 @@ import torch
 
 from cutile_norms.reference import fp8_quantize, fp8_scale
 from tests.conftest import random_rows, random_weight
-from tests.triton._util import DEVICES, compile_in_child
+from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
 @pytest.fixture
@@ -105,15 +105,11 @@ COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 16384) for f in ("fp8e4nv", "
                  for a in (90, 100)]
 
 
-@pytest.fixture(scope="module")
-def compiled():
-    return compile_in_child(CHILD, COMPILE_CASES)
+compiled = compile_fixture(CHILD, COMPILE_CASES)
 
 
-@pytest.mark.parametrize("case", COMPILE_CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", COMPILE_CASES, ids=case_id)
 def test_compiles_for_sm90_and_sm100(compiled, case):
-    r = compiled["-".join(map(str, case))]
-    assert "error" not in r, r.get("error")
-    assert r["cubin"] > 0 and r["target"]
+    r = compiled_case(compiled, case)
     assert r["cvt"], "q is not rounded and saturated by one cvt.rn.satfinite"
     assert r["div_rn"], "y / s is not an IEEE division (div.rn)"

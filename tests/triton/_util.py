@@ -48,3 +48,20 @@ def compile_in_child(child: str, cases: list) -> dict:
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, f"compile child failed: {proc.stderr[-2000:]}"
     return json.loads(line[0][len("RESULT "):])
+
+
+def compile_fixture(child: str, cases: list):
+    """A module-scoped fixture: {case id: the child's record} from one `compile_in_child` run."""
+    return pytest.fixture(scope="module", name="compiled")(lambda: compile_in_child(child, cases))
+
+
+def case_id(case) -> str:
+    return "-".join(map(str, case))
+
+
+def compiled_case(compiled: dict, case) -> dict:
+    """The child's record of `case`, asserted compiled (a cubin, for the case's arch)."""
+    r = compiled[case_id(case)]
+    assert "error" not in r, r.get("error")
+    assert r["cubin"] > 0 and r.get("target", True), f"no cubin for {case_id(case)}"
+    return r
