@@ -27,8 +27,8 @@ _registered = False
 
 def is_dtensor(t) -> bool:
     """Without importing DTensor (0.5 s): a DTensor exists only once its module is imported."""
-    mod = sys.modules.get("torch.distributed.tensor")
-    return mod is not None and isinstance(t, mod.DTensor)
+    cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    return cls is not None and isinstance(t, cls)
 
 
 def warn_if_gathered(x, weight) -> None:
@@ -139,13 +139,22 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
             def exec_then_register(module):
                 exec_module(module)
-                register()
+                _register_or_warn()
             spec.loader.exec_module = exec_then_register
         return spec
 
 
+def _register_or_warn() -> None:
+    """`register`, never failing the import it runs in: without the rules DTensor calls raise instead."""
+    try:
+        register()
+    except Exception as exc:  # noqa: BLE001 -- a torch without register_sharding (< 2.5), or a changed API
+        warnings.warn(f"cutile_norms: the DTensor sharding rules could not be registered ({type(exc).__name__}: "
+                      f"{exc}); DTensor inputs will raise", stacklevel=2)
+
+
 def install() -> None:
     if "torch.distributed.tensor" in sys.modules:
-        register()
+        _register_or_warn()
     elif not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _RegisterAfterImport())

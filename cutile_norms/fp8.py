@@ -78,7 +78,8 @@ def _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scal
         yg = y.unflatten(-1, (y.shape[-1] // group_size, group_size))
         s = fp8_scale(yg.abs().amax(-1), out_dtype, scale_ub, ue8m0)
         return fp8_quantize(yg, s.unsqueeze(-1), out_dtype).flatten(-2), s, h
-    s = fp8_scale(y.abs().amax(-1, keepdim=True), out_dtype, scale_ub, ue8m0)
+    amax = y.abs().amax(-1, keepdim=True) if y.shape[-1] else y.new_zeros(y.shape[:-1] + (1,))  # N = 0: empty rows
+    s = fp8_scale(amax, out_dtype, scale_ub, ue8m0)
     return fp8_quantize(y, s, out_dtype), s, h
 
 
@@ -139,8 +140,9 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
         raise RuntimeError("rms_norm_fp8 is not differentiable (an FP8 output for the next GEMM); call it under "
                            "torch.no_grad() or on tensors that do not require grad")
-    if scale is not None and not isinstance(scale, torch.Tensor):
-        scale = torch.tensor([float(scale)], dtype=torch.float32, device=x.device)
+    if scale is not None:  # one element, as shape (1,): broadcasts against q whatever x's dims
+        scale = (scale.reshape(1) if isinstance(scale, torch.Tensor) else
+                 torch.tensor([float(scale)], dtype=torch.float32, device=x.device))
     q, s, h = torch.ops.cutile_norms.rms_norm_fp8(x, residual, weight, float(eps), float(offset), mode or "",
                                                   out_dtype, residual_dtype or x.dtype, scale,
                                                   None if scale_ub is None else float(scale_ub), group_size or 0,

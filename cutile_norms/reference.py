@@ -50,8 +50,8 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
     stored (the value the next layer reads), so the fused op equals the unfused `h = x + r` then
     `rms_norm(h)` whenever residual_dtype is x's. Differentiable: dx = dresidual = the grad into h."""
     h = (x.to(compute_dtype) + residual.to(compute_dtype)).to(residual_dtype or x.dtype)
-    y, rstd = rms_norm_reference(h, weight, eps, offset, compute_dtype=compute_dtype)
-    return y.to(x.dtype), h, rstd
+    y, rstd = rms_norm_reference(h.to(compute_dtype), weight, eps, offset, compute_dtype=compute_dtype)
+    return y.to(x.dtype), h, rstd  # y rounded once, to x's dtype, whatever h's
 
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}

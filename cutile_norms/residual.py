@@ -12,9 +12,10 @@ Contract:
     and dx and dresidual are that grad in x's and the residual's dtype.
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
-  * Kernels (dispatch.residual_add_unfused decides): the fused Triton kernel (experimental/,
-    opted in) reads x and r once and writes h and y once; elsewhere one torch.add writes h and the
-    norm kernel `mode` resolves to runs on it. The backward is the norm's backward kernel on h.
+  * Kernels (dispatch.residual_add_unfused / residual_backward_unfused decide): the fused Triton kernels
+    (experimental/, opted in): the forward reads x and r once and writes h and y once, the backward
+    adds dh inside the norm's backward; elsewhere one torch.add writes h and the norm kernel `mode`
+    resolves to runs on it, and the backward is that mode's backward kernel on h, then an add of dh.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from . import dispatch
 from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference
-from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, grad_rows, plan, validate
+from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate
 
 
 def validate_residual(x, residual, residual_dtype) -> None:
@@ -83,8 +84,8 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
     if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
-        y2d, _, rstd = _kernel(dispatch.FUSED_ADD_KERNEL)(as_rows(x), as_rows(residual), weight, eps, offset, h_dtype, store_rstd,
-                                        out=out)
+        y2d, _, rstd = _kernel(dispatch.FUSED_ADD_KERNEL)(as_rows(x), as_rows(residual), weight, eps, offset,
+                                                          h_dtype, store_rstd, out=out)
         return (x if in_place else y2d.view(x.shape)), h, rstd
     if choice.mode == "torch":
         y, h_ref, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
@@ -95,8 +96,11 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
             residual.add_(x)  # summed in fp32 (16-bit operands in torch's fp32 opmath), rounded once
         else:
             _sum_into(h, x, residual)
-        y, rstd = forward_rows(as_rows(h), _weight_for(weight, h.dtype), eps, offset, store_rstd, choice.mode, dev,
-                               h.shape)
+        # a 16-bit h under another x dtype: the norm runs on h widened to fp32, so y is rounded once, to x's
+        # dtype (never to h's first: an fp32 x keeps fp32 precision, an fp16 h under bf16 x never overflows)
+        rows = h if h.dtype in (x.dtype, torch.float32) else h.float()
+        y, rstd = forward_rows(as_rows(rows), _weight_for(weight, rows.dtype), eps, offset, store_rstd, choice.mode,
+                               dev, h.shape)
     if in_place:
         x.copy_(y)
         return x, h, rstd
@@ -123,36 +127,50 @@ def _fwd_fake(x, residual, weight, eps, offset, mode, h_dtype, store_rstd):
             x.new_empty(x.shape[:-1] if store_rstd else x.shape[:-1] + (0,), dtype=torch.float32))
 
 
+def grad_dtype(dy_dtype: torch.dtype, h_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the grad into h: h's, or fp32 where y's grad comes in another dtype (an fp32 x over
+    a 16-bit h keeps its precision; x's and the residual's grads are cast from it once)."""
+    return h_dtype if dy_dtype == h_dtype else torch.float32
+
+
+def _rows_of(t, shape):
+    """t as [M, N] rows with unit column stride, its dtype kept (the fused backward reads any)."""
+    t = t.reshape(shape)
+    return t if t.stride(-1) == 1 or shape[-1] <= 1 else t.contiguous()
+
+
 @torch.library.custom_op("cutile_norms::add_rms_norm_bwd", mutates_args=())
 def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor | None,
             rstd: torch.Tensor, offset: float, mode: str, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the grad into h in h's dtype, dw in the weight's dtype or an empty tensor): the norm's backward
-    on h (its mode's kernel) plus dh. The autograd formula hands the first to x and the residual."""
+    """(the grad into h in grad_dtype(dy, h), dw in the weight's dtype or an empty tensor): the norm's
+    backward on h plus dh, fused (experimental Triton) or the mode's backward kernel then an add. The
+    autograd formula hands the first to x and the residual."""
     need_dw = need_dw and weight is not None
+    g_dtype = grad_dtype(dy.dtype, h.dtype)
     if h.numel() == 0:
-        g, dw = torch.zeros_like(h), (torch.zeros_like(weight) if need_dw else None)
-    else:
-        dev, M, choice = plan(h, mode or None)
-        if dispatch.residual_backward_unfused(mode or None, choice.mode, h.shape[-1], dev, toolchain()) is None:
-            h2d = as_rows(h)
-            rows = [None if t is None else grad_rows(t, h2d) for t in (dy, dh)]
-            g2d, dw = _kernel(dispatch.FUSED_ADD_BWD_KERNEL)(rows[0], rows[1], h2d, weight, rstd.reshape(-1), offset,
-                                                             need_dw, 4 * max(dev.sm_count, 1))
-            return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
-        bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
-        g2d, dw = backward_rows(dy, as_rows(h), _weight_for(weight, h.dtype), rstd.reshape(-1), offset, bwd_mode,
-                                True, need_dw, dev)
-        g = g2d.view(h.shape)
-        if dw is not None and dw.dtype != weight.dtype:
-            dw = dw.to(weight.dtype)
+        return torch.zeros_like(h, dtype=g_dtype), torch.zeros_like(weight) if need_dw else h.new_empty(0)
+    dev, M, choice = plan(h, mode or None)
+    if dispatch.residual_backward_unfused(mode or None, choice.mode, h.shape[-1], dev, toolchain()) is None:
+        h2d = as_rows(h)
+        g2d, dw = _kernel(dispatch.FUSED_ADD_BWD_KERNEL)(
+            _rows_of(dy, h2d.shape), None if dh is None else _rows_of(dh, h2d.shape), h2d, weight, rstd.reshape(-1),
+            offset, need_dw, 4 * max(dev.sm_count, 1), g_dtype)
+        return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
+    rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
+    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+    g2d, dw = backward_rows(dy, as_rows(rows), _weight_for(weight, rows.dtype), rstd.reshape(-1), offset, bwd_mode,
+                            True, need_dw, dev)
+    g = g2d.view(h.shape)
+    if dw is not None and dw.dtype != weight.dtype:
+        dw = dw.to(weight.dtype)
     if dh is not None:
-        g = g.add_(dh) if g.dtype == dh.dtype else torch.add(g, dh)  # in h's dtype, summed in fp32
+        g = g.add_(dh)  # in g's dtype, summed in fp32
     return g, dw if need_dw else h.new_empty(0)
 
 
 @_bwd_op.register_fake
 def _bwd_fake(dy, dh, h, weight, rstd, offset, mode, need_dw):
-    return (torch.empty_like(h, memory_format=torch.contiguous_format),
+    return (torch.empty_like(h, dtype=grad_dtype(dy.dtype, h.dtype), memory_format=torch.contiguous_format),
             weight.new_empty(weight.shape) if need_dw and weight is not None else h.new_empty(0))
 
 
@@ -217,7 +235,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
 def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                   eps: float | None = 1e-6, *, mode: str | None = None, offset: float = 0.0) -> None:
     """In place: residual <- x + residual (in the residual's dtype), x <- rms_norm(residual) *
-    (offset + weight). No autograd; CUDA-graph safe (no host sync, no output allocation)."""
+    (offset + weight). No autograd; CUDA-graph safe (no host sync; the fused kernel allocates nothing
+    but rstd, the unfused path a y it copies into x). x and residual must not overlap in memory."""
     if eps is None:
         eps = TORCH_DEFAULT_EPS
     validate(x, weight, eps, offset)
@@ -226,11 +245,28 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
                                     or (weight is not None and weight.requires_grad)):
         raise RuntimeError("add_rms_norm_ writes x and residual in place and has no autograd; "
                            "use rms_norm(x, weight, residual=residual) to differentiate")
-    if is_dtensor(x):
+    if is_dtensor(x) or is_dtensor(residual):
+        # DTensor writes an in-place op's first argument where it lies, but would redistribute the residual
+        # into a temporary copy (h lost): both must already sit where the rule computes them
+        if not (is_dtensor(x) and is_dtensor(residual) and x.placements == residual.placements
+                and x.device_mesh == residual.device_mesh):
+            raise ValueError("add_rms_norm_ on DTensors needs x and residual with the same mesh and placements")
+        if any(getattr(p, "dim", None) in (-1, x.ndim - 1) for p in x.placements):
+            raise ValueError(f"add_rms_norm_ cannot write x sharded on its normalized dim ({tuple(x.placements)}) "
+                             f"in place; shard it on a leading dim")
         warn_if_gathered(x, weight)
-    elif x.numel() and x.untyped_storage().data_ptr() == residual.untyped_storage().data_ptr():
-        raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share a storage)")
+    elif x.numel() and residual.numel() and _overlap(x, residual):
+        raise ValueError("add_rms_norm_ needs x and residual in separate memory (their memory ranges overlap)")
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges a and b span in memory intersect (conservative for interleaved views)."""
+    def span(t):
+        start = t.data_ptr()
+        return start, start + (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a0 < b1 and b0 < a1
 
 
 def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str | None) -> str:

@@ -401,6 +401,9 @@ class RMSNorm(torch.nn.Module):
         if tuple(x.shape[-k:]) != self.normalized_shape:
             raise ValueError(f"expected x's trailing dims {self.normalized_shape}, got {tuple(x.shape)}")
         if residual is not None:
+            if not isinstance(residual, torch.Tensor) or residual.shape != x.shape:
+                raise ValueError(f"residual must be a tensor of x's shape {tuple(x.shape)}, got "
+                                 f"{tuple(residual.shape) if isinstance(residual, torch.Tensor) else type(residual)}")
             w = None if self.weight is None else self.weight.reshape(-1)
             flat = (lambda t: t.reshape(*t.shape[:-k], -1)) if k > 1 else (lambda t: t)
             y, h = rms_norm(flat(x), w, self.eps, mode=self.mode, offset=self.offset, residual=flat(residual))

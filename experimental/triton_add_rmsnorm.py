@@ -153,9 +153,9 @@ def add_rms_norm_bwd_kernel(DY, DH, H, W, RSTD, G, DWP, M, stride_dy, stride_dh,
 
 @experimental_kernel
 def add_rms_norm_bwd(dy2d: torch.Tensor, dh2d: torch.Tensor | None, h2d: torch.Tensor, weight: torch.Tensor | None,
-                     rstd: torch.Tensor, offset: float, need_dw: bool, programs_max: int):
-    """(the grad into h [M, N] in h's dtype, dw in the weight's dtype or None) for rows of up to
-    dispatch.FUSED_ADD_BWD_MAX_N elements with unit column stride (dy, dh in h's dtype; rstd [M] fp32). Reads dy, h
+                     rstd: torch.Tensor, offset: float, need_dw: bool, programs_max: int, g_dtype: torch.dtype):
+    """(the grad into h [M, N] in g_dtype, dw in the weight's dtype or None) for rows of up to
+    dispatch.FUSED_ADD_BWD_MAX_N elements with unit column stride (dy, dh in any float dtype; rstd [M]). Reads dy, h
     and dh and writes one grad: 4 M N e bytes, where the norm's backward then an add of dh move 6."""
     M, N = h2d.shape
     device = h2d.device
@@ -165,7 +165,7 @@ def add_rms_norm_bwd(dy2d: torch.Tensor, dh2d: torch.Tensor | None, h2d: torch.T
     tiles = -(-M // rows)
     programs = max(1, min(tiles, programs_max))
     need_dw = need_dw and weight is not None
-    g = torch.empty(M, N, dtype=h2d.dtype, device=device)
+    g = torch.empty(M, N, dtype=g_dtype, device=device)
     parts = torch.empty(programs if need_dw else 1, N, dtype=torch.float32, device=device)
     if weight is not None and weight.stride(0) != 1 and N > 1:
         weight = weight.contiguous()

@@ -116,5 +116,5 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         float(scale_ub) if scale_ub is not None else 0.0, N,
         BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, STATIC=scale is not None, HAS_R=r2d is not None,
         HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0, TOP=FP8_MAX[out_dtype],
-        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr) * M + N >= 2 ** 31, num_warps=warps)
+        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)
     return q, scales, h, rstd

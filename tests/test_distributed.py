@@ -117,3 +117,13 @@ def test_fp8_on_shards(mesh, seed, kw):
     qr, sr = cn.rms_norm_fp8(x_full, w_full, **kw)
     assert tuple(q.placements) == (Shard(1),)
     assert torch.equal(q.full_tensor().float(), qr.float()) and torch.equal(s.full_tensor(), sr)
+
+
+def test_in_place_needs_matching_placements(mesh):
+    x = distribute_tensor(torch.randn(4, 32), mesh, [Shard(0)])
+    r = distribute_tensor(torch.randn(4, 32), mesh, [Replicate()])
+    with pytest.raises(ValueError, match="same mesh and placements"):
+        cn.add_rms_norm_(x, r)
+    xs, rs = (distribute_tensor(torch.randn(4, 32), mesh, [Shard(1)]) for _ in range(2))
+    with pytest.raises(ValueError, match="normalized dim"):
+        cn.add_rms_norm_(xs, rs)

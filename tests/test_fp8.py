@@ -129,3 +129,15 @@ def test_torch_compile_fullgraph():
         q, s = f(x)
         qe, se = cn.rms_norm_fp8(x, None, group_size=128)
         assert torch.equal(q.float(), qe.float()) and torch.equal(s, se)
+
+
+def test_scale_shapes_and_empty_rows():
+    x = torch.randn(3, 64)
+    q, s = cn.rms_norm_fp8(x, None, scale=torch.tensor([[[0.02]]]))
+    assert q.shape == x.shape and s.shape == (1,), "a one-element scale of any shape is the per-tensor scale"
+    q1, _ = cn.rms_norm_fp8(x[0], None, scale=torch.tensor([[0.02]]))
+    assert q1.shape == (64,)
+    q, s = cn.rms_norm_fp8(torch.randn(3, 0), None)
+    assert q.shape == (3, 0) and s.shape == (3, 1) and (s == torch.tensor(FP8_MIN_AMAX / 448.0)).all()
+    q, s = cn.rms_norm_fp8(torch.randn(0, 64), None, group_size=32)
+    assert q.shape == (0, 64) and s.shape == (0, 2)

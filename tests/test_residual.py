@@ -68,7 +68,8 @@ def check_grads(x, r, w, h, dy, dh, offset, s, what):
     ((7, 1000), torch.bfloat16, torch.float32, torch.float32, torch.float32, 0.0),
     ((4, 4096), torch.float16, torch.float16, None, None, 0.0),
     ((2, 9000), torch.float32, torch.float32, None, torch.float32, 1.0),
-    ((5, 2048), torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, 1.0)])
+    ((5, 2048), torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, 1.0),
+    ((3, 300), torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, 0.0)])
 def test_forward_and_backward(fused_gate, seed, device, mode, fused, shape, x_dtype, r_dtype, h_dtype, w_dtype,
                               offset):
     fused_gate(fused)
@@ -194,3 +195,35 @@ def test_explain_says_how_the_add_runs(fused_gate):
     assert "rows of up to 8192" in cn.explain(wide, residual=wide.clone(), mode="triton")
     assert "no fused add kernel" in cn.explain(x, residual=r, mode="torch") or "mode torch" in cn.explain(
         x, residual=r, mode="torch")
+
+
+@pytest.mark.parametrize("device,mode,fused", CASES)
+def test_y_rounded_once_to_x_dtype_whatever_h(fused_gate, seed, device, mode, fused):
+    """An h narrower than x (fp32 x, bf16 h) or another 16-bit type (bf16 x, fp16 h): y is the norm of
+    h as stored, in fp32, rounded once to x's dtype (never to h's first: no fp16 overflow, fp32 kept)."""
+    fused_gate(fused)
+    x, r = random_rows((4, 256), torch.float32, device), random_rows((4, 256), torch.bfloat16, device)
+    w = random_weight(256, torch.float32, device)
+    y, h = cn.rms_norm(x, w, mode=mode, residual=r, residual_dtype=torch.bfloat16)
+    assert h.dtype == torch.bfloat16 and y.dtype == torch.float32
+    assert_close(y, reference64(h, w, 1e-6, 0.0)[0], torch.float32, f"{mode} fp32 y over a bf16 h", seed)
+    xb = random_rows((4, 256), torch.bfloat16, device)
+    wb = torch.full((256,), 1e5, dtype=torch.bfloat16, device=device)  # y past fp16's range, inside bf16's
+    y, h = cn.rms_norm(xb, wb, mode=mode, residual=xb.clone(), residual_dtype=torch.float16)
+    assert torch.isfinite(y.float()).all(), "y went through fp16 (h's dtype) and overflowed"
+    assert_close(y, reference64(h, wb, 1e-6, 0.0)[0], torch.bfloat16, f"{mode} bf16 y over an fp16 h", seed)
+    x32, r16 = random_rows((3, 128), torch.float32, device), random_rows((3, 128), torch.bfloat16, device)
+    x0, r0 = x32.clone(), r16.clone()
+    cn.add_rms_norm_(x32, r16, w[:128], mode=mode)
+    check_h(r16, x0, r0, device, fused, f"{mode} in place, fp32 x over a bf16 residual", seed)
+    assert_close(x32, reference64(r16, w[:128], 1e-6, 0.0)[0], torch.float32, f"{mode} in place fp32 y", seed)
+
+
+def test_module_residual_shape_and_in_place_memory():
+    norm = cn.RMSNorm((4, 8), mode="torch")
+    with pytest.raises(ValueError, match="residual must be a tensor of x's shape"):
+        norm(torch.randn(2, 4, 8), torch.randn(2, 8, 4))
+    buf = torch.randn(2, 64)
+    cn.add_rms_norm_(buf[0], buf[1], mode="torch")  # two rows of one buffer: separate memory, accepted
+    with pytest.raises(ValueError, match="overlap"):
+        cn.add_rms_norm_(buf[:, :40], buf[:, 24:], mode="torch")
