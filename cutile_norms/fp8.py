@@ -12,10 +12,12 @@ Contract:
     torch.float8_e5m2 (max 57344); dequantize as q.float() * s.
   * Scales (fp32): `scale` given (a float or a one-element fp32 tensor): returned as given. Else per
     token: [..., 1], s = max(min(amax, scale_ub), 1e-12) / max (`reference.fp8_scale`; scale_ub an
-    optional upper bound on the amax, vLLM's). group_size=g (a power of two dividing N): [..., N / g]
-    row-major (the layout vLLM's per_token_group_quant_fp8 returns by default; DeepGEMM reads the
-    transpose, M-major), one scale per 1 x g columns. scale_ue8m0=True: dynamic scales rounded up to a
-    power of two (the exponent-only UE8M0 scales), still returned as fp32.
+    optional upper bound on the amax, vLLM's). group_size=g (a power of two dividing N): [..., N / g],
+    one scale per 1 x g columns, row-major by default (what Triton block-FP8 GEMMs such as vLLM's
+    w8a8_block_fp8_matmul read), or with scale_layout="column" the same values M-major: the rows'
+    dim has stride 1 (what CUTLASS's blockwise and DeepGEMM's FP8 GEMMs read; vLLM asks
+    per_token_group_quant_fp8 for it with column_major_scales=True; no padding of M). scale_ue8m0=True:
+    dynamic scales rounded up to a power of two (the exponent-only UE8M0 scales), still fp32.
   * A zero row (or group) gets the scale 1e-12 / max and q = 0. inf in a row: its sum of squares is
     inf, rstd 0, y NaN at the inf and 0 elsewhere; NaN in a row: y all NaN. A dynamic scale over a NaN
     is NaN and so is all of its row's (group's) q; with a given scale only the NaN elements are NaN.
@@ -124,13 +126,18 @@ def _fp8_fake(x, residual, weight, eps, offset, mode, out_dtype, h_dtype, scale,
 
 def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
                  out_dtype: torch.dtype = torch.float8_e4m3fn, scale=None, scale_ub: float | None = None,
-                 group_size: int | None = None, scale_ue8m0: bool = False, residual: torch.Tensor | None = None,
-                 residual_dtype: torch.dtype | None = None, offset: float = 0.0, mode: str | None = None):
+                 group_size: int | None = None, scale_ue8m0: bool = False, scale_layout: str = "row",
+                 residual: torch.Tensor | None = None, residual_dtype: torch.dtype | None = None,
+                 offset: float = 0.0, mode: str | None = None):
     """(q, scales), or (q, scales, h) with a residual. See the module docstring."""
     if eps is None:
         eps = TORCH_DEFAULT_EPS
     validate(x, weight, eps, offset)
     _validate_fp8(x, out_dtype, scale, scale_ub, group_size, scale_ue8m0)
+    if scale_layout not in ("row", "column"):
+        raise ValueError(f"scale_layout must be 'row' or 'column', got {scale_layout!r}")
+    if scale_layout == "column" and scale is not None:
+        raise ValueError("scale_layout is for dynamic scales; a given scale is one element")
     if residual is not None or residual_dtype is not None:
         if residual is None:
             raise ValueError("residual_dtype is the dtype of h = x + residual; it needs a residual")
@@ -147,4 +154,7 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
                                                   out_dtype, residual_dtype or x.dtype, scale,
                                                   None if scale_ub is None else float(scale_ub), group_size or 0,
                                                   bool(scale_ue8m0))
+    if scale_layout == "column":  # the same values with the rows' dim at stride 1 (a transposed copy)
+        lead, cols = s.shape[:-1], s.shape[-1]
+        s = s.reshape(-1, cols).t().contiguous().t().view(*lead, cols)
     return (q, s) if residual is None else (q, s, h)

@@ -141,3 +141,18 @@ def test_scale_shapes_and_empty_rows():
     assert q.shape == (3, 0) and s.shape == (3, 1) and (s == torch.tensor(FP8_MIN_AMAX / 448.0)).all()
     q, s = cn.rms_norm_fp8(torch.randn(0, 64), None, group_size=32)
     assert q.shape == (0, 64) and s.shape == (0, 2)
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+def test_column_major_scales(device, mode):
+    """scale_layout="column": the rows' dim at stride 1 (CUTLASS blockwise / DeepGEMM), same values."""
+    x = random_rows((6, 512), torch.bfloat16, device)
+    q, s = cn.rms_norm_fp8(x, None, mode=mode, group_size=128)
+    qc, sc = cn.rms_norm_fp8(x, None, mode=mode, group_size=128, scale_layout="column")
+    assert sc.shape == (6, 4) and sc.stride() == (1, 6)
+    assert torch.equal(qc.float(), q.float()) and torch.equal(sc, s)
+    x3 = random_rows((2, 3, 256), torch.bfloat16, device)
+    _, s3 = cn.rms_norm_fp8(x3, None, mode=mode, scale_layout="column", group_size=64)
+    assert s3.shape == (2, 3, 4) and s3.reshape(6, 4).stride() == (1, 6), "column-major over the flattened rows"
+    with pytest.raises(ValueError, match="scale_layout"):
+        cn.rms_norm_fp8(x, None, scale_layout="diagonal")
