@@ -108,7 +108,8 @@ def unavailable_reason(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> str | N
     return refusal[1] if refusal else None
 
 
-def _import(path: str):
+def load(path: str):
+    """The object a "module:name" path names (a backend, an experimental kernel's launch), imported on use."""
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -116,7 +117,7 @@ def _import(path: str):
 @functools.lru_cache(maxsize=None)
 def backend(mode_name: str) -> ForwardBackend:
     """The forward backend object of a mode (imported on first use); "torch" has none (the reference)."""
-    return _import(MODES[mode_name].backend)
+    return load(MODES[mode_name].backend)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,7 +126,7 @@ def backward_backend(mode_name: str) -> BackwardBackend:
     path = MODES[mode_name].bwd_backend
     if path is None:
         raise ValueError(f"mode {mode_name!r} has no backward kernel: autograd runs through its forward's ops")
-    return _import(path)
+    return load(path)
 
 
 # ----------------------------------------------------------------------------------------------

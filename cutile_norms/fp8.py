@@ -27,7 +27,6 @@ Contract:
 """
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 
@@ -36,7 +35,7 @@ import torch
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._platform import device_info, toolchain
-from .reference import FP8_MAX, add_rms_norm_reference, fp8_quantize, fp8_scale, rms_norm_reference
+from .reference import FP8_MAX, fp8_quantize, fp8_scale, residual_sum_reference, rms_norm_reference
 from .residual import validate_residual
 from .rmsnorm import TORCH_DEFAULT_EPS, as_rows, validate
 
@@ -69,10 +68,7 @@ def _validate_fp8(x, out_dtype, scale, scale_ub, group_size, ue8m0) -> None:
 
 def _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scale_ub, group_size, ue8m0):
     """(q, scales, h or None) in torch ops: the fallback, and the oracle's math."""
-    if residual is not None:
-        _, h, _ = add_rms_norm_reference(x, residual, None, eps, 0.0, h_dtype)
-    else:
-        h = None
+    h = None if residual is None else residual_sum_reference(x, residual, h_dtype)
     y = rms_norm_reference((h if h is not None else x).float(), weight, eps, offset)[0]
     if scale is not None:
         return fp8_quantize(y, scale, out_dtype), scale, h
@@ -103,9 +99,7 @@ def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     """(q, scales, h or an empty tensor without a residual)."""
     group = group_size or None
     if x.numel() and kernel_unused(mode or None, x) is None:
-        module, _, name = FP8_KERNEL.partition(":")
-        kernel = getattr(importlib.import_module(module), name)
-        q, s, h, _ = kernel(as_rows(x), None if residual is None else as_rows(residual), weight, eps, offset,
+        q, s, h, _ = dispatch.load(FP8_KERNEL)(as_rows(x), None if residual is None else as_rows(residual), weight, eps, offset,
                             out_dtype, h_dtype, scale, scale_ub, group, ue8m0)
         lead = x.shape[:-1]
         s = s.clone() if scale is not None else s.view(*lead, -1)

@@ -41,6 +41,12 @@ def rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | 
     return dx, dw
 
 
+def residual_sum_reference(x: torch.Tensor, residual: torch.Tensor, residual_dtype: torch.dtype | None = None, *,
+                           compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """h = x + residual summed in compute_dtype, rounded once to residual_dtype (default x's)."""
+    return (x.to(compute_dtype) + residual.to(compute_dtype)).to(residual_dtype or x.dtype)
+
+
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
                            eps: float = 1e-6, offset: float = 0.0, residual_dtype: torch.dtype | None = None, *,
                            compute_dtype: torch.dtype = torch.float32):
@@ -49,7 +55,7 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
     h = x + residual, summed in compute_dtype and rounded once to residual_dtype; y normalizes h as
     stored (the value the next layer reads), so the fused op equals the unfused `h = x + r` then
     `rms_norm(h)` whenever residual_dtype is x's. Differentiable: dx = dresidual = the grad into h."""
-    h = (x.to(compute_dtype) + residual.to(compute_dtype)).to(residual_dtype or x.dtype)
+    h = residual_sum_reference(x, residual, residual_dtype, compute_dtype=compute_dtype)
     y, rstd = rms_norm_reference(h.to(compute_dtype), weight, eps, offset, compute_dtype=compute_dtype)
     return y.to(x.dtype), h, rstd  # y rounded once, to x's dtype, whatever h's
 

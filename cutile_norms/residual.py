@@ -19,15 +19,13 @@ Contract:
 """
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from . import dispatch
 from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference
-from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, plan, validate
+from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, grad_rows, plan, validate
 
 
 def validate_residual(x, residual, residual_dtype) -> None:
@@ -41,12 +39,6 @@ def validate_residual(x, residual, residual_dtype) -> None:
         raise ValueError(f"x and residual must be on the same device, got {x.device} and {residual.device}")
     if residual_dtype is not None and residual_dtype not in DTYPES:
         raise TypeError(f"residual_dtype must be None, float16, bfloat16 or float32, got {residual_dtype}")
-
-
-def _kernel(path: str):
-    """An experimental kernel's launch function by "module:name" (dispatch names them)."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _sum_into(h, x, r) -> None:
@@ -84,7 +76,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
     if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
-        y2d, _, rstd = _kernel(dispatch.FUSED_ADD_KERNEL)(as_rows(x), as_rows(residual), weight, eps, offset,
+        y2d, _, rstd = dispatch.load(dispatch.FUSED_ADD_KERNEL)(as_rows(x), as_rows(residual), weight, eps, offset,
                                                           h_dtype, store_rstd, out=out)
         return (x if in_place else y2d.view(x.shape)), h, rstd
     if choice.mode == "torch":
@@ -133,12 +125,6 @@ def grad_dtype(dy_dtype: torch.dtype, h_dtype: torch.dtype) -> torch.dtype:
     return h_dtype if dy_dtype == h_dtype else torch.float32
 
 
-def _rows_of(t, shape):
-    """t as [M, N] rows with unit column stride, its dtype kept (the fused backward reads any)."""
-    t = t.reshape(shape)
-    return t if t.stride(-1) == 1 or shape[-1] <= 1 else t.contiguous()
-
-
 @torch.library.custom_op("cutile_norms::add_rms_norm_bwd", mutates_args=())
 def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor | None,
             rstd: torch.Tensor, offset: float, mode: str, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,8 +138,8 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
     dev, M, choice = plan(h, mode or None)
     if dispatch.residual_backward_unfused(mode or None, choice.mode, h.shape[-1], dev, toolchain()) is None:
         h2d = as_rows(h)
-        g2d, dw = _kernel(dispatch.FUSED_ADD_BWD_KERNEL)(
-            _rows_of(dy, h2d.shape), None if dh is None else _rows_of(dh, h2d.shape), h2d, weight, rstd.reshape(-1),
+        g2d, dw = dispatch.load(dispatch.FUSED_ADD_BWD_KERNEL)(
+            grad_rows(dy, h2d, keep_dtype=True), None if dh is None else grad_rows(dh, h2d, keep_dtype=True), h2d, weight, rstd.reshape(-1),
             offset, need_dw, 4 * max(dev.sm_count, 1), g_dtype)
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32

@@ -137,12 +137,13 @@ def graph_backward(dy, x, weight, eps, offset, need_dx, need_dw):
     return (next(grads) if need_dx else None), (next(grads) if need_dw else None)
 
 
-def grad_rows(dy: torch.Tensor, x2d: torch.Tensor) -> torch.Tensor:
-    """dy as [M, N] rows with unit column stride in x's dtype. Autograd hands out expanded grads (a
-    row stride of 0 is read in place) and, rarely, transposed or other-dtype ones (copied)."""
+def grad_rows(dy: torch.Tensor, x2d: torch.Tensor, keep_dtype: bool = False) -> torch.Tensor:
+    """dy as [M, N] rows with unit column stride in x's dtype (or its own: `keep_dtype`, for a kernel
+    that reads any). Autograd hands out expanded grads (a row stride of 0 is read in place) and,
+    rarely, transposed or other-dtype ones (copied)."""
     if dy.shape != x2d.shape:
         dy = dy.reshape(x2d.shape)
-    if dy.dtype != x2d.dtype:
+    if dy.dtype != x2d.dtype and not keep_dtype:
         dy = dy.to(x2d.dtype)
     if dy.stride(-1) != 1 and dy.shape[-1] > 1:
         dy = dy.contiguous()

@@ -146,6 +146,19 @@ def poisoned(t):
     return t
 
 
+def assert_stored_sum(h, x, r, what, seed, interpreted_kernel=False):
+    """h (the residual add's output) against x + r summed in fp32 and rounded once to h's dtype: bit for
+    bit, or within one ulp where `interpreted_kernel` wrote a bf16 h (Triton's interpreter converts fp32
+    to bf16 by truncation)."""
+    expected = (x.float() + r.float()).to(h.dtype)
+    assert torch.isfinite(h.float()).all(), f"{what}: non-finite h (unwritten?) [seed {seed}]"
+    if interpreted_kernel and h.dtype == torch.bfloat16:
+        err = (h.double() - expected.double()).abs()
+        assert (err <= expected.double().abs() * 2 ** -7).all(), f"{what}: h off by more than one ulp [seed {seed}]"
+    else:
+        assert torch.equal(h, expected), f"{what}: h is not the fp32 sum rounded once [seed {seed}]"
+
+
 def check_forward(x, w, eps, offset, y, rstd, what, seed):
     """A forward kernel's y (and rstd, unless None) against the fp64 reference."""
     ey, er = reference64(x, w, eps, offset)

@@ -15,7 +15,8 @@ import torch
 
 import cutile_norms as cn
 from cutile_norms import dispatch
-from tests.conftest import TOLERANCES, assert_close, random_rows, random_weight, reference64, reference_bwd64
+from tests.conftest import (TOLERANCES, assert_close, assert_stored_sum, random_rows, random_weight, reference64,
+                            reference_bwd64)
 
 CPU_CASES = [pytest.param("cpu", m, f, id=f"cpu-{m}-{'fused' if f else 'unfused'}")
              for m, f in (("torch", False), (None, False), ("triton", False), ("triton", True))]
@@ -32,12 +33,7 @@ def fused_gate(monkeypatch):
 
 
 def check_h(h, x, r, device, fused, what, s):
-    expected = (x.float() + r.float()).to(h.dtype)
-    assert torch.isfinite(h.float()).all(), f"{what}: non-finite h [seed {s}]"
-    if fused and device == "cpu" and h.dtype == torch.bfloat16:  # the interpreter truncates to bf16
-        assert ((h.double() - expected.double()).abs() <= expected.double().abs() * 2 ** -7).all(), what
-    else:
-        assert torch.equal(h, expected), f"{what}: h is not the fp32 sum rounded once [seed {s}]"
+    assert_stored_sum(h, x, r, what, s, interpreted_kernel=fused and device == "cpu")
 
 
 def check_grads(x, r, w, h, dy, dh, offset, s, what):
