@@ -10,11 +10,11 @@ import torch
 from bench.rmsnorm import check_output
 
 
-def no_gpu() -> bool:
-    """True (and says so) where there is no CUDA GPU: every probe times kernels."""
+def no_gpu(what: str = "this probe times kernels") -> bool:
+    """True (and says so) where there is no CUDA GPU: every probe and sweep times kernels."""
     if torch.cuda.is_available():
         return False
-    print("No CUDA GPU here: this probe times kernels. Nothing was run.")
+    print(f"No CUDA GPU here: {what}. Nothing was run.")
     return True
 
 

@@ -17,13 +17,11 @@ sys.path.insert(0, ROOT)
 
 from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config  # noqa: E402
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
-
-ELEMENTS = 1 << 27
-
 
 def variants(N, e):
     out = {"analytic": analytic_config(N, e)}
@@ -55,9 +53,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     results = {}
     for N in args.ns:
-        M = ELEMENTS // N
-        x = torch.randn(M, N, device="cuda", dtype=dtype)
-        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        M, x, w = width_inputs(N, dtype)
         dy = torch.randn(M, N, device="cuda", dtype=dtype)
         rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
         dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, args.offset)

@@ -17,14 +17,12 @@ sys.path.insert(0, ROOT)
 
 from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_fwd as F  # noqa: E402
 from cutile_norms.cute.rmsnorm_fwd_config import (  # noqa: E402
     SMEM_MAX, WIDE_SLICE_BYTES, FwdConfig, analytic_config)
 from cutile_norms.reference import rms_norm_reference  # noqa: E402
-
-ELEMENTS = 1 << 27
-
 
 def variants(N, e):
     out = {"analytic": analytic_config(N, e)}
@@ -62,9 +60,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     results = {}
     for N in args.ns:
-        M = ELEMENTS // N
-        x = torch.randn(M, N, device="cuda", dtype=dtype)
-        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        M, x, w = width_inputs(N, dtype)
         y_ref, _ = rms_norm_reference(x[-64:], w, 1e-6)
         copy = copy_baseline_ms(x, reps=20)["median_ms"]
         row = {"copy_ms": copy}

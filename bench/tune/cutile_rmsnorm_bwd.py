@@ -25,9 +25,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from bench.probe.common import no_gpu  # noqa: E402
 from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
-from bench.tune.sweep import best_timed, read_table, save_sweep, write_table  # noqa: E402
+from bench.tune.sweep import (ELEMENTS, best_timed, distinct, read_table, save_sweep, width_inputs,  # noqa: E402
+                              write_table)
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
@@ -35,7 +37,6 @@ from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, Bwd
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
-ELEMENTS = 1 << 27
 
 
 def candidates(N: int) -> list[BwdConfig]:
@@ -61,17 +62,11 @@ def candidates(N: int) -> list[BwdConfig]:
                 for prefetch in (False, True):
                     add(split=split, blocks_per_sm=bps, num_worker_warps=8, prefetch=prefetch)
     out.append(analytical_config(N, 2))
-    seen, uniq = set(), []
-    for c in out:
-        if c not in seen:
-            seen.add(c)
-            uniq.append(c)
-    return uniq
+    return distinct(out)
 
 
 def _inputs(M: int, N: int, dtype, device="cuda"):
-    x = torch.randn(M, N, device=device, dtype=dtype)
-    w = (1 + 0.1 * torch.randn(N, device=device)).to(dtype)
+    _, x, w = width_inputs(N, dtype, M, device)
     dy = torch.randn(M, N, device=device, dtype=dtype)
     rstd = torch.empty(-(-M // 16) * 16, dtype=torch.float32, device=device)[:M]
     rstd.copy_(rms_norm_reference(x, w, 1e-6)[1])
@@ -173,8 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--write-configs", action="store_true")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this sweep times kernels and needs an sm_90+ NVIDIA GPU. Nothing was run.")
+    if no_gpu("this sweep times kernels and needs an sm_90+ NVIDIA GPU"):
         return 0
     dtype = DTYPES[args.dtype]
     dname = str(dtype).removeprefix("torch.")

@@ -19,9 +19,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from bench.probe.common import no_gpu  # noqa: E402
 from bench.rmsnorm import DTYPES, check_output  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, ratios_to_copy  # noqa: E402
-from bench.tune.sweep import best_timed, read_table, save_sweep, write_table  # noqa: E402
+from bench.tune.sweep import best_timed, distinct, read_table, save_sweep, width_inputs, write_table  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
@@ -118,15 +119,8 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
     dev = device_info("cuda")
     for mode in dispatch.modes_of("cutile"):
         cfgs.append(default_config(mode, N, e, dev, dtype_name))
-    seen, out = set(), []
-    for c in cfgs:
-        if c not in seen:
-            seen.add(c)
-            out.append(c)
-    return out
+    return distinct(cfgs)
 
-
-ELEMENTS = 1 << 27
 
 
 def main(argv=None) -> int:
@@ -144,17 +138,14 @@ def main(argv=None) -> int:
                    help="write the best config per mode and width into cutile_norms/tuning/rmsnorm_fwd_configs.json")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this sweep times kernels and needs an sm_90+ NVIDIA GPU. Nothing was run.")
+    if no_gpu("this sweep times kernels and needs an sm_90+ NVIDIA GPU"):
         return 0
     dtype = DTYPES[args.dtype]
     e = torch.empty((), dtype=dtype).element_size()
     dev = device_info("cuda")
     results = {"gpu": dev.name, "dtype": str(dtype).removeprefix("torch."), "sweep": []}
     for N in args.ns:
-        M = ELEMENTS // N
-        x = torch.randn(M, N, device="cuda", dtype=dtype)
-        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        M, x, w = width_inputs(N, dtype)
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
         for cfg in candidates(N, e, results["dtype"]):

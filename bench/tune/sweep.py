@@ -1,9 +1,26 @@
-"""What the config sweeps share: the best timed config of a width, a run's JSON and its summary, and
-the package's tuning tables read and written whole (pure Python: no GPU needed)."""
+"""What the config sweeps share: a width's inputs at the bench size, the candidates without repeats, the
+best timed config of a width, a run's JSON and its summary, and the package's tuning tables read and
+written whole (no GPU needed but for the inputs)."""
 from __future__ import annotations
 
 import json
 import os
+
+import torch
+
+ELEMENTS = 1 << 27  # the bench size: M = ELEMENTS // N rows of N
+
+
+def width_inputs(N: int, dtype, M: int | None = None, device="cuda"):
+    """(M, x, w) for rows of N: M = ELEMENTS // N unless given, x normal, w near 1 (1 + 0.1 normal)."""
+    M = ELEMENTS // N if M is None else M
+    x = torch.randn(M, N, device=device, dtype=dtype)
+    return M, x, (1 + 0.1 * torch.randn(N, device=device)).to(dtype)
+
+
+def distinct(configs: list) -> list:
+    """The configs in order, each once (frozen dataclasses)."""
+    return list(dict.fromkeys(configs))
 
 
 def best_timed(configs: list, keep=None) -> dict | None:

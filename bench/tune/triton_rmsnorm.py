@@ -26,13 +26,12 @@ sys.path.insert(0, ROOT)
 
 from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.reference import rms_norm_backward  # noqa: E402
 from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as B, rmsnorm_fwd as F  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd_config as BC, rmsnorm_fwd_config as FC  # noqa: E402
-
-ELEMENTS = 1 << 27
 
 
 def _warps(threads_needed: int) -> int:
@@ -137,9 +136,7 @@ def main() -> int:
         liger = None
     results = {}
     for N in args.ns:
-        M = ELEMENTS // N
-        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16)
+        M, x, w = width_inputs(N, torch.bfloat16)
         dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         rstd_all = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
         y_ref = (x.float() * rstd_all[:, None] * w.float()).to(torch.bfloat16)
