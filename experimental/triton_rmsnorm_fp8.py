@@ -9,7 +9,8 @@ The dynamic scales follow `reference.fp8_scale` op for op (max(min(amax, ub), 1e
 largest value, IEEE division; UE8M0 rounded up to a power of two from the bits), and q follows
 `reference.fp8_quantize` (IEEE division, clamp keeping NaN, round to nearest even), so on the GPU the
 kernel and the reference agree bit for bit given the kernel's rstd. One program per tile of ROWS rows,
-a row of up to TILE_MAX elements in registers: x (and r) read once, q (and h) written once.
+a row of up to fp8.FP8_KERNEL_MAX_N elements in registers (the rule that picks this kernel holds the
+bound): x (and r) read once, q (and h) written once.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from cutile_norms._util import pow2_ceil
 from cutile_norms.triton._common import row_tile
 from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
 
-TILE_MAX = 16384
 MAX_ROWS = 16
 
 
@@ -89,9 +89,9 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
 def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
                  offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
                  scale_ub: float | None, group_size: int | None, ue8m0: bool):
-    """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows of up to TILE_MAX
-    elements with unit column stride, M >= 1, N a multiple of group_size (the API validates). scales:
-    `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
+    """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows of up to
+    fp8.FP8_KERNEL_MAX_N elements with unit column stride, M >= 1, N a multiple of group_size (the API
+    validates). scales: `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
     M, N = x2d.shape
     device = x2d.device
     block = max(pow2_ceil(N), group_size or 1)
