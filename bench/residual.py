@@ -1,14 +1,19 @@
 """The residual add + RMSNorm (rms_norm(x, w, residual=r) -> (y, h)) against a same-run copy.
 
-    python bench/residual.py [--ns 2048,4096,...] [--random 4] [--runs 3] [--dtype bfloat16] [--out F]
+    python bench/residual.py [--ns 2048,4096,...] [--random 4] [--runs 3] [--dtype bfloat16]
+        [--parts forward,backward,fp8] [--out F]
 
-Forward bytes: read x and r, write h and y (4 M N e at one dtype: twice the copy's), so a ratio is
-2 x copy time / time. Implementations: ours fused (the experimental Triton kernel, opted in), ours
-unfused (torch.add into h, then mode=None's norm kernel), the unfused composite under torch.compile
-(x + r, then the fp32 reference), QuACK's and Liger's residual paths where installed. Every output is
-checked first: h bit for bit against the fp32 sum rounded once, y against the fp32 norm of h (last 64
-rows). Then a pre-norm block forward + backward (hidden --block-n, --block-m rows): fused against
-`h = x + r; rms_norm(h)`, ms per step. Medians of --runs interleaved runs.
+Three tables, each a ratio to a same-run copy of x (bytes over the copy's x copy time / time), medians
+of --runs interleaved runs, every output checked (last 64 rows) before it is timed:
+  forward: read x and r, write h and y (twice the copy's bytes); h bit for bit the fp32 sum rounded
+    once, y the fp32 norm of h;
+  backward: read dy, dh and h, write dx = dr once (twice the copy's); dx and dr against the fp32
+    composite's autograd;
+  fp8 (N <= --fp8-max-n): read x, write q (one byte) and the fp32 scales; q dequantizes to the norm.
+Implementations: ours fused (the experimental Triton kernels, opted in), ours unfused (torch.add into h,
+then mode=None's norm kernels), the composite under torch.compile, QuACK's and Liger's residual paths
+where installed. Then a pre-norm block forward + backward (hidden --block-n, --block-m rows): fused
+against `h = x + r; rms_norm(h)`, ms per step.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, MODEL_NS, random_widths  # noqa: E402
 from bench.probe.common import write_json  # noqa: E402
 from bench.timing import device_ms, ratios_to_copy  # noqa: E402
-from cutile_norms.reference import add_rms_norm_reference, rms_norm_reference  # noqa: E402
+from cutile_norms.reference import add_rms_norm_reference, fp8_quantize, fp8_scale, rms_norm_reference  # noqa: E402
 
 ELEMENTS = 1 << 27
 
@@ -40,8 +45,7 @@ def ours(fused: bool):
 
 def anchors() -> dict:
     fns, missing = {}, {}
-    compiled = torch.compile(lambda x, r, w, eps: add_rms_norm_reference(x, r, w, eps)[:2], dynamic=False)
-    fns["torch.compile"] = compiled
+    fns["torch.compile"] = torch.compile(lambda x, r, w, eps: add_rms_norm_reference(x, r, w, eps)[:2])
     try:
         from quack.rmsnorm import rmsnorm
 
@@ -54,7 +58,9 @@ def anchors() -> dict:
         fns["liger"] = lambda x, r, w, eps: LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)
     except Exception as exc:  # noqa: BLE001
         missing["liger"] = f"{type(exc).__name__}: {exc}"[:160]
-    return fns, missing
+    for k, why in missing.items():
+        print(f"anchor {k} skipped: {why}", flush=True)
+    return fns
 
 
 def wrong(out, x, r, w, eps) -> str | None:
@@ -70,35 +76,110 @@ def wrong(out, x, r, w, eps) -> str | None:
     return None
 
 
-def forward_table(ns, dtype, runs) -> list:
-    fns = {"cn fused": ours(True), "cn unfused": ours(False)}
-    extra, missing = anchors()
-    fns.update(extra)
-    for k, why in missing.items():
-        print(f"anchor {k} skipped: {why}", flush=True)
+def wrong_grad(grads, x, r, w, dy, dh, eps) -> str | None:
+    """None when dx = dr = the fp32 composite's grad into h on the last 64 rows (dw: every row's sum)."""
+    xs, rs = x[-64:].detach().float().requires_grad_(), r[-64:].detach().float().requires_grad_()
+    y, h = add_rms_norm_reference(xs, rs, w.detach().float(), eps, compute_dtype=torch.float64)[:2]
+    torch.autograd.backward((y, h), (dy[-64:].float(), dh[-64:].float()))
+    for name, g, ref in (("dx", grads[0], xs.grad), ("dr", grads[1], rs.grad)):
+        if not torch.allclose(g[-64:].float(), ref, rtol=3e-2, atol=3e-2 * float(ref.abs().max())):
+            return f"{name} differs from the fp32 composite's"
+    return None
+
+
+def fp8_fns() -> dict:
+    """name: fn(x, w, eps) -> (q, scales): ours (the experimental kernel) and the composite compiled."""
+    def ours_fp8(**kw):
+        def run(x, w, eps):
+            os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1"
+            return cn.rms_norm_fp8(x, w, eps, **kw)
+        return run
+
+    def composite(x, w, eps, group):
+        y = rms_norm_reference(x.float(), w, eps)[0]
+        yg = y.unflatten(-1, (-1, group))
+        s = fp8_scale(yg.abs().amax(-1, keepdim=True), torch.float8_e4m3fn)
+        return fp8_quantize(yg, s, torch.float8_e4m3fn).flatten(-2), s.squeeze(-1)
+    compiled = torch.compile(composite)
+    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128),
+            "torch.compile token": lambda x, w, eps: compiled(x, w, eps, x.shape[-1]),
+            "torch.compile group128": lambda x, w, eps: compiled(x, w, eps, 128)}
+
+
+def timed_table(ns, dtype, runs, setup) -> list:
+    """Per width: setup(x, r, w) -> {name: (fn or the reason it is not timed, bytes over the copy's)};
+    each fn timed against a same-run copy of x: the ratio is bytes x copy time / time."""
     rows = []
     for N in ns:
         M = ELEMENTS // N
         x, r = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
-        ok = {}
-        for k, fn in fns.items():
-            try:
-                why = wrong(fn(x, r, w, 1e-6), x, r, w, 1e-6)
-            except Exception as exc:  # noqa: BLE001
-                why = f"{type(exc).__name__}: {exc}"[:160]
-            if why:
-                print(f"N={N} {k}: not timed ({why})", flush=True)
+        fns, scale = {}, {}
+        for k, (fn, factor) in setup(x, r, w).items():
+            if isinstance(fn, str):
+                print(f"N={N} {k}: not timed ({fn})", flush=True)
             else:
-                ok[k] = (lambda f: (lambda: f(x, r, w, 1e-6)))(fn)
-        ratios = ratios_to_copy(x, ok, runs)
-        rec = {"N": N, "M": M, "vs_copy": {k: 2 * statistics.median(v) for k, v in ratios.items()},
-               "vs_copy_runs": {k: [round(2 * t, 4) for t in v] for k, v in ratios.items()}}
+                fns[k], scale[k] = fn, factor
+        ratios = ratios_to_copy(x, fns, runs)
+        rec = {"N": N, "M": M, "vs_copy": {k: scale[k] * statistics.median(v) for k, v in ratios.items()},
+               "vs_copy_runs": {k: [round(scale[k] * t, 4) for t in v] for k, v in ratios.items()}}
         rows.append(rec)
         print(f"N={N:>6} " + "  ".join(f"{k} {v:.3f}" for k, v in rec["vs_copy"].items()), flush=True)
-        x = r = ok = None  # free the inputs before the next width
+        x = r = fns = None  # free the inputs before the next width
         torch.cuda.empty_cache()
     return rows
+
+
+def checked(fn, check, *args):
+    try:
+        return check(fn(), *args) or fn
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"[:160]
+
+
+def forward_setup(impls):
+    """Bytes: read x and r, write h and y: twice the copy's."""
+    return lambda x, r, w: {k: (checked(lambda f=f: f(x, r, w, 1e-6), wrong, x, r, w, 1e-6), 2.0)
+                            for k, f in impls.items()}
+
+
+def backward_setup(impls):
+    """Bytes: read dy, dh and h (or x and r), write dx = dr once (one tensor where the dtypes agree):
+    twice the copy's. dw's partial sums (N per block) are noise at M = 2^27 / N."""
+    def setup(x, r, w):
+        out = {}
+        dy, dh = torch.randn_like(x), torch.randn_like(x)
+        for k, f in impls.items():
+            xg, rg, wg = x.clone().requires_grad_(), r.clone().requires_grad_(), w.clone().requires_grad_()
+            try:
+                y, h = f(xg, rg, wg, 1e-6)[:2]
+            except Exception as exc:  # noqa: BLE001
+                out[k] = (f"{type(exc).__name__}: {exc}"[:160], 2.0)
+                continue
+            fn = (lambda y=y, h=h, xg=xg, rg=rg, wg=wg:
+                  torch.autograd.grad((y, h), (xg, rg, wg), (dy, dh), retain_graph=True))
+            out[k] = (checked(fn, wrong_grad, x, r, w, dy, dh, 1e-6), 2.0)
+        return out
+    return setup
+
+
+def fp8_setup(x, r, w):
+    """Bytes: read x, write q (one byte an element) and the fp32 scales, over the copy's 2 e per element."""
+    e, (M, N) = x.element_size(), x.shape
+    out = {}
+    for k, f in fp8_fns().items():
+        groups = N // 128 if "group" in k else 1
+        factor = (M * N * (e + 1) + 4 * M * groups) / (2 * e * M * N)
+        out[k] = (checked(lambda f=f: f(x, w, 1e-6), wrong_fp8, x, w), factor)
+    return out
+
+
+def wrong_fp8(out, x, w) -> str | None:
+    """None when q dequantizes to the fp32 norm within e4m3's step (last 64 rows)."""
+    q, s = out
+    ey = rms_norm_reference(x[-64:].float(), w, 1e-6)[0]
+    deq = (q[-64:].float().unflatten(-1, (s.shape[-1], -1)) * s[-64:].unsqueeze(-1)).flatten(-2)
+    return None if torch.allclose(deq, ey, rtol=2 ** -3, atol=1e-2) else "q does not dequantize to the norm"
 
 
 def block(M, N, dtype, runs) -> dict:
@@ -133,6 +214,8 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     p.add_argument("--block-n", type=int, default=4096)
     p.add_argument("--block-m", type=int, default=16384)
+    p.add_argument("--parts", type=lambda v: v.split(","), default=["forward", "backward", "fp8"])
+    p.add_argument("--fp8-max-n", type=int, default=16384, help="the FP8 kernel's widest row")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -143,7 +226,12 @@ def main() -> int:
     dtype = DTYPES[args.dtype]
     print(f"# {torch.cuda.get_device_name()} {args.dtype}, M = 2^27 / N, random widths seed {seed}", flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "command": "python bench/residual.py " + " ".join(sys.argv[1:]),
-              "seed": seed, "forward": forward_table(ns, dtype, args.runs)}
+              "seed": seed}
+    impls = {"cn fused": ours(True), "cn unfused": ours(False), **anchors()}
+    for part in args.parts:
+        print(f"## {part}", flush=True)
+        setup = {"forward": forward_setup(impls), "backward": backward_setup(impls), "fp8": fp8_setup}[part]
+        result[part] = timed_table([n for n in ns if part != "fp8" or n <= args.fp8_max_n], dtype, args.runs, setup)
     result["block"] = block(args.block_m, args.block_n, dtype, args.runs)
     b = result["block"]
     print(f"block M={args.block_m} N={args.block_n} fwd+bwd ms: " + "  ".join(f"{k} {v:.3f}" for k, v in b.items())

@@ -1,6 +1,7 @@
 """Run a pytest selection in K processes at once (each takes every K-th collected test), then the
 tests marked `big` alone, then the shards' failures again one by one with the whole GPU (a shard has
-1/K of its memory: a full-size test that ran out of memory there is judged by its serial rerun). On the GPU machines the suite's time is mostly cuTile compiles, which run
+1/K of its memory: a full-size test that ran out of memory there is judged by its serial rerun). With
+several GPUs the shards spread over them, one GPU each; the `big` tests then see every GPU. On the GPU machines the suite's time is mostly cuTile compiles, which run
 on the CPU (16 cores there): shards share cuTile's disk cache (CUDA_TILE_CACHE_DIR).
 
     python tests/run_sharded.py --shards 8 --logs $OUT -- -m gpu tests/
@@ -16,6 +17,19 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (nvidia-smi, so that this process
+    does not initialise CUDA before its children)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g]
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [ln.strip() for ln in out.splitlines() if ln.strip().isdigit()]
 
 
 def main(argv=None) -> int:
@@ -36,9 +50,13 @@ def main(argv=None) -> int:
     base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rf"]
     runs = []
     t0 = time.time()
+    gpus = visible_gpus()
+    print(f"{len(gpus)} GPU(s): {','.join(gpus)}", flush=True)
     for i in range(args.shards):
         m = f"({marker}) and not big" if marker else "not big"
         env = dict(os.environ, CUTILE_NORMS_TEST_SHARD=f"{i}/{args.shards}")
+        if len(gpus) > 1:  # the shards spread over the GPUs, one each
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
         log = open(os.path.join(args.logs, f"pytest_shard{i}.log"), "w")
         runs.append((f"shard {i}", subprocess.Popen(base + ["-m", m] + rest, cwd=ROOT, env=env, stdout=log,
                                                      stderr=subprocess.STDOUT), log))

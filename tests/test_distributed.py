@@ -1,10 +1,14 @@
 """DTensor (cutile_norms/distributed.py) on a one-rank gloo mesh on the CPU: the ops' sharding rules,
 eager and under torch.compile, for rms_norm, the residual add and add_rms_norm_. Each result is
 compared with the same call on the full tensors (same mode, so the same bits), and each grad's
-placement checked (x's for dx, Partial for the weight's where the rows are sharded).
+placement checked (x's for dx, Partial for the weight's where the rows are sharded). Then two ranks
+(tests/two_ranks.py through torchrun): tensor + sequence parallel and FSDP2 training of a patched
+Llama-shaped model against one device, on 2 CPU processes (gloo) and on 2 GPUs (NCCL).
 """
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import warnings
@@ -127,3 +131,32 @@ def test_in_place_needs_matching_placements(mesh):
     xs, rs = (distribute_tensor(torch.randn(4, 32), mesh, [Shard(1)]) for _ in range(2))
     with pytest.raises(ValueError, match="normalized dim"):
         cn.add_rms_norm_(xs, rs)
+
+
+def run_two_ranks(*args: str) -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.join(root, "tests", "two_ranks.py"), *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=root)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert lines, f"no result (rc {out.returncode}): {out.stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    assert out.returncode == 0 and not result["misses"], result["misses"] or out.stderr[-3000:]
+    return result
+
+
+def test_two_cpu_ranks_tensor_sequence_parallel_and_fsdp2():
+    """Two gloo ranks, fp32, eager and compiled: every loss and grad against one process."""
+    result = run_two_ranks("--device", "cpu", "--dtype", "float32", "--steps", "2")
+    assert result["compiled"] == "ran" and result["patched_norms"] == 9
+
+
+@pytest.mark.gpu
+@pytest.mark.big  # alone, with both GPUs visible (tests/run_sharded.py gives each shard one GPU)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_two_gpus_tensor_sequence_parallel_and_fsdp2(dtype):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    result = run_two_ranks("--device", "cuda", "--dtype", dtype, "--steps", "3")
+    print(json.dumps(result))
+    assert result["compiled"] == "ran"

@@ -6,7 +6,8 @@ below 2^32 can pass unnoticed as one), so the rows checked are the first, those 
 2^31 and 2^32 element boundaries, the middle and the last, each against the fp64 reference; dw sums
 every row (its fp64 reference is summed in row chunks). Two widths: 8192 (one CTA or block per row
 tile) and 262144 (rows split over a cluster or over blocks). Each output is poisoned before it is freed,
-so a later mode that leaves rows unwritten cannot pass on an earlier mode's values.
+so a later mode that leaves rows unwritten cannot pass on an earlier mode's values. The residual add
+(fused and unfused: y, h, dx = dr, dw) and the FP8 output (q and scales, bit for bit) on the same rows.
 
 Marked `big`: x, dy, y and dx take ~8.6 GiB each (tests/run_sharded.py runs these alone).
 """
@@ -17,8 +18,8 @@ import torch
 
 import cutile_norms as cn
 from cutile_norms import dispatch
-from tests.conftest import (assert_close, assert_grad_close, poisoned, random_rows, random_weight, reference64,
-                            reference_bwd64)
+from tests.conftest import (assert_close, assert_grad_close, assert_stored_sum, poisoned, random_rows, random_weight,
+                            reference64, reference_bwd64)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.big]
 
@@ -110,4 +111,60 @@ def test_forward_and_backward_past_2_32_elements(big_inputs, mode, seed):
     assert_grad_close(dw, ew, sw, w.dtype, f"{tag} dw", seed)
     poisoned(dx)
     del dx, xg
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
+    """rms_norm(x, w, residual=r) -> (y, h) and its backward (dx = dr, dw), the fused kernels (opted in)
+    and the unfused path; r is the fixture's dy, the grad of y its x (no grad into h)."""
+    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1" if fused else "0")
+    x, r, w, _, _, rows = big_inputs
+    M, N = x.shape
+    tag = f"residual {'fused' if fused else 'unfused'} x=bf16[{M}, {N}]"
+    xg, rg, wg = x.detach().requires_grad_(), r.detach().requires_grad_(), w.detach().clone().requires_grad_()
+    y, h = cn.rms_norm(xg, wg, EPS, residual=rg)
+    torch.cuda.synchronize()
+    assert_stored_sum(h[rows], x[rows], r[rows], f"{tag} h rows {rows.tolist()}", seed)
+    _check_rows(y.detach(), h.detach(), w, rows, f"{tag} y", seed)
+    dy = x  # any random rows
+    y.backward(dy)
+    torch.cuda.synchronize()
+    del y
+    dx, dr, dw = xg.grad, rg.grad, wg.grad
+    hr = h.detach()[rows]
+    ex, _, sx, _ = reference_bwd64(hr, w, dy[rows], EPS, 0.0)
+    assert_grad_close(dx[rows], ex, sx, x.dtype, f"{tag} dx rows {rows.tolist()}", seed)
+    assert_grad_close(dr[rows], ex, sx, r.dtype, f"{tag} dr rows {rows.tolist()}", seed)
+    ew, sw = torch.zeros(N, dtype=torch.float64, device="cuda"), torch.zeros(N, dtype=torch.float64, device="cuda")
+    step = max(1, CHUNK_ELEMS // N)
+    for r0 in range(0, M, step):  # dw's fp64 reference over h as stored
+        hc, dyc = h[r0:r0 + step].detach().double(), dy[r0:r0 + step].double()
+        t = dyc * hc * torch.rsqrt(hc.square().mean(dim=-1, keepdim=True) + EPS)
+        ew += t.sum(dim=0)
+        sw += t.abs().sum(dim=0)
+        del hc, dyc, t
+    assert_grad_close(dw, ew, sw, w.dtype, f"{tag} dw", seed)
+    for t in (h, dx, dr):
+        poisoned(t.detach())
+    del h, dx, dr, xg, rg
+    torch.cuda.empty_cache()
+
+
+def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
+    """rms_norm_fp8 (the Triton kernel, opted in, rows up to 16384 wide): q and the per-token and
+    1 x 128 group scales of the checked rows bit for bit against the torch quantizer."""
+    x, _, w, _, _, rows = big_inputs
+    M, N = x.shape
+    if N > 16384:
+        pytest.skip("the FP8 kernel's rows are at most 16384 wide (wider rows run the torch ops)")
+    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
+    for kw in ({}, {"group_size": 128}):
+        q, s = cn.rms_norm_fp8(x, w, EPS, **kw)
+        torch.cuda.synchronize()
+        eq, es = cn.rms_norm_fp8(x[rows], w, EPS, mode="torch", **kw)
+        what = f"fp8 {kw} x=bf16[{M}, {N}] rows {rows.tolist()}"
+        assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
+        assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
+        del q, s
     torch.cuda.empty_cache()
