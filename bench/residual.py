@@ -36,15 +36,22 @@ from cutile_norms.reference import add_rms_norm_reference, fp8_quantize, fp8_sca
 ELEMENTS = 1 << 27
 
 
+def gate(fused: bool) -> None:
+    """The experimental (fused) kernels on or off: read at every call, forward and backward."""
+    os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1" if fused else "0"
+
+
 def ours(fused: bool):
     def run(x, r, w, eps):
-        os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1" if fused else "0"
+        gate(fused)
         return cn.rms_norm(x, w, eps, residual=r)
+    run.fused = fused
     return run
 
 
 def anchors() -> dict:
     fns, missing = {}, {}
+    torch._functorch.config.donated_buffer = False  # its backward is timed again and again (retain_graph)
     fns["torch.compile"] = torch.compile(lambda x, r, w, eps: add_rms_norm_reference(x, r, w, eps)[:2])
     try:
         from quack.rmsnorm import rmsnorm
@@ -91,7 +98,7 @@ def fp8_fns() -> dict:
     """name: fn(x, w, eps) -> (q, scales): ours (the experimental kernel) and the composite compiled."""
     def ours_fp8(**kw):
         def run(x, w, eps):
-            os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1"
+            gate(True)
             return cn.rms_norm_fp8(x, w, eps, **kw)
         return run
 
@@ -156,8 +163,12 @@ def backward_setup(impls):
             except Exception as exc:  # noqa: BLE001
                 out[k] = (f"{type(exc).__name__}: {exc}"[:160], 2.0)
                 continue
-            fn = (lambda y=y, h=h, xg=xg, rg=rg, wg=wg:
-                  torch.autograd.grad((y, h), (xg, rg, wg), (dy, dh), retain_graph=True))
+            fused = getattr(f, "fused", None)  # ours: the backward runs under the gate its forward saw
+
+            def fn(y=y, h=h, xg=xg, rg=rg, wg=wg, fused=fused):
+                if fused is not None:
+                    gate(fused)
+                return torch.autograd.grad((y, h), (xg, rg, wg), (dy, dh), retain_graph=True)
             out[k] = (checked(fn, wrong_grad, x, r, w, dy, dh, 1e-6), 2.0)
         return out
     return setup
@@ -190,7 +201,7 @@ def block(M, N, dtype, runs) -> dict:
     dy, dh = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
 
     def step(fused):
-        os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1" if fused else "0"
+        gate(bool(fused))
         if fused is None:  # the unfused block: the add, then the norm
             h = x + r
             y = cn.rms_norm(h, w)

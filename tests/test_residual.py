@@ -10,6 +10,8 @@ tests/experimental/test_triton_add_rmsnorm.py); the GPU every mode.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -23,6 +25,16 @@ CPU_CASES = [pytest.param("cpu", m, f, id=f"cpu-{m}-{'fused' if f else 'unfused'
 GPU_CASES = [pytest.param("cuda", m, f, marks=pytest.mark.gpu, id=f"cuda-{m}-{'fused' if f else 'unfused'}")
              for m in [None] + dispatch.modes_of() for f in ((False, True) if m in (None, "triton") else (False,))]
 CASES = CPU_CASES + GPU_CASES
+
+
+def refusal(mode, shape, h_dtype, device) -> str | None:
+    """What the backend of a mode named explicitly says about rows of h's shape and dtype (None: takes them)."""
+    if mode in (None, "torch"):
+        return None
+    backend = dispatch.backend(mode)
+    if backend.takes_every_row:
+        return None
+    return backend.unsupported(torch.empty(shape, dtype=h_dtype, device=device).view(-1, shape[-1]))
 
 
 @pytest.fixture
@@ -73,6 +85,11 @@ def test_forward_and_backward(fused_gate, seed, device, mode, fused, shape, x_dt
     r = random_rows(shape, r_dtype, device).requires_grad_()
     w = random_weight(shape[-1], w_dtype, device).requires_grad_() if w_dtype else None
     what = f"{mode} fused={fused} {shape} x={x_dtype} r={r_dtype} h={h_dtype} w={w_dtype} offset={offset}"
+    why = refusal(mode, shape, h_dtype or x_dtype, device)
+    if why:  # a mode asked for by name that cannot take h's rows says so (mode=None picks another)
+        with pytest.raises(ValueError, match=re.escape(why)):
+            cn.rms_norm(x, w, 1e-6, mode=mode, offset=offset, residual=r, residual_dtype=h_dtype)
+        return
     y, h = cn.rms_norm(x, w, 1e-6, mode=mode, offset=offset, residual=r, residual_dtype=h_dtype)
     assert y.shape == h.shape == x.shape and y.dtype == x_dtype and h.dtype == (h_dtype or x_dtype)
     check_h(h.detach(), x.detach(), r.detach(), device, fused, what, seed)
