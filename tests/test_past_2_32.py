@@ -153,7 +153,9 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
 
 def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
     """rms_norm_fp8 (the Triton kernel, opted in, rows up to 16384 wide): q and the per-token and
-    1 x 128 group scales of the checked rows bit for bit against the torch quantizer."""
+    1 x 128 group scales of the checked rows bit for bit against the same kernel on those rows alone
+    (32-bit offsets; its rstd is rsqrt.approx, so the torch reference's y may differ by an ulp: the
+    quantizer against the reference is tests/experimental/test_triton_rmsnorm_fp8.py's)."""
     x, _, w, _, _, rows = big_inputs
     M, N = x.shape
     if N > 16384:
@@ -162,7 +164,7 @@ def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
     for kw in ({}, {"group_size": 128}):
         q, s = cn.rms_norm_fp8(x, w, EPS, **kw)
         torch.cuda.synchronize()
-        eq, es = cn.rms_norm_fp8(x[rows], w, EPS, mode="torch", **kw)
+        eq, es = cn.rms_norm_fp8(x[rows], w, EPS, **kw)
         what = f"fp8 {kw} x=bf16[{M}, {N}] rows {rows.tolist()}"
         assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
         assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
