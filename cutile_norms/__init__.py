@@ -4,6 +4,7 @@
     norm = cutile_norms.RMSNorm(4096)              # drop-in for torch.nn.RMSNorm
     print(cutile_norms.explain(x, w))              # which kernel runs, and why
     cutile_norms.available_modes()                 # mode -> None (runs here) or the reason it cannot
+    cutile_norms.warmup([4096], rows=(1, 32768))   # compile ahead of traffic (kept on disk for later processes)
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from . import distributed as _distributed
 from .fp8 import rms_norm_fp8
 from .residual import add_rms_norm, add_rms_norm_
 from .rmsnorm import RMSNorm, available_modes, explain, rms_norm
+from .warmup import warmup
 
 __version__ = "0.1.0"
 __all__ = ["rms_norm", "add_rms_norm", "add_rms_norm_", "rms_norm_fp8", "RMSNorm", "available_modes", "explain", "enable_experimental",
-           "experimental_kernel", "ExperimentalKernelWarning", "MODES", "patch"]
+           "experimental_kernel", "ExperimentalKernelWarning", "MODES", "patch", "warmup"]
 
 
 class _SourceTreeExperimental(importlib.abc.MetaPathFinder):

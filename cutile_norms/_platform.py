@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._diskcache import point_cutile_cache
+
 
 @dataclass(frozen=True)
 class DeviceInfo:
@@ -74,6 +76,7 @@ def _import_error(module: str) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def toolchain() -> Toolchain:
+    point_cutile_cache()  # before cuda.tile is first imported
     return Toolchain(cutile=_import_error("cuda.tile"), cute=_import_error("cutlass.cute"),
                      triton=_import_error("triton"))
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 
 import pytest
 import torch
+
+# The compile cache on disk (cutile_norms/_diskcache.py) in a folder of this run's, not the user's
+os.environ.setdefault("CUTILE_NORMS_CACHE_DIR", tempfile.mkdtemp(prefix="cutile_norms_test_cache_"))
 
 # Without a GPU, Triton runs its kernels in its interpreter on CPU tensors (tests/triton/): set before
 # anything imports triton's jit

@@ -2,8 +2,9 @@
 
 `cute.compile` runs over fake tensors whose M and row strides are symbolic, so a kernel is built once
 per (dtypes, N, config, flags) and reused for every M; the result is called through TVM-FFI with
-torch tensors on torch's current stream. `cutlass` is imported on first use only: the package
-imports without CuTe DSL installed.
+torch tensors on torch's current stream. Compiled kernels persist across processes in the disk cache
+(cutile_norms/_diskcache.py). `cutlass` is imported on first use only: the package imports without
+CuTe DSL installed.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import tempfile
 from typing import Callable, Hashable
 
 import torch
+
+from .. import _diskcache
 
 _CUTLASS_DTYPES: dict = {}
 
@@ -34,17 +37,37 @@ def compile_options(arch: str | None, keep_ptx: bool) -> str:
     return options
 
 
+def current_arch() -> str:
+    """The arch cute.compile targets on the current GPU ("sm_90a" on Hopper: the arch-specific
+    features the kernels use)."""
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}a"
+
+
 class CompileCache:
-    """Compiled kernels by key, built on first use; `count`: compiles in this process (the tests check
-    that a new M does not compile again)."""
+    """Compiled kernels by key, built on first use: from this process's dict, else from the disk
+    cache (cutile_norms/_diskcache.py), else compiled (and stored there). `count`: compiles in this
+    process, `loaded`: kernels read from disk (the tests check that a new M compiles nothing, and that
+    a second process compiles nothing)."""
 
     def __init__(self) -> None:
         self._compiled: dict = {}
         self.count = 0
+        self.loaded = 0
 
-    def get(self, key: Hashable, build: Callable[[], object]):
+    def get(self, key: Hashable, build: Callable[[], object], arch: str | None = None, persist: bool = True):
+        """`arch`: the target the key compiles for (None: the current GPU's); `persist`: whether the
+        result may go to disk (False for builds that keep their PTX for inspection)."""
         fn = self._compiled.get(key)
         if fn is None:
-            fn = self._compiled[key] = build()
-            self.count += 1
+            entry = _diskcache.cute_entry(arch or current_arch(), key) if persist else None
+            fn = _diskcache.load_cute(entry) if entry is not None else None
+            if fn is not None:
+                self.loaded += 1
+            else:
+                fn = build()
+                self.count += 1
+                if entry is not None:
+                    _diskcache.store_cute(entry, fn)
+            self._compiled[key] = fn
         return fn

@@ -36,7 +36,7 @@ def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, 
     `has_offset` False: a variant that takes offset as 0."""
     key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset)
     return CACHE.get(key, lambda: _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx,
-                                                  has_offset))
+                                                  has_offset), arch=arch, persist=not keep_ptx)
 
 
 def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset):

@@ -32,7 +32,8 @@ def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, c
     compiles for that target without a GPU; None: the current GPU's. `keep_ptx`:
     the result's `__ptx__` holds the PTX (the compile tests read it)."""
     key = (x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx)
-    return CACHE.get(key, lambda: _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx))
+    return CACHE.get(key, lambda: _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx),
+                     arch=arch, persist=not keep_ptx)
 
 
 def _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx):

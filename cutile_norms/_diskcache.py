@@ -1,0 +1,151 @@
+"""The compile cache on disk: what a fresh process would otherwise compile again.
+
+Per DSL:
+  * CuTe DSL (`cute.compile` has no cache of its own): each compiled kernel is exported as an object
+    file (`export_to_c`) and a later process links it in (`cute.runtime.load_module`, ~3 ms against
+    0.7-0.9 s to compile one; measured on the CPU for sm_90a and in the H100 profile of a first call).
+  * cuTile: its own cubin cache, pointed at a folder here (CUDA_TILE_CACHE_DIR) unless the user set one.
+  * Triton: its own cache (~/.triton/cache, TRITON_CACHE_DIR), left as the user has it.
+
+Settings (read once per process):
+  CUTILE_NORMS_CACHE_DIR      the folder (default: $XDG_CACHE_HOME/cutile_norms or ~/.cache/cutile_norms)
+  CUTILE_NORMS_DISK_CACHE=0   off: nothing read or written here, CUDA_TILE_CACHE_DIR left alone
+  CUTILE_NORMS_CACHE_MAX_MB   the bound on the CuTe objects (default 1024): past it the least recently
+                              used files go, down to 3/4 of it
+
+An entry's name hashes everything that changes the binary: the package version, the DSL's version,
+the source of the package's CuTe modules, the target arch and the compile key (dtypes, N, launch
+config, flags). Writers write a temporary file and rename it into place, so processes filling the
+cache at once never read a partial file (two writers of one key write the same bytes; the last
+rename wins). An entry that fails to load is removed and compiled again.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+ENV_DIR = "CUTILE_NORMS_CACHE_DIR"
+ENV_SWITCH = "CUTILE_NORMS_DISK_CACHE"
+ENV_MAX_MB = "CUTILE_NORMS_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 1024
+_loaded: dict = {}  # path -> the module object (keeps the linked code alive)
+
+
+@functools.lru_cache(maxsize=None)
+def cache_dir() -> Path | None:
+    """The cache folder, created on first use; None when switched off or not writable (one warning)."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    root = os.environ.get(ENV_DIR) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cutile_norms")
+    try:
+        path = Path(root)
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True)
+        probe.close()
+    except OSError as exc:
+        warnings.warn(f"cutile_norms: compile cache folder {root!r} is not writable ({exc}); kernels are "
+                      f"compiled in every process (set {ENV_DIR} to a writable folder)", stacklevel=3)
+        return None
+    return path
+
+
+def point_cutile_cache() -> None:
+    """cuTile's own disk cache in a folder of ours, unless the user chose one (before cuda.tile runs)."""
+    root = cache_dir()
+    if root is not None and not os.environ.get("CUDA_TILE_CACHE_DIR"):
+        os.environ["CUDA_TILE_CACHE_DIR"] = str(root / "cutile")
+
+
+@functools.lru_cache(maxsize=None)
+def _cute_fingerprint() -> str:
+    """The package version, CuTe DSL's version and the package's CuTe sources, hashed."""
+    from . import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base"):
+        try:
+            h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            h.update(f"{dist}=?".encode())
+    folder = Path(__file__).parent / "cute"
+    for source in sorted(folder.glob("*.py")):
+        h.update(source.name.encode())
+        h.update(source.read_bytes())
+    return h.hexdigest()
+
+
+def cute_entry(arch: str, key: tuple) -> tuple[Path, str] | None:
+    """(the object file, its exported function name) for a CuTe compile key on `arch`, or None when
+    the cache is off."""
+    root = cache_dir()
+    if root is None:
+        return None
+    digest = hashlib.sha256(f"{_cute_fingerprint()}|{arch}|{key!r}".encode()).hexdigest()[:32]
+    return root / "cute" / f"{digest}.o", f"cutile_norms_{digest}"
+
+
+def load_cute(entry: tuple[Path, str]):
+    """The compiled function stored at `entry`, or None (absent, or unloadable: then removed)."""
+    path, name = entry
+    if not path.exists():
+        return None
+    try:
+        from cutlass.cute.runtime import load_module
+
+        module = load_module(str(path), enable_tvm_ffi=True)
+        fn = getattr(module, name)
+    except Exception:  # noqa: BLE001 -- a stale or partial entry: compile again, replace it
+        path.unlink(missing_ok=True)
+        return None
+    _loaded[str(path)] = module
+    try:
+        os.utime(path)  # recently used: the last to go when the bound is passed
+    except OSError:
+        pass
+    return fn
+
+
+def store_cute(entry: tuple[Path, str], fn) -> None:
+    """Export `fn` (cute.compile's result) to `entry`: a temporary file renamed into place."""
+    path, name = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".o")
+        os.close(fd)
+        try:
+            fn.export_to_c(tmp, function_name=name)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except Exception as exc:  # noqa: BLE001 -- the kernel runs; only the next process compiles again
+        warnings.warn(f"cutile_norms: could not store a compiled kernel in {path.parent} ({type(exc).__name__}: "
+                      f"{exc})", stacklevel=3)
+        return
+    evict(path.parent)
+
+
+def evict(folder: Path) -> None:
+    """Past the size bound, the least recently used objects go until 3/4 of it is left."""
+    limit = float(os.environ.get(ENV_MAX_MB, DEFAULT_MAX_MB)) * 2 ** 20
+    files = []
+    for p in folder.glob("*.o"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # another process evicted it
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    if total <= limit:
+        return
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= 0.75 * limit:
+            break
+        p.unlink(missing_ok=True)
+        total -= size

@@ -1,0 +1,159 @@
+"""The compile cache on disk (cutile_norms/_diskcache.py): a CuTe DSL kernel compiled in one process is
+linked from disk in the next (no compile), two processes filling one cache at once, the off switch, an
+unloadable entry, the size bound, and the keys. The CPU compiles for sm_90a (CUTE_DSL_ARCH) in child
+processes, each with its own process-wide compile state; on the GPU a second process runs the loaded
+kernel against the fp64 reference.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cutile_norms import _diskcache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r"""
+import json, sys, torch
+from cutile_norms.cute import rmsnorm_bwd as B, rmsnorm_fwd as F
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config as bwd_config
+from cutile_norms.cute.rmsnorm_fwd_config import analytic_config as fwd_config
+fns = []
+for N in json.loads(sys.argv[1]):
+    fns.append(F.compile_forward(torch.bfloat16, torch.bfloat16, N, fwd_config(N, 2), True, True, "sm_90a"))
+    fns.append(B.compile_backward(torch.bfloat16, torch.bfloat16, N, bwd_config(N, 2), True, True, "sm_90a"))
+print("RESULT " + json.dumps({"compiled": F.CACHE.count + B.CACHE.count, "loaded": F.CACHE.loaded + B.CACHE.loaded,
+                              "callable": all(callable(f) for f in fns)}))
+"""
+
+
+def child(cache, widths, extra_env=None, wait=True):
+    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(cache), CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=ROOT, **(extra_env or {}))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(widths)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return result(proc) if wait else proc
+
+
+def result(proc) -> dict:
+    out, err = proc.communicate(timeout=600)
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, err[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def objects(cache):
+    return sorted((cache / "cute").glob("*.o")) if (cache / "cute").exists() else []
+
+
+@pytest.fixture(scope="module")
+def cutlass_here():
+    pytest.importorskip("cutlass.cute", reason="CuTe DSL is not installed")
+
+
+def test_second_process_links_instead_of_compiling(cutlass_here, tmp_path):
+    first = child(tmp_path, [4096, 2880])
+    assert first == {"compiled": 4, "loaded": 0, "callable": True}
+    assert len(objects(tmp_path)) == 4  # forward and backward of each width
+    second = child(tmp_path, [4096, 2880])
+    assert second == {"compiled": 0, "loaded": 4, "callable": True}
+    third = child(tmp_path, [4096, 8192])  # a new width compiles that width only
+    assert third == {"compiled": 2, "loaded": 2, "callable": True}
+
+
+def test_two_processes_fill_one_cache_at_once(cutlass_here, tmp_path):
+    procs = [child(tmp_path, [1024, 5120], wait=False) for _ in range(2)]
+    results = [result(p) for p in procs]
+    assert all(r["callable"] and r["compiled"] + r["loaded"] == 4 for r in results), results
+    assert not list((tmp_path / "cute").glob(".*")), "a temporary file was left behind"
+    assert child(tmp_path, [1024, 5120]) == {"compiled": 0, "loaded": 4, "callable": True}
+
+
+def test_off_switch_reads_and_writes_nothing(cutlass_here, tmp_path):
+    for _ in range(2):
+        assert child(tmp_path, [4096], {"CUTILE_NORMS_DISK_CACHE": "0"}) == {"compiled": 2, "loaded": 0,
+                                                                              "callable": True}
+    assert not objects(tmp_path)
+
+
+def test_unloadable_entry_is_compiled_again_and_replaced(cutlass_here, tmp_path):
+    child(tmp_path, [4096])
+    for p in objects(tmp_path):
+        p.write_bytes(b"not an object file")
+    assert child(tmp_path, [4096]) == {"compiled": 2, "loaded": 0, "callable": True}
+    assert all(p.stat().st_size > 1000 for p in objects(tmp_path))
+    assert child(tmp_path, [4096])["loaded"] == 2
+
+
+def test_size_bound_drops_the_least_recently_used(tmp_path, monkeypatch):
+    folder = tmp_path / "cute"
+    folder.mkdir()
+    now = time.time()
+    for i in range(8):  # 8 objects of 256 KiB, used one after another
+        p = folder / f"{i:02d}.o"
+        p.write_bytes(os.urandom(1 << 18))
+        os.utime(p, (now - 100 + i, now - 100 + i))
+    monkeypatch.setenv(_diskcache.ENV_MAX_MB, "1")  # 4 objects fit; eviction leaves at most 3/4 MiB
+    _diskcache.evict(folder)
+    assert sorted(p.name for p in folder.glob("*.o")) == ["05.o", "06.o", "07.o"]
+
+
+def test_keys_separate_what_changes_the_binary(tmp_path, monkeypatch):
+    monkeypatch.setenv(_diskcache.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(_diskcache.ENV_SWITCH, raising=False)
+    _diskcache.cache_dir.cache_clear()
+    try:
+        base = (torch.bfloat16, torch.bfloat16, 4096, "cfg", True, True)
+        variants = [base, (torch.float16,) + base[1:], base[:2] + (4104,) + base[3:], base[:4] + (False, True)]
+        paths = {_diskcache.cute_entry("sm_90a", k)[0] for k in variants}
+        paths.add(_diskcache.cute_entry("sm_100a", base)[0])
+        assert len(paths) == 5 and all(p.parent == tmp_path / "cute" for p in paths)
+        assert _diskcache.cute_entry("sm_90a", base) == _diskcache.cute_entry("sm_90a", base)  # stable
+        monkeypatch.setenv(_diskcache.ENV_SWITCH, "0")
+        _diskcache.cache_dir.cache_clear()
+        assert _diskcache.cute_entry("sm_90a", base) is None
+    finally:
+        _diskcache.cache_dir.cache_clear()
+
+
+GPU_CHILD = r"""
+import json, torch, cutile_norms as cn
+from cutile_norms.cute import rmsnorm_bwd as B, rmsnorm_fwd as F
+torch.manual_seed(0)
+x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w = (1 + 0.1 * torch.randn(4096, device="cuda")).to(torch.bfloat16).requires_grad_()
+y = cn.rms_norm(x, w, mode="tma_smem_cached")
+y.backward(torch.ones_like(y))
+x64 = x.detach().double()
+ref = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6) * w.detach().double()
+print("RESULT " + json.dumps({"compiled": F.CACHE.count + B.CACHE.count, "loaded": F.CACHE.loaded + B.CACHE.loaded,
+                              "err": float((y.double() - ref).abs().max()), "dx_finite": bool(x.grad.isfinite().all())}))
+"""
+
+
+@pytest.mark.gpu
+def test_loaded_kernel_runs_on_the_gpu(tmp_path):
+    if cn_mode_unavailable():
+        pytest.skip(cn_mode_unavailable())
+    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=ROOT)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", GPU_CHILD], env=env, capture_output=True, text=True, timeout=600)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert out.returncode == 0 and lines, out.stderr[-3000:]
+        runs.append(json.loads(lines[-1][len("RESULT "):]))
+    assert runs[0]["compiled"] >= 2 and runs[1]["compiled"] == 0 and runs[1]["loaded"] == runs[0]["compiled"], runs
+    for r in runs:  # bf16 y: within one rounding of |y| <= ~5
+        assert r["err"] <= 5 * 2 ** -8 and r["dx_finite"], runs
+
+
+def cn_mode_unavailable():
+    import cutile_norms as cn
+
+    return cn.available_modes().get("tma_smem_cached")
