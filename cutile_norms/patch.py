@@ -27,6 +27,10 @@ Contract:
     raise leaves the model as it was.
   * Returns [(qualified module name, original class name)], one entry per place a module was swapped in (a
     module shared under two names is swapped for one replacement, listed under both names).
+  * fuse_residual=True (opt in): a decoder layer whose forward is Hugging Face's pre-norm block (Llama,
+    Mistral, Qwen2/3, Gemma) runs its attention residual add fused into the norm after it; the layer
+    keeps its class and parameters and gains an instance-level forward (cutile_norms/fuse_residual.py
+    says what is recognised and what is not). Listed as (layer name, class name + " (residual add fused)").
 
 Numerics: cutile_norms.RMSNorm computes x * rsqrt(mean(x^2) + eps) * (offset + w) in fp32 and rounds once to
 x's dtype. HF's Llama-style norm rounds the normalized x to the input dtype before multiplying by the weight
@@ -44,6 +48,7 @@ import re
 import torch
 
 from .dispatch import MODES
+from .fuse_residual import fuse_residual_adds
 from .rmsnorm import RMSNorm
 
 # "1 + self.weight", "1.0 + self.weight.float()", "self.weight + 1": Gemma's zero-centred weight.
@@ -57,11 +62,14 @@ class _Unrecognised(Exception):
     """Why an RMSNorm-named module does not fit a known pattern (turned into the ValueError message)."""
 
 
-def patch(model: torch.nn.Module, *, mode: str | None = None, strict: bool = True) -> list[tuple[str, str]]:
+def patch(model: torch.nn.Module, *, mode: str | None = None, strict: bool = True,
+          fuse_residual: bool = False) -> list[tuple[str, str]]:
     """Replace every RMSNorm-like submodule of `model` with `cutile_norms.RMSNorm(mode=mode)`, in place,
     keeping the weight Parameter objects. Returns [(qualified name, original class name)] of what was
     replaced. strict=False skips RMSNorm-named modules of an unknown shape instead of raising.
-    See the module docstring for the recognition rules."""
+    fuse_residual=True (opt in): recognised pre-norm decoder layers also run their attention residual
+    add fused into the norm after it (cutile_norms/fuse_residual.py), each listed as (name, class name
+    + " (residual add fused)"). See the module docstring for the recognition rules."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mode is not None and mode not in MODES:  # checked even when there is nothing to patch
@@ -95,7 +103,10 @@ def patch(model: torch.nn.Module, *, mode: str | None = None, strict: bool = Tru
         # setattr on the parent routes a Module value into its _modules, which is also how ModuleList,
         # Sequential and ModuleDict hold their children (under "0", "1", ... or their keys).
         setattr(model.get_submodule(parent_name), child_name, replacement)
-    return [(name, type(original).__name__) for name, original, _ in swaps]
+    replaced = [(name, type(original).__name__) for name, original, _ in swaps]
+    if fuse_residual:
+        replaced += [(name, f"{cls} (residual add fused)") for name, cls in fuse_residual_adds(model)]
+    return replaced
 
 
 def _recognise(module: torch.nn.Module) -> dict | None:

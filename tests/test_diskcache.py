@@ -33,9 +33,14 @@ print("RESULT " + json.dumps({"compiled": F.CACHE.count + B.CACHE.count, "loaded
 """
 
 
+def python_path() -> str:
+    """The repository first, then whatever path this process was given (where the DSLs may live)."""
+    return os.pathsep.join([ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 def child(cache, widths, extra_env=None, wait=True):
     env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(cache), CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="",
-               PYTHONPATH=ROOT, **(extra_env or {}))
+               PYTHONPATH=python_path(), **(extra_env or {}))
     proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(widths)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     return result(proc) if wait else proc
@@ -141,7 +146,7 @@ print("RESULT " + json.dumps({"compiled": F.CACHE.count + B.CACHE.count, "loaded
 def test_loaded_kernel_runs_on_the_gpu(tmp_path):
     if cn_mode_unavailable():
         pytest.skip(cn_mode_unavailable())
-    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=ROOT)
+    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=python_path())
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", GPU_CHILD], env=env, capture_output=True, text=True, timeout=600)

@@ -193,8 +193,9 @@ def patch_copy(model, **kwargs):
     assert list(patched.state_dict()) == keys_before
     for name, p in patched.named_parameters():
         assert p is params_before[name], f"{name} is a new Parameter object"
-    for name, _ in replaced:
-        assert isinstance(patched.get_submodule(name), cn.RMSNorm)
+    for name, cls in replaced:
+        if not cls.endswith("(residual add fused)"):
+            assert isinstance(patched.get_submodule(name), cn.RMSNorm)
     return patched, replaced
 
 
@@ -450,17 +451,68 @@ def test_hf_model_matches(seed, family, norms):
         torch.testing.assert_close(patched(input_ids=ids).logits, model(input_ids=ids).logits, **FP32_OUT)
 
 
+@pytest.fixture
+def add_calls(monkeypatch):
+    """How many times the fused residual add op ran (cutile_norms.residual.add_rms_norm, counted)."""
+    from cutile_norms import residual
+
+    calls = []
+    real = residual.add_rms_norm
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(residual, "add_rms_norm", counted)
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma"])
+def test_hf_fuse_residual_matches_and_runs_the_fused_op(seed, family, add_calls):
+    """patch(fuse_residual=True) against the unpatched model: the same outputs and grads, every decoder
+    layer listed as fused, the fused op run once per layer per forward."""
+    model = randomise_norm_weights(_tiny_hf_model(family))
+    patched, replaced = patch_copy(model, fuse_residual=True)
+    fused = [n for n, cls in replaced if cls.endswith("(residual add fused)")]
+    assert fused == [f"model.layers.{i}" for i in range(2)], replaced
+    assert_same_outputs_and_grads(model, patched, lambda: torch.randn(2, 9, 64), f"{family} fused [seed {seed}]",
+                                  call=lambda m, embeds: m(inputs_embeds=embeds).logits)
+    assert len(add_calls) == 2  # one forward of two layers (the reference model never calls it)
+
+
+def test_hf_fuse_residual_leaves_other_layer_shapes_alone(add_calls):
+    """Gemma 3's layers (four norms, the add after a norm) and a subclass whose forward adds a
+    statement are not fused; the norms are still swapped."""
+    model = _tiny_hf_model("gemma3")
+    patched, replaced = patch_copy(model, fuse_residual=True)
+    assert not [n for n, cls in replaced if cls.endswith("(residual add fused)")] and replaced
+    transformers = pytest.importorskip("transformers")
+    base = transformers.models.llama.modeling_llama.LlamaDecoderLayer
+
+    class ScaledLayer(base):
+        def forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None, use_cache=False,
+                    position_embeddings=None, **kwargs):
+            hidden_states = hidden_states * 0.5
+            return super().forward(hidden_states, attention_mask, position_ids, cache, use_cache,
+                                   position_embeddings, **kwargs)
+    model = _tiny_hf_model("llama")
+    model.model.layers[0].__class__ = ScaledLayer
+    patched, replaced = patch_copy(model, fuse_residual=True)
+    assert [n for n, cls in replaced if cls.endswith("(residual add fused)")] == ["model.layers.1"]
+
+
 GENERATE_CASES = [pytest.param(f, "cpu", "triton", id=f"{f}-cpu")
                   for f in ("llama", "qwen3", "gemma3")] + \
                  [pytest.param(f, "cuda", None, marks=pytest.mark.gpu, id=f"{f}-cuda") for f in ("llama", "qwen3", "gemma3")]
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["", "fused"])
 @pytest.mark.parametrize("family, device, mode", GENERATE_CASES)
-def test_hf_generate_greedy_tokens_match(seed, family, device, mode):
+def test_hf_generate_greedy_tokens_match(seed, family, device, mode, fuse):
     """model.generate() of a randomly initialised fp32 model, patched against unpatched: the same greedy
-    tokens (fp32 norms agree to rounding; a logit tie would be the only way to differ)."""
+    tokens (fp32 norms agree to rounding; a logit tie would be the only way to differ); with
+    fuse_residual, the decode steps run the fused add (a KV cache, one new token a step)."""
     model = randomise_norm_weights(_tiny_hf_model(family)).to(device)
-    patched, replaced = patch_copy(model, mode=mode)
+    patched, replaced = patch_copy(model, mode=mode, fuse_residual=fuse)
     assert replaced
     ids = torch.randint(0, 128, (2, 5), device=device)
     kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
