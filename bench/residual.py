@@ -51,6 +51,8 @@ def ours(fused: bool):
 
 def anchors() -> dict:
     fns, missing = {}, {}
+    import torch._functorch.config
+
     torch._functorch.config.donated_buffer = False  # its backward is timed again and again (retain_graph)
     fns["torch.compile"] = torch.compile(lambda x, r, w, eps: add_rms_norm_reference(x, r, w, eps)[:2])
     try:
