@@ -344,7 +344,7 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 
 # The residual add (rms_norm(..., residual=r)): fused into the norm by the Triton kernel in
 # experimental/ (x and r read once, h and y written once) where the user opted in to experimental
-# kernels and Triton runs here; everywhere else the add runs as one torch.add into h before the norm
+# kernels, Triton runs here and rows have up to FUSED_ADD_MAX_N elements; everywhere else the add runs as one torch.add into h before the norm
 # kernel `resolve` picks for h (a full extra pass over h: 5 M N e bytes instead of 4). The backward:
 # the fused Triton kernel under the same conditions for rows up to FUSED_ADD_BWD_MAX_N, else the
 # norm's backward kernel on h, then the grad flowing into h from later layers added.
@@ -354,9 +354,16 @@ FUSED_ADD_BWD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_nor
 # bytes where the norm's backward then an add move 6) holds h, dy, dh and its dw accumulator in
 # registers: rows of up to 8192 elements; wider rows take the norm's backward kernel and an add.
 FUSED_ADD_BWD_MAX_N = 8192
+# The fused forward keeps a row in registers up to 16384 elements: 1.004-1.023 x a copy of its bytes at
+# the model widths 896-16384 (H100, bf16, with QuACK and Liger). Past that it runs two passes over the
+# row: 0.85 / 0.83 at 18432 / 20480 (the unfused path 0.82), 0.78-0.81 from 24576 to 65536 and 0.60 at
+# 88904 / 105880 against the unfused path's 0.80-0.82: wider rows take the unfused path
+# (`python bench/residual.py --parts forward`, docs/performance.md 2.7).
+FUSED_ADD_MAX_N = 16384
 
 
-def residual_add_unfused(mode_name: str | None, norm_mode: str, dev: DeviceInfo, tools: Toolchain) -> str | None:
+def residual_add_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
+                         tools: Toolchain) -> str | None:
     """None where the fused add + norm kernel runs for a call that asked for `mode_name` and whose norm
     `resolve` gave as `norm_mode`, else why the add runs unfused before that mode's norm kernel."""
     if norm_mode == "torch":
@@ -365,13 +372,16 @@ def residual_add_unfused(mode_name: str | None, norm_mode: str, dev: DeviceInfo,
         return f"the fused add + norm kernel is experimental (opt in with {ENV_VAR}=1)"
     if mode_name not in (None, "triton"):
         return f"mode {mode_name!r} has no fused add kernel yet (Triton's is the only one)"
+    if N > FUSED_ADD_MAX_N:
+        return (f"the fused forward is at copy speed while a row fits its register tile (N <= {FUSED_ADD_MAX_N}); "
+                f"its two-pass form measured below the unfused path from 24576 on, N={N}")
     return unavailable_reason(MODES["triton"], dev, tools)
 
 
 def residual_backward_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
                               tools: Toolchain) -> str | None:
     """None where the fused add + norm backward runs, else why the norm's backward and an add of dh do."""
-    why = residual_add_unfused(mode_name, norm_mode, dev, tools)
+    why = residual_add_unfused(mode_name, norm_mode, N, dev, tools)
     if why is None and N > FUSED_ADD_BWD_MAX_N:
         why = f"the fused backward holds rows of up to {FUSED_ADD_BWD_MAX_N} elements in registers, N={N}"
     return why

@@ -72,7 +72,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
         y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return (x if in_place else y.contiguous()), h, rstd.float()
     dev, M, choice = plan(h, mode)
-    why_unfused = dispatch.residual_add_unfused(mode, choice.mode, dev, toolchain())
+    why_unfused = dispatch.residual_add_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
     if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
@@ -259,7 +259,7 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     """explain()'s line for the add: fused or not, and why."""
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
     dev, M, choice = plan(h, mode)
-    why = dispatch.residual_add_unfused(mode, choice.mode, dev, toolchain())
+    why = dispatch.residual_add_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
     fwd = (f"residual add: fused into the norm ({dispatch.FUSED_ADD_KERNEL}, experimental)" if why is None else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     why_bwd = dispatch.residual_backward_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())

@@ -205,7 +205,12 @@ def test_explain_says_how_the_add_runs(fused_gate):
     text = cn.explain(x, residual=r, mode="triton")
     assert "residual add: fused" in text and "residual backward: fused" in text
     wide = torch.randn(2, 9000)
-    assert "rows of up to 8192" in cn.explain(wide, residual=wide.clone(), mode="triton")
+    text = cn.explain(wide, residual=wide.clone(), mode="triton")
+    assert "residual add: fused" in text and "rows of up to 8192" in text
+    wider = torch.randn(2, 16392)  # past the forward's register tile: both unfused
+    text = cn.explain(wider, residual=wider.clone(), mode="triton")
+    assert "residual add: torch.add into h" in text and "N <= 16384" in text
+    assert "residual add: fused" in cn.explain(wider[:, :16384], residual=wider[:, :16384].clone(), mode="triton")
     assert "no fused add kernel" in cn.explain(x, residual=r, mode="torch") or "mode torch" in cn.explain(
         x, residual=r, mode="torch")
 
