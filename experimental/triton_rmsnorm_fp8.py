@@ -125,7 +125,7 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
 
 def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int]:
     """(BLOCK_N, CHUNKS, ROWS, num_warps). Measured on an H100, bf16, per-token scales, 2^27 elements,
-    ratio to a copy of the bytes moved (scratch sweep of rows x warps, 2026-11-25): 32 values per
+    ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`, 2026-11-25): 32 values per
     thread and about 4096 elements per program were best at every power of two (2048: 2 rows x 4 warps
     0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps 0.835), 8 or 64 values per
     thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran 0.68 (5120) and 0.71
