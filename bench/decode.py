@@ -1,24 +1,29 @@
 """Decode-sized calls: what a serving loop pays per RMSNorm call and per token (host + GPU, back to back).
 
     python bench/decode.py [--hidden 2048] [--head-dim 128] [--layers 8] [--batches 1,8,64]
-                           [--ns 128,2048,4096] [--ms 1,16,64] [--runs 5] [--out F]
+                           [--ns 128,2048,4096] [--ms 1,16,64] [--runs 5] [--first-call 3] [--out F]
 
-Three parts, each a median of --runs interleaved runs:
+Three parts, each a median of --runs interleaved runs, then the first call:
   * calls: a no-grad `rms_norm` per mode at M rows of N (the decode shapes: M = batch x heads for a
     QK-norm, M = batch for a hidden norm), µs per call back to back (events around 200 calls), beside
     torch's `F.rms_norm` and a clone of x: what mode=None's small-M rows are chosen by;
   * eager decode: a Llama-shaped model (torch.nn.RMSNorm before attention and MLP, QK-norm over the head
     dim, a final norm; bf16, random weights), ms per generated token for --batches sequences, unpatched
     against `cutile_norms.patch(model)`;
-  * the same decode step captured in a CUDA graph and replayed.
+  * the same decode step captured in a CUDA graph and replayed;
+  * first call: --first-call fresh processes one after another, each timing `import cutile_norms` and
+    its first no-grad call at N = 4096, M = 1 (what a new rank or server process stalls for; the disk
+    cache fills in the first one).
 Every patched output is checked against the unpatched model's first (bf16 tolerance) before timing.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -171,6 +176,28 @@ def decode(hidden, head_dim, layers, batches, runs, cache_len: int = 256) -> lis
     return rows
 
 
+FIRST_CALL = r"""
+import json, sys, time, torch
+torch.cuda.init(); x = torch.randn(1, int(sys.argv[1]), device="cuda", dtype=torch.bfloat16); w = torch.randn_like(x[0])
+torch.cuda.synchronize(); t0 = time.perf_counter()
+import cutile_norms as cn
+with torch.no_grad():
+    cn.rms_norm(x, w)
+torch.cuda.synchronize(); print(json.dumps({"import_and_first_call_s": time.perf_counter() - t0}))
+"""
+
+
+def first_calls(N: int, processes: int) -> list:
+    """Seconds from `import cutile_norms` to the end of the first no-grad call at M = 1 (CUDA already up),
+    in `processes` fresh processes one after another (the disk cache fills in the first)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    out = [json.loads(subprocess.run([sys.executable, "-c", FIRST_CALL, str(N)], env=env, capture_output=True,
+                                     text=True, check=True).stdout.splitlines()[-1])["import_and_first_call_s"]
+           for _ in range(processes)]
+    print(f"first call N={N} M=1, fresh processes: " + ", ".join(f"{t:.2f} s" for t in out), flush=True)
+    return out
+
+
 def main() -> int:
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,6 +208,7 @@ def main() -> int:
     p.add_argument("--ns", type=ints, default=[128, 2048, 4096])
     p.add_argument("--ms", type=ints, default=[1, 16, 64])
     p.add_argument("--runs", type=int, default=5, help="interleaved runs per point (host-bound times vary run to run)")
+    p.add_argument("--first-call", type=int, default=3, help="fresh processes timing their first call (0: none)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -189,7 +217,8 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} bf16, {args.runs} runs per point (medians)", flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "command": "python bench/decode.py " + " ".join(sys.argv[1:]),
               "calls": calls(args.ns, args.ms, args.runs),
-              "decode": decode(args.hidden, args.head_dim, args.layers, args.batches, args.runs)}
+              "decode": decode(args.hidden, args.head_dim, args.layers, args.batches, args.runs),
+              "first_call_s": first_calls(4096, args.first_call) if args.first_call else []}
     write_json(args.out, result)
     return 0
 

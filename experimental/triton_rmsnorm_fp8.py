@@ -125,12 +125,16 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
 
 def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int]:
     """(BLOCK_N, CHUNKS, ROWS, num_warps). Measured on an H100, bf16, per-token scales, 2^27 elements,
-    ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`, 2026-11-25): 32 values per
-    thread and about 4096 elements per program were best at every power of two (2048: 2 rows x 4 warps
-    0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps 0.835), 8 or 64 values per
+    ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`,
+    2026-11-25): 32 values per thread and about 4096 elements per program were best at every power of
+    two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps 0.835), 8 or 64 values per
     thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran 0.68 (5120) and 0.71
-    (12288) at its best config: those rows go in chunks (2048 below 6144, else 4096) as the Triton
-    forward's two-pass rows do (0.98 there at 5120)."""
+    (12288) at its best padded config; those rows go in chunks (2048 below 6144, else 4096), predicted
+    near the Triton forward's two-pass rows (0.98 at 5120). Measured (`python bench/residual.py
+    --parts fp8`): per-token 0.54-0.70 at 2560-12288 (three passes, two of them re-reading x from L2),
+    1 x 128 groups 0.68-0.84 (two passes): no better than padding for per-token scales, short of 0.95
+    either way (docs/performance.md, not met).
+    """
     block = max(pow2_ceil(N), group_size or 1)
     if 8 * N < 7 * block and N > 2048:
         chunk = max(2048 if N < 6144 else 4096, group_size or 1)
