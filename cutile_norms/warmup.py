@@ -1,10 +1,10 @@
 """`warmup`: compile, ahead of traffic, every kernel `mode=None` (or a given mode) can pick for some
 widths, dtypes and a row range, forward and backward, so that no call in that range compiles.
 
-Kernels are compiled per (dtypes, N, launch config) with M symbolic, and the config (and the mode
-mode=None picks) changes only between bands of M; the bands' edges are powers of two or fall between
-them, so one call at each power of two in the range (and at its ends) meets every kernel a call in the
-range can run. Each call runs on real tensors of that shape: the compile cache on disk
+Kernels are compiled per (dtypes, N, launch config, flags) with M symbolic. In the shipped tables the
+mode mode=None picks does not depend on M and the configs depend on N and the dtypes, with M = 1 apart
+(its row stride is N); one call at each power of two in the range (and at its ends) also meets every
+band of M a later table may add, as long as the band contains a power of two. Each call runs on real tensors of that shape: the compile cache on disk
 (cutile_norms/_diskcache.py) then holds them for the next process too.
 """
 from __future__ import annotations
