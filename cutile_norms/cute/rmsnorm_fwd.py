@@ -127,7 +127,7 @@ def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtyp
             rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
         else:
             y, rstd = out
-        y2d = y.view(M, N)
+        y2d = y if y.dim() == 2 else y.view(M, N)  # a view costs ~0.9 us of host time (a call at M = 1: ~16)
         fn(x2d, weight if weight is not None else y2d[0], y2d, rstd if store_rstd else dummy, eps, offset)
         return y, rstd
 
