@@ -9,7 +9,8 @@ Contract:
     x's dtype, (y, h) equal the unfused `h = x + residual; y = rms_norm(h, ...)` bit for bit.
   * add_rms_norm returns (y, h), both contiguous in x's shape, differentiable in x, residual and the
     weight: the grad into h is the norm's backward on h plus the grad h receives from later uses,
-    and dx and dresidual are that grad in x's and the residual's dtype.
+    and dx and dresidual are that grad in x's and the residual's dtype; to second order too
+    (create_graph=True runs the norm's closed-form backward in torch ops).
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
   * Kernels (dispatch.residual_add_unfused / residual_backward_unfused decide): the fused Triton kernels
@@ -24,7 +25,7 @@ import torch
 from . import dispatch
 from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
-from .reference import add_rms_norm_reference
+from .reference import add_rms_norm_reference, rms_norm_backward
 from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, grad_rows, plan, validate
 
 
@@ -163,7 +164,7 @@ def _bwd_fake(dy, dh, h, weight, rstd, offset, mode, need_dw):
 def _setup(ctx, inputs, output):
     x, residual, weight, eps, offset, mode, h_dtype, store_rstd = inputs
     ctx.save_for_backward(output[1], weight, output[2])
-    ctx.offset, ctx.mode, ctx.x_dtype, ctx.r_dtype = offset, mode, x.dtype, residual.dtype
+    ctx.eps, ctx.offset, ctx.mode, ctx.x_dtype, ctx.r_dtype = eps, offset, mode, x.dtype, residual.dtype
     ctx.set_materialize_grads(False)  # an unused h (or y) gives None: no add of zeros
 
 
@@ -174,10 +175,19 @@ def _backward(ctx, dy, dh, _drstd):
     if dy is None:  # y unused: the grad into h is dh alone
         dy = torch.zeros_like(h, dtype=ctx.x_dtype)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        raise NotImplementedError(
-            "create_graph=True (second order) through the fused residual add is not supported yet: compute "
-            "h = x + residual and y = rms_norm(h, weight) separately, rms_norm supports it")
-    g, dw = torch.ops.cutile_norms.add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset, ctx.mode, need_dw)
+        # create_graph=True (second order): the norm's closed-form backward in torch ops, rstd recomputed
+        # from h, all of it differentiable; h is this op's saved output, so differentiating the result
+        # reaches x and the residual through this op once more. (Not autograd of the reference on h: a
+        # grad for the weight would then run back through this op's node, which also takes the weight.)
+        N = h.shape[-1]
+        h2d = h.reshape(-1, N)
+        rstd_graph = torch.rsqrt(h2d.float().square().mean(dim=-1) + ctx.eps)
+        g2d, dw = rms_norm_backward(dy.reshape(-1, N), h2d, weight, rstd_graph, ctx.offset, need_dw=need_dw)
+        g = g2d.reshape(h.shape).to(grad_dtype(dy.dtype, h.dtype))
+        if dh is not None:
+            g = g + dh.to(g.dtype)
+    else:
+        g, dw = torch.ops.cutile_norms.add_rms_norm_bwd(dy, dh, h, weight, rstd, ctx.offset, ctx.mode, need_dw)
     # h = x + residual: both take the grad into h (the same tensor where the dtypes agree, as autograd's
     # own add does; the op's outputs may not alias, this formula's may)
     return (g.to(ctx.x_dtype) if need_dx else None, g.to(ctx.r_dtype) if need_dr else None,

@@ -1,6 +1,6 @@
 """Second order (create_graph=True: gradient penalties, Hessian-vector products) through rms_norm,
-against fp64 autograd of the same formula and beside torch's own rms_norm (the fused residual add
-refuses it with a clear error for now). The kernels
+against fp64 autograd of the same formula and beside torch's own rms_norm, and through the fused
+residual add (x, the residual and the weight). The kernels
 give first-order grads; under create_graph the backward recomputes the reference's forward in torch ops
 (rmsnorm.graph_backward), so every mode must match.
 
@@ -50,11 +50,27 @@ def test_second_order_matches_fp64(seed, device, mode, shape):
     assert_matches(theirs, ref, f"torch's rms_norm {shape}", seed)
 
 
-@pytest.mark.parametrize("mode", ["triton", None])
-def test_second_order_through_the_residual_add_refuses(mode):
-    """Not supported yet through the fused op's kernels: a clear error, never grads without a graph."""
-    x = torch.randn(5, 64, requires_grad=True)
-    w = torch.randn(64, requires_grad=True)
-    y, h = cn.rms_norm(x, w, mode=mode, residual=torch.randn(5, 64))
-    with pytest.raises(NotImplementedError, match="second order"):
-        torch.autograd.grad((y.square()).sum() + h.sum(), (x, w), create_graph=True)
+@pytest.mark.parametrize("device,mode", CASES)
+def test_second_order_through_the_residual_add(seed, device, mode):
+    """rms_norm(x, w, residual=r) -> (y, h) with both outputs in the loss: second-order grads in x, r and
+    the weight against fp64 autograd of h = x + r, F.rms_norm(h)."""
+    shape, N = (4, 3, 384), 384
+    x = random_rows(shape, torch.float32, device).requires_grad_()
+    r = random_rows(shape, torch.float32, device).requires_grad_()
+    w = random_weight(N, torch.float32, device).requires_grad_()
+    dy, dh, u, v = (torch.randn(shape, device=device), torch.randn(shape, device=device),
+                    torch.randn(shape, device=device), torch.randn(N, device=device))
+
+    def second(fn, x, r, w):
+        y, h = fn(x, r, w)
+        gx, gr, gw = torch.autograd.grad((y * dy.to(y.dtype)).sum() + (h * dh.to(h.dtype)).sum(), (x, r, w),
+                                         create_graph=True)
+        return torch.autograd.grad(gx.square().sum() + (gr * u.to(gr.dtype)).sum() + (gw * v.to(gw.dtype)).sum(),
+                                   (x, r, w))
+    ours = second(lambda a, b, c: cn.rms_norm(a, c, 1e-6, mode=mode, residual=b), x, r, w)
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    ref = second(lambda a, b, c: (F.rms_norm(a + b, (N,), c, 1e-6), a + b), x64, r64, w64)
+    for a, e, name in zip(ours, ref, ("x", "r", "w")):
+        assert a is not None and torch.isfinite(a).all(), f"{mode} d{name}: missing or non-finite [seed {seed}]"
+        err = (a.double() - e).abs().max().item()
+        assert err <= RTOL * e.abs().max().item(), f"{mode} residual d{name}: max error {err:.3g} [seed {seed}]"
