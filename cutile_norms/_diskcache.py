@@ -56,18 +56,37 @@ def cache_dir() -> Path | None:
 
 
 def point_cutile_cache() -> None:
-    """cuTile's own disk cache in a folder of ours, unless the user chose one (before cuda.tile runs)."""
+    """cuTile's own disk cache in a folder of ours, unless the user set CUDA_TILE_CACHE_DIR (to anything,
+    the empty string, cuTile's off switch, included), before cuda.tile runs."""
     root = cache_dir()
-    if root is not None and not os.environ.get("CUDA_TILE_CACHE_DIR"):
+    if root is not None and "CUDA_TILE_CACHE_DIR" not in os.environ:
         os.environ["CUDA_TILE_CACHE_DIR"] = str(root / "cutile")
 
 
 @functools.lru_cache(maxsize=None)
+def max_bytes() -> float:
+    """CUTILE_NORMS_CACHE_MAX_MB in bytes (read once; a value that is not a number: the default, one warning)."""
+    raw = os.environ.get(ENV_MAX_MB, str(DEFAULT_MAX_MB))
+    try:
+        value = float(raw)
+        if not value > 0:
+            raise ValueError
+    except ValueError:
+        warnings.warn(f"cutile_norms: {ENV_MAX_MB}={raw!r} is not a positive number of MiB; using {DEFAULT_MAX_MB}",
+                      stacklevel=2)
+        value = DEFAULT_MAX_MB
+    return value * 2 ** 20
+
+
+@functools.lru_cache(maxsize=None)
 def _cute_fingerprint() -> str:
-    """The package version, CuTe DSL's version and the package's CuTe sources, hashed."""
+    """The package version, CuTe DSL's version, its CUTE_DSL_* settings (the target arch, debug, line
+    info, optimisation level, assertions: any may change the binary) and the package's CuTe sources,
+    hashed."""
     from . import __version__
 
     h = hashlib.sha256(__version__.encode())
+    h.update(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))).encode())
     for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base"):
         try:
             h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
@@ -80,14 +99,28 @@ def _cute_fingerprint() -> str:
     return h.hexdigest()
 
 
-def cute_entry(arch: str, key: tuple) -> tuple[Path, str] | None:
-    """(the object file, its exported function name) for a CuTe compile key on `arch`, or None when
-    the cache is off."""
+def cute_entry(arch: str | None, key: tuple) -> tuple[Path, str] | None:
+    """(the object file, its exported function name) for a CuTe compile key on `arch` (None: what
+    cute.compile targets by default: CUTE_DSL_ARCH if set, else the current GPU's), or None when the
+    cache is off."""
     root = cache_dir()
     if root is None:
         return None
+    if arch is None:
+        arch = os.environ.get("CUTE_DSL_ARCH") or _current_arch()
     digest = hashlib.sha256(f"{_cute_fingerprint()}|{arch}|{key!r}".encode()).hexdigest()[:32]
     return root / "cute" / f"{digest}.o", f"cutile_norms_{digest}"
+
+
+def _current_arch() -> str:
+    """The arch cute.compile targets by default: the current GPU's ("sm_90a" on Hopper), or, with no
+    GPU, its own default (a fixed name here: the same environment gives the same binary)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cute-default-without-gpu"
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}a"
 
 
 def load_cute(entry: tuple[Path, str]):
@@ -124,18 +157,20 @@ def store_cute(entry: tuple[Path, str], fn) -> None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+        evict(path.parent)
     except Exception as exc:  # noqa: BLE001 -- the kernel runs; only the next process compiles again
         warnings.warn(f"cutile_norms: could not store a compiled kernel in {path.parent} ({type(exc).__name__}: "
                       f"{exc})", stacklevel=3)
-        return
-    evict(path.parent)
 
 
 def evict(folder: Path) -> None:
-    """Past the size bound, the least recently used objects go until 3/4 of it is left."""
-    limit = float(os.environ.get(ENV_MAX_MB, DEFAULT_MAX_MB)) * 2 ** 20
+    """Past the size bound, the least recently used objects go until 3/4 of it is left (entries only:
+    another writer's temporary `.name-*.o` files are left alone)."""
+    limit = max_bytes()
     files = []
     for p in folder.glob("*.o"):
+        if p.name.startswith("."):
+            continue
         try:
             st = p.stat()
         except FileNotFoundError:  # another process evicted it

@@ -182,7 +182,9 @@ def _backward(ctx, dy, dh, _drstd):
         N = h.shape[-1]
         h2d = h.reshape(-1, N)
         rstd_graph = torch.rsqrt(h2d.float().square().mean(dim=-1) + ctx.eps)
-        g2d, dw = rms_norm_backward(dy.reshape(-1, N), h2d, weight, rstd_graph, ctx.offset, need_dw=need_dw)
+        # on h in fp32 (a 16-bit h is widened exactly), so the grad is rounded once, to grad_dtype, as the
+        # first-order path rounds it
+        g2d, dw = rms_norm_backward(dy.reshape(-1, N), h2d.float(), weight, rstd_graph, ctx.offset, need_dw=need_dw)
         g = g2d.reshape(h.shape).to(grad_dtype(dy.dtype, h.dtype))
         if dh is not None:
             g = g + dh.to(g.dtype)

@@ -45,14 +45,23 @@ def row_counts(lo: int, hi: int) -> list[int]:
 def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: torch.dtype | str | None = "same",
            backward: bool = True, mode: str | None = None, offset: float = 0.0, device=None,
            max_elements: int = MAX_ELEMENTS, verbose: bool = True) -> list[dict]:
-    """Run `rms_norm` (no grad, and with grad then its backward where `backward`) once per width of
-    `widths`, dtype of `dtypes` and row count of `row_counts(*rows)` on `device` (default: the current
-    GPU). weight_dtype: "same" (x's), a dtype, or None (no weight). Prints a line per width and dtype
-    (what ran, the time, the CuTe compiles) unless verbose=False; returns those records. Row counts
-    whose x would pass `max_elements` are skipped and listed (their kernels compile on first use)."""
+    """Run `rms_norm` (no grad; with grad then its backward, once with the weight trained and once
+    frozen, where `backward`) once per width of `widths`, dtype of `dtypes` and row count of
+    `row_counts(*rows)` on `device` (default: the current GPU), for contiguous rows and the given
+    `offset` and `mode`. weight_dtype: "same" (x's), a dtype, or None (no weight). Prints a line per
+    width and dtype (what ran, the time, the CuTe compiles) unless verbose=False; returns those records.
+    Row counts whose x would pass `max_elements` are skipped and listed (their kernels compile on first
+    use), as do other row strides, offsets and modes, the residual add and the FP8 output."""
     widths = [int(n) for n in ([widths] if isinstance(widths, int) else widths)]
     if not widths or any(n < 1 for n in widths):
         raise ValueError(f"widths must be positive row widths, got {widths}")
+    dtypes = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
+    if not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise TypeError(f"dtypes must be a torch.dtype or a sequence of them, got {dtypes!r}")
+    if not (weight_dtype == "same" or weight_dtype is None or isinstance(weight_dtype, torch.dtype)):
+        raise TypeError(f'weight_dtype must be "same", None or a torch.dtype, got {weight_dtype!r}')
+    if not (isinstance(rows, (tuple, list)) and len(rows) == 2 and all(isinstance(r, int) for r in rows)):
+        raise ValueError(f"rows must be (lo, hi) row counts, got {rows!r}")
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     ms = row_counts(*rows)
@@ -70,10 +79,10 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
                 x = torch.randn(M, N, device=device, dtype=dtype)
                 with torch.no_grad():
                     rms_norm(x, w, mode=mode, offset=offset)
-                if backward:
+                if backward:  # the weight trained, then frozen (its grad not asked for: another kernel)
                     xg = x.requires_grad_()
-                    wg = None if w is None else w.detach().requires_grad_()
-                    rms_norm(xg, wg, mode=mode, offset=offset).backward(torch.randn_like(x))
+                    for wg in ([w.detach().requires_grad_(), w] if w is not None else [None]):
+                        rms_norm(xg, wg, mode=mode, offset=offset).backward(torch.randn_like(x))
                 ran.append(M)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

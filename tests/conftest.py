@@ -6,15 +6,21 @@ compares against the fp64 reference with the per-dtype tolerances below; NaN nev
 """
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
 import tempfile
 
 import pytest
 import torch
 
 # The compile cache on disk (cutile_norms/_diskcache.py) in a folder of this run's, not the user's
-os.environ.setdefault("CUTILE_NORMS_CACHE_DIR", tempfile.mkdtemp(prefix="cutile_norms_test_cache_"))
+# (tests/run_sharded.py sets one for all its shards, so they share cuTile's and CuTe's compiles);
+# a folder made here is removed at exit
+if "CUTILE_NORMS_CACHE_DIR" not in os.environ:
+    os.environ["CUTILE_NORMS_CACHE_DIR"] = tempfile.mkdtemp(prefix="cutile_norms_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["CUTILE_NORMS_CACHE_DIR"], ignore_errors=True)
 
 # Without a GPU, Triton runs its kernels in its interpreter on CPU tensors (tests/triton/): set before
 # anything imports triton's jit

@@ -2,7 +2,8 @@
 tests marked `big` alone, then the shards' failures again one by one with the whole GPU (a shard has
 1/K of its memory: a full-size test that ran out of memory there is judged by its serial rerun). With
 several GPUs the shards spread over them, one GPU each; the `big` tests then see every GPU. On the GPU machines the suite's time is mostly cuTile compiles, which run
-on the CPU (16 cores there): shards share cuTile's disk cache (CUDA_TILE_CACHE_DIR).
+on the CPU (16 cores there): shards share one compile cache on disk (CUTILE_NORMS_CACHE_DIR, which
+holds cuTile's cache too unless CUDA_TILE_CACHE_DIR is set).
 
     python tests/run_sharded.py --shards 8 --logs $OUT -- -m gpu tests/
 
@@ -11,9 +12,12 @@ Prints each shard's summary line and the failures; exits 1 if any shard failed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +44,10 @@ def main(argv=None) -> int:
     p.add_argument("pytest_args", nargs="*")
     args = p.parse_args(argv)
     os.makedirs(args.logs, exist_ok=True)
+    # one compile cache on disk for every shard (cuTile's and CuTe's compiles shared), removed at the end
+    if "CUTILE_NORMS_CACHE_DIR" not in os.environ:
+        os.environ["CUTILE_NORMS_CACHE_DIR"] = tempfile.mkdtemp(prefix="cutile_norms_shards_cache_")
+        atexit.register(shutil.rmtree, os.environ["CUTILE_NORMS_CACHE_DIR"], ignore_errors=True)
     # one fuzz seed for every shard (tests/test_fuzz.py draws its cases from it at collection)
     os.environ.setdefault("CUTILE_NORMS_FUZZ_SEED", str(int.from_bytes(os.urandom(4), "little") >> 1))
     print(f"CUTILE_NORMS_FUZZ_SEED={os.environ['CUTILE_NORMS_FUZZ_SEED']}", flush=True)

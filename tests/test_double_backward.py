@@ -74,3 +74,21 @@ def test_second_order_through_the_residual_add(seed, device, mode):
         assert a is not None and torch.isfinite(a).all(), f"{mode} d{name}: missing or non-finite [seed {seed}]"
         err = (a.double() - e).abs().max().item()
         assert err <= RTOL * e.abs().max().item(), f"{mode} residual d{name}: max error {err:.3g} [seed {seed}]"
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+def test_first_order_grads_agree_with_and_without_a_graph(seed, device, mode):
+    """fp32 x over a bf16 residual stream: create_graph=True gives the same first-order grads as the
+    kernels (each rounded once to the grad's dtype: fp32 here, so only fp32 rounding apart)."""
+    x = random_rows((6, 512), torch.float32, device).requires_grad_()
+    r = random_rows((6, 512), torch.bfloat16, device).requires_grad_()
+    w = random_weight(512, torch.float32, device).requires_grad_()
+    dy, dh = torch.randn(6, 512, device=device), torch.randn(6, 512, device=device, dtype=torch.bfloat16)
+    grads = []
+    for graph in (False, True):
+        y, h = cn.rms_norm(x, w, 1e-6, mode=mode, residual=r, residual_dtype=torch.bfloat16)
+        grads.append(torch.autograd.grad((y, h), (x, r, w), (dy, dh), create_graph=graph))
+    for a, b, name in zip(*grads, ("x", "r", "w")):
+        assert a.dtype == b.dtype, f"{mode} d{name}: {a.dtype} against {b.dtype}"
+        tol = dict(rtol=1e-4, atol=1e-5) if a.dtype == torch.float32 else dict(rtol=2 ** -7, atol=1e-3)
+        torch.testing.assert_close(b.detach(), a, **tol, msg=lambda m, n=name: f"{mode} d{n} [seed {seed}]: {m}")

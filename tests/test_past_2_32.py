@@ -121,6 +121,8 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
     monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1" if fused else "0")
     x, r, w, _, _, rows = big_inputs
     M, N = x.shape
+    if fused and N > dispatch.FUSED_ADD_MAX_N:
+        pytest.skip(f"rows past {dispatch.FUSED_ADD_MAX_N} elements run unfused (the unfused case covers them)")
     tag = f"residual {'fused' if fused else 'unfused'} x=bf16[{M}, {N}]"
     xg, rg, wg = x.detach().requires_grad_(), r.detach().requires_grad_(), w.detach().clone().requires_grad_()
     y, h = cn.rms_norm(xg, wg, EPS, residual=rg)

@@ -10,7 +10,9 @@ LlamaForCausalLM / Qwen3ForCausalLM / GemmaForCausalLM get the same check (no do
 from __future__ import annotations
 
 import copy
+import io
 import math
+import warnings
 
 import pytest
 import torch
@@ -477,6 +479,48 @@ def test_hf_fuse_residual_matches_and_runs_the_fused_op(seed, family, add_calls)
     assert_same_outputs_and_grads(model, patched, lambda: torch.randn(2, 9, 64), f"{family} fused [seed {seed}]",
                                   call=lambda m, embeds: m(inputs_embeds=embeds).logits)
     assert len(add_calls) == 2  # one forward of two layers (the reference model never calls it)
+
+
+def test_hf_fuse_residual_keeps_checkpointing_copies_and_the_cache(seed, add_calls):
+    """The fused layers stay what the model expects: gradient checkpointing still wraps them (the
+    same number of checkpointed calls, the same grads), a deep copy runs its own weights, torch.save
+    works, and the KV cache passed under transformers' deprecated keyword still fills."""
+    transformers = pytest.importorskip("transformers")
+    model = randomise_norm_weights(_tiny_hf_model("llama"))
+    ids = torch.randint(0, 128, (2, 9))
+    counts, grads = [], []
+    for fuse in (False, True):
+        m = copy.deepcopy(model)
+        m.gradient_checkpointing_enable()
+        m.train()
+        cn.patch(m, fuse_residual=fuse)
+        calls = []
+        for layer in m.model.layers:
+            real = layer._gradient_checkpointing_func
+            layer._gradient_checkpointing_func = (lambda real: lambda *a, **k: (calls.append(1), real(*a, **k))[1])(real)
+        m(input_ids=ids, labels=ids).loss.backward()
+        counts.append(len(calls))
+        grads.append(m.model.layers[0].post_attention_layernorm.weight.grad)
+    assert counts == [2, 2], counts
+    torch.testing.assert_close(grads[1], grads[0], **FP32_GRAD)
+    patched, _ = patch_copy(model, fuse_residual=True)
+    twin = copy.deepcopy(patched)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+        x = torch.ones(1, 3, 64)
+        pos = torch.arange(3)[None]
+        rope = twin.model.rotary_emb(x, pos)
+        assert torch.equal(twin.model.layers[0](x, position_ids=pos, position_embeddings=rope), x)  # zero weights
+    torch.save(patched, io.BytesIO())
+    cache = transformers.DynamicCache()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x = torch.randn(1, 5, 64)
+        pos = torch.arange(5)[None]
+        patched.model.layers[0](x, position_ids=pos, position_embeddings=patched.model.rotary_emb(x, pos),
+                                past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 5
 
 
 def test_hf_fuse_residual_leaves_other_layer_shapes_alone(add_calls):

@@ -30,10 +30,22 @@ def test_records_and_skips_on_the_cpu(capsys):
     assert "N=64 float32 rows 1..256" in out and "skipped rows [300]" in out
 
 
-def test_bad_widths_are_refused():
+def test_bad_arguments_are_refused():
     for bad in ([], [0], [-8]):
         with pytest.raises(ValueError, match="widths must be"):
             cn.warmup(bad, device="cpu")
+    with pytest.raises(TypeError, match="dtypes must be"):
+        cn.warmup([64], dtypes=("float32",), device="cpu")
+    with pytest.raises(TypeError, match="weight_dtype must be"):
+        cn.warmup([64], weight_dtype="float32", device="cpu")
+    with pytest.raises(ValueError, match="rows must be"):
+        cn.warmup([64], rows=8, device="cpu")
+
+
+def test_one_dtype_and_no_weight(capsys):
+    recs = cn.warmup(64, dtypes=torch.float32, rows=(2, 4), weight_dtype=None, device="cpu", verbose=False)
+    assert [(r["N"], r["dtype"], r["rows"]) for r in recs] == [(64, "float32", [2, 4])]
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.gpu

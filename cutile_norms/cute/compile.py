@@ -37,13 +37,6 @@ def compile_options(arch: str | None, keep_ptx: bool) -> str:
     return options
 
 
-def current_arch() -> str:
-    """The arch cute.compile targets on the current GPU ("sm_90a" on Hopper: the arch-specific
-    features the kernels use)."""
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}a"
-
-
 class CompileCache:
     """Compiled kernels by key, built on first use: from this process's dict, else from the disk
     cache (cutile_norms/_diskcache.py), else compiled (and stored there). `count`: compiles in this
@@ -56,11 +49,11 @@ class CompileCache:
         self.loaded = 0
 
     def get(self, key: Hashable, build: Callable[[], object], arch: str | None = None, persist: bool = True):
-        """`arch`: the target the key compiles for (None: the current GPU's); `persist`: whether the
-        result may go to disk (False for builds that keep their PTX for inspection)."""
+        """`arch`: the target the key compiles for (None: cute.compile's default target); `persist`:
+        whether the result may go to disk (False for builds that keep their PTX for inspection)."""
         fn = self._compiled.get(key)
         if fn is None:
-            entry = _diskcache.cute_entry(arch or current_arch(), key) if persist else None
+            entry = _diskcache.cute_entry(arch, key) if persist else None
             fn = _diskcache.load_cute(entry) if entry is not None else None
             if fn is not None:
                 self.loaded += 1
