@@ -25,6 +25,7 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -83,9 +84,8 @@ def _cute_fingerprint() -> str:
     """The package version, CuTe DSL's version, its CUTE_DSL_* settings (the target arch, debug, line
     info, optimisation level, assertions: any may change the binary) and the package's CuTe sources,
     hashed."""
-    from . import __version__
-
-    h = hashlib.sha256(__version__.encode())
+    package = sys.modules.get(__package__)  # (imported by now: this runs at a kernel's first compile)
+    h = hashlib.sha256(str(getattr(package, "__version__", "?")).encode())
     h.update(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))).encode())
     for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base"):
         try:

@@ -29,8 +29,9 @@ Contract:
     module shared under two names is swapped for one replacement, listed under both names).
   * fuse_residual=True (opt in): a decoder layer whose forward is Hugging Face's pre-norm block (Llama,
     Mistral, Qwen2/3, Gemma) runs its attention residual add fused into the norm after it; the layer
-    keeps its class and parameters and gains an instance-level forward (cutile_norms/fuse_residual.py
-    says what is recognised and what is not). Listed as (layer name, class name + " (residual add fused)").
+    keeps its parameters and moves to a subclass of its class (same name) whose forward is its own
+    source with the add fused (cutile_norms/fuse_residual.py says what is recognised and what is not).
+    Listed as (layer name, class name + " (residual add fused)").
 
 Numerics: cutile_norms.RMSNorm computes x * rsqrt(mean(x^2) + eps) * (offset + w) in fp32 and rounds once to
 x's dtype. HF's Llama-style norm rounds the normalized x to the input dtype before multiplying by the weight

@@ -13,7 +13,7 @@ from typing import Callable, Hashable
 
 import torch
 
-from .. import _diskcache
+from .._diskcache import cute_entry, load_cute, store_cute
 
 _CUTLASS_DTYPES: dict = {}
 
@@ -53,14 +53,14 @@ class CompileCache:
         whether the result may go to disk (False for builds that keep their PTX for inspection)."""
         fn = self._compiled.get(key)
         if fn is None:
-            entry = _diskcache.cute_entry(arch, key) if persist else None
-            fn = _diskcache.load_cute(entry) if entry is not None else None
+            entry = cute_entry(arch, key) if persist else None
+            fn = load_cute(entry) if entry is not None else None
             if fn is not None:
                 self.loaded += 1
             else:
                 fn = build()
                 self.count += 1
                 if entry is not None:
-                    _diskcache.store_cute(entry, fn)
+                    store_cute(entry, fn)
             self._compiled[key] = fn
         return fn
