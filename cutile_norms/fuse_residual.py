@@ -94,6 +94,7 @@ def add_norm(norm, attn: torch.Tensor, residual: torch.Tensor):
 
 
 _HELPER = "_cutile_norms_add_norm"
+_cutile_norms_add_norm = add_norm  # the name the fused forwards call it by
 _FUSED: dict = {}  # original class -> its fused subclass (or None: not fusable)
 
 
@@ -109,7 +110,9 @@ def fused_class(cls):
         if tree is None or getattr(raw, "__module__", None) not in sys.modules:
             _FUSED[cls] = None
         else:
-            namespace = dict(vars(sys.modules[raw.__module__]), **{_HELPER: add_norm})
+            # the class's module's names (its decorators), under this module's name: the new forward's
+            # only global, the helper, is found here by name (torch.compile looks globals up by module)
+            namespace = dict(vars(sys.modules[raw.__module__]), __name__=__name__, **{_HELPER: add_norm})
             exec(compile(tree, f"<cutile_norms: {cls.__qualname__}.forward, residual add fused>", "exec"), namespace)
             qualname = "Fused_" + f"{cls.__module__}.{cls.__qualname__}".replace(".", "_")
             fused = type(cls.__name__, (cls,), {"forward": namespace[raw.__name__], "__module__": __name__,

@@ -523,6 +523,22 @@ def test_hf_fuse_residual_keeps_checkpointing_copies_and_the_cache(seed, add_cal
     assert cache.get_seq_length() == 5
 
 
+def test_hf_fuse_residual_under_torch_compile(seed):
+    """torch.compile(fullgraph=True) of a fused-patched model: the graph holds the fused op, logits match."""
+    model = randomise_norm_weights(_tiny_hf_model("qwen3"))
+    patched, _ = patch_copy(model, fuse_residual=True)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm
+    compiled = torch.compile(patched, backend=backend, fullgraph=True)
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits, **FP32_OUT)
+    assert sum(g.count("cutile_norms.add_rms_norm_fwd") for g in graphs) == 2, "the fused op is not in the graph"
+
+
 def test_hf_fuse_residual_leaves_other_layer_shapes_alone(add_calls):
     """Gemma 3's layers (four norms, the add after a norm) and a subclass whose forward adds a
     statement are not fused; the norms are still swapped."""
