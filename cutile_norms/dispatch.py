@@ -344,8 +344,9 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 
 # The residual add (rms_norm(..., residual=r)): fused into the norm by the Triton kernel in
 # experimental/ (x and r read once, h and y written once) where the user opted in to experimental
-# kernels, Triton runs here and rows have up to FUSED_ADD_MAX_N elements; everywhere else the add runs as one torch.add into h before the norm
-# kernel `resolve` picks for h (a full extra pass over h: 5 M N e bytes instead of 4). The backward:
+# kernels, Triton runs here and rows have up to FUSED_ADD_MAX_N elements; everywhere else the add runs
+# as one torch.add into h before the norm kernel `resolve` picks for h (a full extra pass over h:
+# 5 M N e bytes instead of 4). The backward:
 # the fused Triton kernel under the same conditions for rows up to FUSED_ADD_BWD_MAX_N, else the
 # norm's backward kernel on h, then the grad flowing into h from later layers added.
 FUSED_ADD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_norm_fwd"

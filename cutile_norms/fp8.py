@@ -8,8 +8,9 @@
 Contract:
   * y = h * rsqrt(mean(h^2) + eps) * (offset + w) in fp32 (h = x, or x + residual as `rms_norm`'s
     residual add defines it), never rounded to 16 bits; q = fp8(clamp(y * (1 / s), -max, max)), the
-    reciprocal by IEEE division once per scale, round to nearest even (`reference.fp8_quantize`). out_dtype: torch.float8_e4m3fn (max 448) or
-    torch.float8_e5m2 (max 57344); dequantize as q.float() * s.
+    reciprocal by IEEE division once per scale, round to nearest even (`reference.fp8_quantize`).
+    out_dtype: torch.float8_e4m3fn (max 448) or torch.float8_e5m2 (max 57344); dequantize as
+    q.float() * s.
   * Scales (fp32): `scale` given (a float or a one-element fp32 tensor): returned as given. Else per
     token: [..., 1], s = max(min(amax, scale_ub), 1e-12) / max (`reference.fp8_scale`; scale_ub an
     optional upper bound on the amax, vLLM's). group_size=g (a power of two dividing N): [..., N / g],

@@ -4,11 +4,13 @@ widths, dtypes and a row range, forward and backward, so that no call in that ra
 Kernels are compiled per (dtypes, N, launch config, flags) with M symbolic. In the shipped tables the
 mode mode=None picks does not depend on M and the configs depend on N and the dtypes, with M = 1 apart
 (its row stride is N); one call at each power of two in the range (and at its ends) also meets every
-band of M a later table may add, as long as the band contains a power of two. Each call runs on real tensors of that shape: the compile cache on disk
-(cutile_norms/_diskcache.py) then holds them for the next process too.
+band of M a later table may add, as long as the band contains a power of two. Each call runs on real
+tensors of that shape: the compile cache on disk (cutile_norms/_diskcache.py) then holds them for the
+next process too.
 """
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -20,8 +22,6 @@ MAX_ELEMENTS = 1 << 28  # a warm-up call's x at most this big (512 MiB of bf16):
 
 def _compiles() -> int:
     """CuTe DSL compiles in this process so far (cuTile and Triton keep their own counts)."""
-    import sys
-
     count = 0
     for name in ("cutile_norms.cute.rmsnorm_fwd", "cutile_norms.cute.rmsnorm_bwd"):
         module = sys.modules.get(name)

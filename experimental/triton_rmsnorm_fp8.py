@@ -51,7 +51,8 @@ def _quantize(y, inv, TOP: tl.constexpr):
 @triton.jit
 def _row_chunk(X, R, W, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr, HAS_W: tl.constexpr,
                H_DTYPE: tl.constexpr):
-    """(h as stored in fp32, the weight (+ offset) in fp32 or None, the mask) at `cols` of `rows`."""
+    """(h as stored in fp32, the weight (+ offset) in fp32 (without one: `offset`, unused), the mask) at
+    `cols` of `rows`."""
     ok = cols < N
     mask = row_ok[:, None] & ok[None, :]
     hf = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -62,6 +63,15 @@ def _row_chunk(X, R, W, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R
     if HAS_W:
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
     return hf, w, mask
+
+
+@triton.jit
+def _normed(hf, rstd, w, HAS_W: tl.constexpr):
+    """y = h * rstd * (offset + w) in fp32, in this order (the reference's)."""
+    y = hf * rstd[:, None]
+    if HAS_W:
+        y = y * w[None, :]
+    return y
 
 
 @triton.jit
@@ -95,9 +105,7 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
             if CHUNKS > 1:  # (one chunk: hf and w are the first pass's, still in registers)
                 hf, w, mask = _row_chunk(X, R, W, rows, row_ok, c * BLOCK_N + lanes, stride_x, stride_r, N, offset,
                                          HAS_R, HAS_W, H_DTYPE)
-            y = hf * rstd[:, None]
-            if HAS_W:
-                y = y * w[None, :]
+            y = _normed(hf, rstd, w, HAS_W)
             amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
             nan += tl.sum((y != y).to(tl.int32), axis=1)
         s = _scale_of(amax, nan > 0, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
@@ -107,9 +115,7 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
         cols = c * BLOCK_N + lanes
         if CHUNKS > 1:
             hf, w, mask = _row_chunk(X, R, W, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R, HAS_W, H_DTYPE)
-        y = hf * rstd[:, None]
-        if HAS_W:
-            y = y * w[None, :]
+        y = _normed(hf, rstd, w, HAS_W)
         if GROUP == 0 or STATIC:
             q = _quantize(y, inv_row[:, None], TOP)
         else:  # one scale per 1 x GROUP columns: the chunk holds whole groups
@@ -127,8 +133,8 @@ def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int]:
     """(BLOCK_N, CHUNKS, ROWS, num_warps). Measured on an H100, bf16, per-token scales, 2^27 elements,
     ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`,
     2026-11-25): 32 values per thread and about 4096 elements per program were best at every power of
-    two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps 0.835), 8 or 64 values per
-    thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran 0.68 (5120) and 0.71
+    two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps
+    0.835), 8 or 64 values per thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran 0.68 (5120) and 0.71
     (12288) at its best padded config; those rows go in chunks (2048 below 6144, else 4096), predicted
     near the Triton forward's two-pass rows (0.98 at 5120). Measured (`python bench/residual.py
     --parts fp8`): per-token 0.54-0.70 at 2560-12288 (three passes, two of them re-reading x from L2),
@@ -170,7 +176,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         x2d, r2d if r2d is not None else x2d, weight if weight is not None else rstd, q,
         h if h is not None else q, scales, scale if scale is not None else rstd, rstd, M, sx, sr, eps, offset,
         float(scale_ub) if scale_ub is not None else 0.0, N,
-        BLOCK_N=block, CHUNKS=chunks, ROWS=rows, GROUP=group_size or 0, STATIC=scale is not None, HAS_R=r2d is not None,
-        HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0, TOP=FP8_MAX[out_dtype],
+        BLOCK_N=block, CHUNKS=chunks, ROWS=rows, GROUP=group_size or 0, STATIC=scale is not None,
+        HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0, TOP=FP8_MAX[out_dtype],
         MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)
     return q, scales, h, rstd
