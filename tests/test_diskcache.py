@@ -152,12 +152,14 @@ def test_keys_separate_what_changes_the_binary(tmp_path, monkeypatch):
         _diskcache.cache_dir.cache_clear()
 
 
+# 32 KiB bf16 rows: the forward and the backward are both CuTe DSL kernels (the backward takes rows
+# from dispatch.CUTE_BWD_MIN_BYTES), so the first process compiles two and the second loads both.
 GPU_CHILD = r"""
 import json, torch, cutile_norms as cn
 from cutile_norms.cute import rmsnorm_bwd as B, rmsnorm_fwd as F
 torch.manual_seed(0)
-x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-w = (1 + 0.1 * torch.randn(4096, device="cuda")).to(torch.bfloat16).requires_grad_()
+x = torch.randn(300, 16384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+w = (1 + 0.1 * torch.randn(16384, device="cuda")).to(torch.bfloat16).requires_grad_()
 y = cn.rms_norm(x, w, mode="tma_smem_cached")
 y.backward(torch.ones_like(y))
 x64, w64 = x.detach().double(), w.detach().double()

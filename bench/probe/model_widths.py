@@ -45,10 +45,13 @@ FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
     "tma slice 64K": dict(slice_bytes=64 * 1024),
     "tma slice 64K v16": dict(slice_bytes=64 * 1024, vecs_per_thread=16),
     "tma slice 128K": dict(slice_bytes=128 * 1024),
+    "tma 1-CTA 128": dict(one_cta_threads=128),
+    "tma 1-CTA 256": dict(one_cta_threads=256),
+    "tma 1-CTA 512": dict(one_cta_threads=512),
 }
 
 
-def forward_fns(x, w, dev):
+def forward_fns(x, w, dev, kernels: set | None = None):
     fns = {"None": lambda: cn.rms_norm(x, w, 1e-6)}
     for mode in dispatch.modes_of("cutile") + dispatch.modes_of("triton"):
         backend = dispatch.backend(mode)
@@ -57,6 +60,8 @@ def forward_fns(x, w, dev):
     seen = set()
     if cute_fwd.TMA_SMEM_CACHED.unsupported(x) is None:
         for name, kw in {"tma analytic": {}, **FWD_CANDIDATES}.items():
+            if kernels is not None and name not in kernels:
+                continue  # before the dedup: a chosen candidate is never dropped for an unchosen twin
             cfg = fwd_config(N, e, **kw)
             if cfg is not None and cfg not in seen:
                 seen.add(cfg)
@@ -127,7 +132,7 @@ def main() -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
         row = {}
         if args.only in (None, "fwd"):
-            fns = pick(forward_fns(x, w, dev), args.kernels)
+            fns = pick(forward_fns(x, w, dev, args.kernels), args.kernels)
             for k in list(fns):
                 wrong = check_output(fns[k]()[-64:], x[-64:], w, 1e-6)
                 if wrong:

@@ -64,14 +64,26 @@ class FwdConfig:
 #     CTA of such a cluster holds one short slice of one row and leaves: its fixed costs, the cluster
 #     barrier, the exchange and its own copy of the weight's slice, are not spread over enough bytes);
 #     `python bench/probe/model_widths.py --only fwd`. A CTA of up to 48 KiB leaves room for four per SM.
-#   * such a row's threads: the power of two (128-1024) whose vectors tile the row with the fewest
-#     padding vectors (at most 16 per thread), ties to the one nearest VECS_PER_THREAD per thread:
-#     N = 18432 as 256 threads x 9 vectors (no padding) 0.970 against 512 x 5 (256 padding vectors,
-#     predicated off) 0.950, same H200 run.
+#   * such a row's threads: 16-bit rows take ONE_CTA_THREADS_16 threads, as many vectors each as the
+#     row needs (9-24). Wider CTAs with padding vectors fell off a cliff between the measured widths:
+#     bf16 N = 20760 / 22760 / 23648 / 23800 as 512 threads x 6 vectors (or 256 x 12) measured
+#     0.639 / 0.675 / 0.717 / 0.694 x copy on an H200 and 0.836 / 0.876 / 0.911 / 0.891 on an H100,
+#     against 0.970 / 0.901 / 0.879 / 0.853 and 0.994 / 0.953 / 0.918 / 0.913 with 128 threads; at
+#     widths without padding (20480, 24576) the thread count made no difference (within 0.6 %).
+#     ptxas: a padded 512 x 6 takes 77 registers per thread against 46 unpadded (the predicated last
+#     store splits the kernel into blocks and its bf16 conversions into scalar ones): one CTA per SM
+#     instead of two. 128 threads x 21-24 vectors spill 12-144 bytes per thread and still measure
+#     ahead. `python bench/probe/model_widths.py --only fwd --kernels "tma analytic,tma 1-CTA 256,
+#     tma 1-CTA 512,..."` (docs/performance.md 2.11).
+#   * fp32 rows keep the power of two (128-1024) whose vectors tile the row with the fewest padding
+#     vectors (at most 16 per thread), ties to the one nearest VECS_PER_THREAD per thread: they have
+#     half the values per vector, and N = 8288 / 12256 as 512 x 5 / 512 x 6 (padded) measured 1.002 /
+#     0.997 (H100) and 0.987 / 0.978 (H200), against 0.995 / 0.993 and 0.973 / 0.957 with 128 threads.
 TILE_BYTES = 16 * 1024
 WIDE_SLICE_BYTES = 32 * 1024
 SLICE_BYTES = 16 * 1024
 ONE_CTA_BYTES = 48 * 1024
+ONE_CTA_THREADS_16 = 128  # see ONE_CTA_BYTES: 16-bit rows in one CTA
 CLUSTER_MAX = 16
 VECS_PER_THREAD = 8
 MAX_THREADS = 1024
@@ -82,13 +94,14 @@ SMEM_MAX = 227 * 1024  # a Hopper CTA's shared memory
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, min_threads: int = 128,
-                    cluster_max: int = CLUSTER_MAX) -> FwdConfig | None:
+                    cluster_max: int = CLUSTER_MAX, one_cta_threads: int | None = None) -> FwdConfig | None:
     """The config for rows of N elements of `elem_bytes`; None where no config fits (N too long for
-    CLUSTER_MAX CTAs' shared memory)."""
+    CLUSTER_MAX CTAs' shared memory). `one_cta_threads`: rows of SLICE_BYTES - ONE_CTA_BYTES over that
+    many threads whatever the dtype (the probe's candidates that back ONE_CTA_THREADS_16)."""
     vec = 16 // elem_bytes
     row_bytes = N * elem_bytes
     if slice_bytes == SLICE_BYTES and SLICE_BYTES < row_bytes <= ONE_CTA_BYTES:
-        return _one_cta_config(N, vec)
+        return _one_cta_config(N, vec, one_cta_threads)
     cluster_n = min(cluster_max, pow2_ceil(-(-row_bytes // slice_bytes)))
     if vecs_per_thread == VECS_PER_THREAD and 1 < cluster_n < 16:
         vecs_per_thread //= 2
@@ -114,10 +127,14 @@ def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice
     return cfg
 
 
-def _one_cta_config(N: int, vec: int) -> FwdConfig:
-    """A row of SLICE_BYTES - ONE_CTA_BYTES in one CTA: the thread count that pads the fewest vectors
-    (at most 16 per thread), ties to VECS_PER_THREAD per thread (see ONE_CTA_BYTES)."""
+def _one_cta_config(N: int, vec: int, threads: int | None = None) -> FwdConfig:
+    """A row of SLICE_BYTES - ONE_CTA_BYTES in one CTA (see ONE_CTA_BYTES): 16-bit rows over
+    ONE_CTA_THREADS_16 threads; fp32 rows over the thread count that pads the fewest vectors (at most
+    16 per thread), ties to VECS_PER_THREAD per thread."""
     vectors = -(-N // vec)
+    if threads is not None or vec == 8:
+        tpr = threads or ONE_CTA_THREADS_16
+        return FwdConfig(rows=1, rpg=1, tpr=tpr, nvb=-(-vectors // tpr), cluster_n=1, vec=vec)
     fits = [t for t in (128, 256, 512, 1024) if -(-vectors // t) <= 16]
     tpr = min(fits, key=lambda t: (t * -(-vectors // t) - vectors, abs(-(-vectors // t) - VECS_PER_THREAD)))
     return FwdConfig(rows=1, rpg=1, tpr=tpr, nvb=-(-vectors // tpr), cluster_n=1, vec=vec)
