@@ -35,7 +35,7 @@ import cutile_norms as cn  # noqa: E402
 from bench import anchors as anchor_registry  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms, gpu_us, per_call_us  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
-from cutile_norms._platform import gpu_model  # noqa: E402
+from cutile_norms.forward_table import write_rows  # noqa: E402
 from cutile_norms.reference import rms_norm_reference  # noqa: E402
 
 # the widths real models use (hidden sizes and head dims of Llama, Qwen, Mistral, Gemma, GPT, Grok,
@@ -330,60 +330,12 @@ def plot(result: dict, path: str) -> str | None:
     return None
 
 
-def band_rows(points: dict, elem_bytes: int) -> list[dict]:
-    """mode=None's rows from {N: {mode: ratio to copy}} by dispatch.FORWARD_RULE: per band of row bytes
-    (dispatch.FORWARD_BAND_EDGES), the mode whose worst ratio over the band's measured widths is the
-    highest, for every M."""
-    edges = [0, *dispatch.FORWARD_BAND_EDGES, 1 << 50]
-    rows = []
-    for lo, hi in zip(edges, edges[1:]):
-        ns = sorted(n for n in points if lo < n * elem_bytes <= hi)
-        common = set.intersection(*(set(points[n]) for n in ns)) if ns else set()
-        if not common:
-            continue
-        worst = {m: min(points[n][m] for n in ns) for m in common}
-        ranked = sorted(common, key=lambda m: (-worst[m], m))
-        best = ranked[0]
-        runner = f"; runner-up {ranked[1]} worst {worst[ranked[1]]:.3f}" if len(ranked) > 1 else ""
-        rows.append({"n_min": lo // elem_bytes + 1, "n_max": min(hi // elem_bytes, 1 << 40), "m_min": 1,
-                     "m_max": 1 << 40, "mode": best,
-                     "evidence": f"worst of {len(ns)} widths {worst[best]:.3f}x copy (N={ns[0]}..{ns[-1]}: "
-                                 + ", ".join(f"{n} {points[n][best]:.3f}" for n in ns) + f"){runner}"})
-    return rows
-
-
-def table_key_for(table: dict, arch: str, gpu: str) -> str:
-    """Where this GPU's rows go: the arch's table if it is this GPU's (or there is none yet), else
-    the model's own ("sm_90/H200")."""
-    src = table.get("source", {}).get(arch)
-    return arch if src is None or src.get("gpu") == gpu else f"{arch}/{gpu_model(gpu)}"
-
-
 def write_table(result: dict) -> str:
     """The mode=None table for this GPU model and dtype from the sweep's forward ratios of the stable
     modes (dispatch.FORWARD_RULE)."""
     points = {row["N"]: {r["impl"][3:]: r["fwd_vs_copy"] for r in row["impls"] if "fwd_vs_copy" in r}
               for row in result["sweep"]}
     return write_rows(points, result["dtype"], result["arch"], result["gpu"], result["command"], result["date"])
-
-
-def write_rows(points: dict, dtype: str, arch: str, gpu: str, command: str, date: str) -> str:
-    """Writes band_rows of {N: {mode: ratio}} (the stable modes' ratios to a copy; other keys are
-    ignored) into tuning/rmsnorm_fwd.json under this GPU's table key, with the command that measured them."""
-    candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
-    points = {n: {m: r for m, r in p.items() if m in candidates} for n, p in points.items()}
-    e = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    table = json.load(open(dispatch.TABLE_PATH)) if os.path.exists(dispatch.TABLE_PATH) else {"source": {}, "tables": {}}
-    key = table_key_for(table, arch, gpu)
-    table["tables"].setdefault(key, {})[dtype] = band_rows({n: p for n, p in points.items() if p}, e)
-    src = table["source"].setdefault(key, {})
-    src["gpu"] = gpu
-    src.setdefault("commands", {})[dtype] = {"command": command, "date": date}
-    os.makedirs(os.path.dirname(dispatch.TABLE_PATH), exist_ok=True)
-    with open(dispatch.TABLE_PATH, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    return dispatch.TABLE_PATH
 
 
 def main(argv=None) -> int:

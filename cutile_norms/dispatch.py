@@ -217,8 +217,8 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
     return _fallback(dev, tools, f"the measured table {key} has no row for {dname}, N={N}, M={M}{borrowed}")
 
 
-# FORWARD_RULE, how `python bench/rmsnorm.py --write-table` turns a sweep into rows (bench/rmsnorm.py,
-# write_table): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes
+# FORWARD_RULE, how `python bench/rmsnorm.py --write-table` turns a sweep into rows (forward_table.py,
+# band_rows): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes
 # the mode whose worst ratio to a copy over every width measured in it (the widths real models use
 # and the random ones of that run) is the highest, for every M. Why bands and not the nearest
 # measured width: inside a band the kernels keep their shape (tma_smem_cached holds a row in one

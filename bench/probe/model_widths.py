@@ -5,8 +5,9 @@ the CuTe DSL forward's config rule (cute/rmsnorm_fwd_config.py).
 
     python bench/probe/model_widths.py [--only fwd|bwd] [--ns ...] [--random 6] [--rounds 3] [--out F]
         [--kernels k1,k2,...]   (default: every kernel; names as printed, "None" = rms_norm with mode=None)
-    python bench/probe/model_widths.py --write-table OUT.json [--command "..."]
-        (mode=None's rows for that run's GPU and dtype from its forward ratios: bench/rmsnorm.py, write_rows)
+    python bench/probe/model_widths.py --write-table RUN.json[,RUN2.json...] [--command "..."]
+        (mode=None's rows for those runs' GPU and dtype from their forward ratios, a width measured in
+        several runs at its lowest: cutile_norms/forward_table.py)
 
 Bytes: forward = the copy's (read x, write y); backward = 1.5 x the copy's (read x, dy; write dx).
 Every output is checked against the fp32 reference (the last 64 rows) before it is timed.
@@ -28,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 from bench import anchors as anchor_registry  # noqa: E402
 from bench.probe.common import no_gpu, write_json  # noqa: E402
-from bench.rmsnorm import MODEL_NS, check_output, random_widths, write_rows  # noqa: E402
+from bench.rmsnorm import MODEL_NS, check_output, random_widths  # noqa: E402
 from bench.timing import ratios_to_copy  # noqa: E402
 import cutile_norms as cn  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
@@ -37,6 +38,7 @@ from cutile_norms.cute import rmsnorm_bwd as cute_bwd  # noqa: E402
 from cutile_norms.cute import rmsnorm_fwd as cute_fwd  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config as bwd_config  # noqa: E402
 from cutile_norms.cute.rmsnorm_fwd_config import analytic_config as fwd_config  # noqa: E402
+from cutile_norms.forward_table import merge_points, write_rows  # noqa: E402
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 ELEMENTS = 1 << 27
@@ -104,17 +106,21 @@ def main() -> int:
     p.add_argument("--only", choices=["fwd", "bwd"], default=None)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None)
-    p.add_argument("--write-table", default=None, metavar="JSON",
-                   help="write mode=None's rows from a finished run's --out JSON (no GPU needed)")
+    p.add_argument("--write-table", default=None, metavar="JSON[,JSON...]",
+                   help="write mode=None's rows from finished runs' --out JSONs of one GPU and dtype (no GPU needed)")
     p.add_argument("--command", default="python bench/probe/model_widths.py --only fwd",
                    help="with --write-table: the command that measured it (recorded beside the rows)")
     p.add_argument("--kernels", type=lambda s: set(v for v in s.split(",") if v), default=None,
                    help="only these kernels (and their anchors), by the names the table prints")
     args = p.parse_args()
     if args.write_table:
-        run = json.load(open(args.write_table))
+        runs = [json.load(open(f)) for f in args.write_table.split(",")]
+        run = runs[0]
+        if any((r["gpu"], r["dtype"]) != (run["gpu"], run["dtype"]) for r in runs):
+            sys.exit("--write-table: the runs are of different GPUs or dtypes")
         names = {"tma analytic": "tma_smem_cached"}  # the probe's name of the mode's own config
-        points = {int(n): {names.get(k, k): v for k, v in row["fwd"].items()} for n, row in run["rows"].items()}
+        points = merge_points([{n: {names.get(k, k): v for k, v in row.get("fwd", {}).items()}
+                                for n, row in r["rows"].items()} for r in runs])
         print(write_rows(points, run["dtype"], run.get("arch", "sm_90"), run["gpu"], args.command,
                          run.get("date", "?")))
         return 0

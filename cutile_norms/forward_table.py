@@ -1,0 +1,75 @@
+"""mode=None's forward table written from measurements: FORWARD_RULE (dispatch.py, above
+FORWARD_BAND_EDGES) applied to {N: {mode: ratio to a copy}}, and the rows stored in
+tuning/rmsnorm_fwd.json under the measured GPU's key. The bench (`bench/rmsnorm.py --write-table`) and
+the probe (`bench/probe/model_widths.py --write-table`) call it; dispatch.py reads what it wrote."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from . import dispatch
+from ._platform import gpu_model
+
+
+def merge_points(runs: list[dict]) -> dict:
+    """{N: {mode: ratio}} of several runs in one: a width and mode measured more than once keeps its
+    lowest ratio (the rule ranks worst cases)."""
+    out: dict = {}
+    for run in runs:
+        for n, ratios in run.items():
+            cur = out.setdefault(int(n), {})
+            for mode, r in ratios.items():
+                cur[mode] = min(r, cur.get(mode, r))
+    return out
+
+
+def band_rows(points: dict, elem_bytes: int) -> list[dict]:
+    """mode=None's rows from {N: {mode: ratio to copy}} by dispatch.FORWARD_RULE: per band of row bytes
+    (dispatch.FORWARD_BAND_EDGES), the mode whose worst ratio over the band's measured widths is the
+    highest, for every M. Only modes measured at every width of a band compete in it."""
+    edges = [0, *dispatch.FORWARD_BAND_EDGES, 1 << 50]
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        ns = sorted(n for n in points if lo < n * elem_bytes <= hi)
+        common = set.intersection(*(set(points[n]) for n in ns)) if ns else set()
+        if not common:
+            continue
+        worst = {m: min(points[n][m] for n in ns) for m in common}
+        ranked = sorted(common, key=lambda m: (-worst[m], m))
+        best = ranked[0]
+        runner = f"; runner-up {ranked[1]} worst {worst[ranked[1]]:.3f}" if len(ranked) > 1 else ""
+        rows.append({"n_min": lo // elem_bytes + 1, "n_max": min(hi // elem_bytes, 1 << 40), "m_min": 1,
+                     "m_max": 1 << 40, "mode": best,
+                     "evidence": f"worst of {len(ns)} widths {worst[best]:.3f}x copy (N={ns[0]}..{ns[-1]}: "
+                                 + ", ".join(f"{n} {points[n][best]:.3f}" for n in ns) + f"){runner}"})
+    return rows
+
+
+def table_key_for(table: dict, arch: str, gpu: str) -> str:
+    """Where this GPU's rows go: the arch's table if it is this GPU's (or there is none yet), else
+    the model's own ("sm_90/H200")."""
+    src = table.get("source", {}).get(arch)
+    return arch if src is None or src.get("gpu") == gpu else f"{arch}/{gpu_model(gpu)}"
+
+
+def write_rows(points: dict, dtype: str, arch: str, gpu: str, command: str, date: str) -> str:
+    """Writes band_rows of {N: {mode: ratio}} (the stable modes' ratios to a copy; other keys are
+    ignored) into tuning/rmsnorm_fwd.json under this GPU's table key, with the command that measured
+    them; returns the table's path."""
+    candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
+    points = {n: {m: r for m, r in p.items() if m in candidates} for n, p in points.items()}
+    e = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    path = dispatch.TABLE_PATH
+    table = json.load(open(path)) if os.path.exists(path) else {"source": {}, "tables": {}}
+    key = table_key_for(table, arch, gpu)
+    table["tables"].setdefault(key, {})[dtype] = band_rows({n: p for n, p in points.items() if p}, e)
+    src = table["source"].setdefault(key, {})
+    src["gpu"] = gpu
+    src.setdefault("commands", {})[dtype] = {"command": command, "date": date}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    return path
