@@ -46,7 +46,7 @@ def constants(cfg: FwdConfig, N: int, x_align: int, has_w: bool, store_rstd: boo
     if cfg.kernel == "stream":
         return (N, cfg.tile_m, cfg.piece_min, x_align, has_w, store_rstd, cfg.hoist_w, cfg.latency, cfg.packed,
                 w_planes)
-    return (N, cfg.tile_m, cfg.chunk, x_align, has_w, store_rstd, cfg.reverse, cfg.persistent, cfg.latency,
+    return (N, cfg.tile_m, cfg.chunk, cfg.reverse, x_align, has_w, store_rstd, cfg.persistent, cfg.latency,
             w_planes)
 
 

@@ -66,11 +66,8 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = (widen_again(tXrX[i], runtime_zero(M, ct.uint16)) if PACKED else tXrX[i]) * rstd
             if HAS_W:
-                if W_EARLY:
-                    y = y * (w_from_bits(tWbits[i], W_PLANES) + offset)
-                else:
-                    y = y * (tWrW[i] if HOIST_W else weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
-                                                                   W_PLANES))
+                y = _times_weight(y, mW, i, off, size, offset, tWrW, tWbits, N, TILE_M, HOIST_W, LATENCY, W_PLANES,
+                                 W_EARLY)
             scatter_cols(mY, ybase, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
     else:
@@ -101,13 +98,35 @@ def _cached_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset, tWrW,
         for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
             y = tXrX[i] * rstd
             if HAS_W:
-                if W_EARLY:
-                    y = y * (w_from_bits(tWbits[i], W_PLANES) + offset)
-                else:
-                    y = y * (tWrW[i] if HOIST_W else weight_piece(mW, off, size, N, offset, TILE_M, LATENCY,
-                                                                   W_PLANES))
+                y = _times_weight(y, mW, i, off, size, offset, tWrW, tWbits, N, TILE_M, HOIST_W, LATENCY, W_PLANES,
+                                 W_EARLY)
             scatter_rows(mY, ybase, row_ok, off, size, N, ct.astype(y, mY.dtype), LATENCY)
             i += 1
+
+
+def _times_weight(y, mW, i, off, size, offset, tWrW, tWbits, N, TILE_M, HOIST_W, LATENCY, W_PLANES, W_EARLY):
+    """y times piece i of the weight (+ offset), for the cached kernel's stores: from its bits loaded
+    with x (W_EARLY), held across the persistent loop (HOIST_W), or loaded now (inlined)."""
+    if W_EARLY:
+        w = w_from_bits(tWbits[i], W_PLANES) + offset
+    else:
+        w = tWrW[i] if HOIST_W else weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES)
+    return y * w
+
+
+def _hoisted_weight(mW, offset, N, PIECE_MIN, TILE_M, LATENCY, W_PLANES, TIED, ROW_TILES):
+    """The weight held across a persistent loop (HOIST_W), one entry per piece of the row: an fp32
+    tile (+ offset), or (TIED) its bits as loaded, which the tile multiplies in with w_from_bits;
+    ROW_TILES: each a (1, size) tile, as the stream kernel's rows are (inlined)."""
+    tWrW = ()
+    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
+        if TIED:
+            tWrW += (weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
+        elif ROW_TILES:
+            tWrW += (ct.reshape(weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES), (1, size)),)
+        else:
+            tWrW += (weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
+    return tWrW
 
 
 @ct.kernel
@@ -134,13 +153,9 @@ def rms_norm_fwd_cached_kernel(
     W_TIED = ct.static_eval(W_EARLY and (TILE_M == 1 and not HOIST_W or W_PLANES > 0
                                          or mW.dtype.bitwidth == mX.dtype.bitwidth))
 
-    tWrW = ()  # hoisted weight: one fp32 tile (+ offset) per piece, or tied (W_TIED) its bits as loaded
-    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-        if HAS_W and HOIST_W:
-            if W_TIED:
-                tWrW += (weight_piece_bits(mW, off, size, N, TILE_M, LATENCY, W_PLANES),)
-            else:
-                tWrW += (weight_piece(mW, off, size, N, offset, TILE_M, LATENCY, W_PLANES),)
+    tWrW = ()
+    if HAS_W and HOIST_W:
+        tWrW = _hoisted_weight(mW, offset, N, PIECE_MIN, TILE_M, LATENCY, W_PLANES, W_TIED, False)
 
     if PERSISTENT:
         for tile in range(ct.bid(0), ct.cdiv(M, TILE_M), ct.num_blocks(0)):
@@ -229,9 +244,8 @@ def _reload_tile(mX, mW, mY, mRstd, tile, M, stride, eps, offset,
 def rms_norm_fwd_reload_kernel(
         mX, mW, mY, mRstd,
         M: int, stride_x: int, eps: float, offset: float,
-        N: ConstInt, TILE_M: ConstInt, CHUNK: ConstInt, X_ALIGN: ConstInt,
-        HAS_W: ConstBool, STORE_RSTD: ConstBool, REVERSE: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt,
-        W_PLANES: ConstInt):
+        N: ConstInt, TILE_M: ConstInt, CHUNK: ConstInt, REVERSE: ConstBool, X_ALIGN: ConstInt,
+        HAS_W: ConstBool, STORE_RSTD: ConstBool, PERSISTENT: ConstBool, LATENCY: ConstInt, W_PLANES: ConstInt):
     """Two passes over CHUNK-wide column chunks of TILE_M rows: the sum of squares, then a re-read
     that normalises and stores. Only one chunk is held on chip, so any N fits; the re-read of a row
     that was just streamed hits L2 as long as the rows in flight fit in it (ncu at N=65536: 1.02x the
@@ -415,9 +429,8 @@ def rms_norm_fwd_stream_kernel(
     step = ct.num_blocks(0)
     tiles = ct.cdiv(M, TILE_M)
     tWrW = ()
-    for off, size in ct.static_iter(row_pieces(N, PIECE_MIN)):
-        if HAS_W and HOIST_W:
-            tWrW += (ct.reshape(weight_piece(mW, off, size, N, offset, 1, LATENCY, W_PLANES), (1, size)),)
+    if HAS_W and HOIST_W:
+        tWrW = _hoisted_weight(mW, offset, N, PIECE_MIN, 1, LATENCY, W_PLANES, False, True)
     tXrX = _stream_load(mX, bid, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
     for tile in range(bid, tiles - step, step):  # every tile of this block but its last: the next one exists
         tXrX_next = _stream_load(mX, tile + step, M, stride, N, TILE_M, PIECE_MIN, X_ALIGN, LATENCY)
