@@ -410,8 +410,7 @@ def _stream_finish(mW, mY, mRstd, tile, M, tXrX, tWrW, eps, offset, N, TILE_M, P
 
 @ct.kernel
 def rms_norm_fwd_stream_kernel(
-        mX, mW, mY, mRstd,
-        M: int, stride_x: int, eps: float, offset: float,
+        mX, mW, mY, mRstd, M: int, stride_x: int, eps: float, offset: float,
         N: ConstInt, TILE_M: ConstInt, PIECE_MIN: ConstInt, X_ALIGN: ConstInt,
         HAS_W: ConstBool, STORE_RSTD: ConstBool, HOIST_W: ConstBool, LATENCY: ConstInt, PACKED: ConstBool,
         W_PLANES: ConstInt):
