@@ -66,10 +66,11 @@ class FwdConfig:
 #     `python bench/probe/model_widths.py --only fwd`. A CTA of up to 48 KiB leaves room for four per SM.
 #   * such a row's threads: 16-bit rows take ONE_CTA_THREADS_16 threads, as many vectors each as the
 #     row needs (9-24). Wider CTAs with padding vectors fell off a cliff between the measured widths:
-#     bf16 N = 20760 / 22760 / 23648 / 23800 as 512 threads x 6 vectors (or 256 x 12) measured
+#     bf16 N = 20760 / 22760 / 23648 / 23800 as 512 threads x 6 vectors measured
 #     0.639 / 0.675 / 0.717 / 0.694 x copy on an H200 and 0.836 / 0.876 / 0.911 / 0.891 on an H100,
 #     against 0.970 / 0.901 / 0.879 / 0.853 and 0.994 / 0.953 / 0.918 / 0.913 with 128 threads; at
-#     widths without padding (20480, 24576) the thread count made no difference (within 0.6 %).
+#     widths without padding (20480, 24576) 128 threads came within 1.1 % of the best thread count
+#     (H200 20480: 0.965 against 0.976 over 256).
 #     ptxas: a padded 512 x 6 takes 77 registers per thread against 46 unpadded (the predicated last
 #     store splits the kernel into blocks and its bf16 conversions into scalar ones): one CTA per SM
 #     instead of two. 128 threads x 21-24 vectors spill 12-144 bytes per thread and still measure
