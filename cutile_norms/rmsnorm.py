@@ -324,6 +324,8 @@ def _call_plan(x, weight, eps, offset, mode, grad: bool):
         return lambda x, w: forward_rows(as_rows(x), w, eps, offset, False, mode_name, dev, shape)[0]
     if x.dim() == 2 and x.stride(-1) == 1:  # (the plan's key holds x's shape and strides) rows as they are
         return lambda x, w: run(x, w, eps, offset, None)[0]
+    if x.is_contiguous():  # a decode step's [batch, 1, hidden]: one view, without as_rows' checks
+        return lambda x, w: run(x.view(M, N), w, eps, offset, shape)[0]
     return lambda x, w: run(as_rows(x), w, eps, offset, shape)[0]  # forward_rows with its launch, one call less
 
 
@@ -401,7 +403,7 @@ class RMSNorm(torch.nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """y, or (y, h) with h = x + residual when given one (vLLM's and Liger's modules' form)."""
         k = len(self.normalized_shape)
-        if tuple(x.shape[-k:]) != self.normalized_shape:
+        if x.shape[-k:] != self.normalized_shape:  # torch.Size is a tuple: no copy per call
             raise ValueError(f"expected x's trailing dims {self.normalized_shape}, got {tuple(x.shape)}")
         if residual is not None:
             if not isinstance(residual, torch.Tensor) or residual.shape != x.shape:

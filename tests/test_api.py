@@ -1,10 +1,13 @@
-"""Public API on the CPU: rms_norm, RMSNorm as a drop-in for torch.nn.RMSNorm, explain, available_modes."""
+"""Public API: rms_norm, RMSNorm as a drop-in for torch.nn.RMSNorm, explain, available_modes (on the CPU),
+and the call plans' shapes of a decode step (on the GPU)."""
 import pytest
 import torch
 
 import cutile_norms as cn
 from cutile_norms import dispatch
 from tests.conftest import VS_TORCH_MODULE, assert_close, random_rows, random_weight, reference64
+
+GPU_MODES = [m for m in dispatch.modes_of() if m != "torch"] + [None]
 
 
 def test_public_names():
@@ -76,3 +79,25 @@ def test_module_gradients_reach_the_weight(seed):
     m(x).square().sum().backward()
     assert x.grad is not None and m.weight.grad is not None
     assert torch.isfinite(m.weight.grad).all() and m.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 4096), (1, 1, 4096), (8, 1, 2048), (4, 16, 1, 128), (64, 1, 4096), (3, 2, 5, 1024)])
+@pytest.mark.parametrize("mode", GPU_MODES, ids=lambda m: str(m))
+def test_decode_shapes_through_the_call_plans(mode, shape, seed):
+    """The shapes a decode step calls with (2-D, [batch, 1, hidden], QK-norm's [batch, heads, 1, head_dim]),
+    without grad, twice (the call plan made, then reused): y in x's shape, against the fp64 reference.
+    Before each call the caching allocator is handed a block of NaN bytes of y's size, which an output
+    the plan allocates and the kernel leaves unwritten would come back with."""
+    why = cn.available_modes().get(mode) if mode is not None else None
+    if why:
+        pytest.skip(why)
+    x = random_rows(shape, torch.bfloat16, "cuda")
+    w = random_weight(shape[-1], torch.bfloat16, "cuda")
+    expected = reference64(x.reshape(-1, shape[-1]), w, 1e-6, 0.0)[0].reshape(shape)
+    for call in range(2):
+        torch.empty_like(x).untyped_storage().fill_(0xFF)  # freed at once: the next block of this size
+        with torch.no_grad():
+            y = cn.rms_norm(x, w, 1e-6, mode=mode)
+        assert y.shape == x.shape and y.is_contiguous()
+        assert_close(y, expected, torch.bfloat16, f"mode={mode} shape={shape} call {call}", seed)

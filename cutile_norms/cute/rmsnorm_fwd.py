@@ -122,12 +122,15 @@ def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtyp
             x2d = x2d.as_strided((M, N), (N, 1))
         if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
             weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
-        if out is None:
-            y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=device)
-            rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
-        else:
+        if out is not None:
             y, rstd = out
-        y2d = y if y.dim() == 2 else y.view(M, N)  # a view costs ~0.9 us of host time (a call at M = 1: ~16)
+            y2d = y if y.dim() == 2 else y.view(M, N)
+        else:
+            # rows of N at stride N: empty_like gives them contiguous, for half the host time of
+            # torch.empty with keywords (0.85 against 1.7 us on the CPU host; a call at M = 1 is ~16 us)
+            y2d = torch.empty_like(x2d) if contiguous else torch.empty((M, N), dtype=dtype, device=device)
+            y = y2d if out_shape is None else y2d.view(out_shape)
+            rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
         fn(x2d, weight if weight is not None else y2d[0], y2d, rstd if store_rstd else dummy, eps, offset)
         return y, rstd
 
