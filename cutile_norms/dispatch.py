@@ -281,6 +281,23 @@ BACKWARD_TABLE = (
                 "rows whose last slice is part empty: N=19336 0.824 / 0.720, 36392 0.878 / 0.653, 58680 0.914 / "
                 "0.862, 135688 0.925 / 0.563, 193488 0.940 / 0.727 (18112 0.900 / 0.932): the better worst "
                 "case; python bench/probe/model_widths.py --only bwd"),
+    # An H200's own rows: the same bands as the H100's, each re-measured there (the cuTile kernel with
+    # the H200's config table, the CuTe one with its 3-slot ring: cute/rmsnorm_bwd_config.py, DEEP_RING)
+    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
+                "NVIDIA H200 2026-11-26, bf16, Triton's backward against the cuTile persistent kernel: N=896 "
+                "0.843 / 0.633 (the H200 sweep's best cuTile configs: 512 0.858, 1024 0.864), 1536 0.804 / 0.760 "
+                "(sweep 0.799); from 1568 (0.806 / 0.820) the cuTile kernel; python bench/probe/model_widths.py "
+                "--only bwd --random 6 (seed 584577933), python bench/tune/cutile_rmsnorm_bwd.py"),
+    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 12289, 16 * 1024, "triton",
+                "NVIDIA H200 2026-11-26, bf16 N=7168 / 8192: triton 0.887 / 0.914 x copy, the cuTile persistent "
+                "kernel 0.749 / 0.897 (its sweep's best 0.753 / 0.893), while at 6144 the cuTile kernel's H200 "
+                "config measured 0.901 against 0.842; same commands"),
+    BackwardRow("sm_90/H200", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
+                "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward with 3 ring slots against the cuTile "
+                "persistent kernel: N=12288 0.876 / 0.847 (the cuTile sweep's best), 18432 0.863 / 0.816, "
+                "24576 0.924 / 0.676, 28672 0.900 / 0.706, 42528 0.846 / 0.520, 65536 0.964 / 0.782 "
+                "(python bench/tune/cute_rmsnorm_bwd.py); with 2 slots, 20480-262144: 0.61-0.97 against "
+                "0.44-0.83 (probe, same seed)"),
 )
 
 

@@ -83,8 +83,9 @@ def backward_fns(x, w, dy, rstd, dev):
     xn, wn = x.detach().requires_grad_(), w.detach().requires_grad_()
     yn = cn.rms_norm(xn, wn, 1e-6)  # mode=None's backward, through autograd as a training step runs it
     fns["None"] = lambda: torch.autograd.grad(yn, (xn, wn), dy, retain_graph=True)
-    cfg = bwd_config(x.shape[1], x.element_size())
-    padded = bwd_config(x.shape[1], x.element_size(), exact=False)  # the rule without its exact tiling
+    cfg = cute_bwd.TMA_SMEM_BACKWARD.config(x.shape[1], x.dtype, dev)  # this GPU's rule
+    padded = bwd_config(x.shape[1], x.element_size(), exact=False,  # the rule without its exact tiling
+                        small_ring=cfg.stages if cfg is not None else 2)
     if cfg is not None and cute_bwd.unsupported(x, dy) is None:
         fns["cute"] = lambda: cute_bwd.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
         if padded != cfg:

@@ -20,16 +20,17 @@ from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import analytic_config  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, ring_stages  # noqa: E402
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
-def variants(N, e):
-    out = {"analytic": analytic_config(N, e)}
+def variants(N, e, ring):
+    """The rule's config on this GPU (`ring`: its small clusters' ring slots) and its variants."""
+    out = {"analytic": analytic_config(N, e, small_ring=ring)}
     for name, kw in (("vecs 4", dict(vecs_per_thread=4)), ("vecs 2", dict(vecs_per_thread=2)),
                      ("slice 8K", dict(slice_bytes=8192)), ("slice 8K v4", dict(slice_bytes=8192, vecs_per_thread=4)),
                      ("slice 32K", dict(slice_bytes=32768)), ("slice 32K v16", dict(slice_bytes=32768, vecs_per_thread=16)),
                      ("stages 2", dict(stages=2)), ("stages 3", dict(stages=3)), ("stages 4", dict(stages=4))):
-        cfg = analytic_config(N, e, **kw)
+        cfg = analytic_config(N, e, **kw) if "stages" in kw else analytic_config(N, e, small_ring=ring, **kw)
         if cfg is not None and cfg not in out.values():
             out[name] = cfg
     return out
@@ -66,8 +67,9 @@ def main() -> int:
         cut = lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, args.offset, True, True, dev)  # noqa: E731
         row["cutile"] = timed(cut)
         print(f"N={N:>6} {'cutile table':<14} {row['cutile']:.3f}", flush=True)
-        runs = [(name, cfg, None) for name, cfg in variants(N, dtype.itemsize).items()]
-        runs += [(f"reducers {r}", analytic_config(N, dtype.itemsize), r) for r in args.reducers]
+        ring = ring_stages(dev)
+        runs = [(name, cfg, None) for name, cfg in variants(N, dtype.itemsize, ring).items()]
+        runs += [(f"reducers {r}", analytic_config(N, dtype.itemsize, small_ring=ring), r) for r in args.reducers]
         for name, cfg, reducers in runs:
             try:
                 def run(need_dw=True, cfg=cfg, reducers=reducers):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import multiprocessing as mp
 import os
 import statistics
@@ -30,7 +31,7 @@ from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import (ELEMENTS, best_timed, distinct, read_table, save_sweep, width_inputs,  # noqa: E402
                               write_table)
-from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms._platform import device_info, gpu_model  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
                                                     cut_pieces)
@@ -166,8 +167,19 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     p.add_argument("--write-configs", action="store_true")
+    p.add_argument("--write-configs-from", default=None, metavar="JSON[,JSON...]",
+                   help="write the table's rows from finished sweeps' JSONs of one GPU and dtype (no GPU needed)")
+    p.add_argument("--arch", default="sm_90", help="with --write-configs-from: the GPU's arch")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
+    if args.write_configs_from:
+        runs = [json.load(open(f)) for f in args.write_configs_from.split(",")]
+        if any((r["gpu"], r["dtype"]) != (runs[0]["gpu"], runs[0]["dtype"]) for r in runs):
+            sys.exit("--write-configs-from: the sweeps are of different GPUs or dtypes")
+        merged = {"gpu": runs[0]["gpu"], "dtype": runs[0]["dtype"], "command": " ; ".join(r["command"] for r in runs),
+                  "sweep": [e for r in runs for e in r["sweep"]]}
+        print(f"wrote {write_configs(merged, runs[0]['gpu'], args.arch)}")
+        return 0
     if no_gpu("this sweep times kernels and needs an sm_90+ NVIDIA GPU"):
         return 0
     dtype = DTYPES[args.dtype]
@@ -182,22 +194,27 @@ def main(argv=None) -> int:
     save_sweep(results, args.out, f"rmsnorm_bwd_configs_{dname}.json",
                note=lambda entry: f"dw share {100 * entry.get('dw_share', 0):4.1f} %  ")
     if args.write_configs:
-        print(f"wrote {write_configs(results, dev)}")
+        print(f"wrote {write_configs(results, dev.name, dev.arch_name)}")
     return 0
 
 
-def write_configs(results: dict, dev) -> str:
-    """The best measured config per width into the package's backward table (this arch and dtype)."""
+def write_configs(results: dict, gpu: str, arch: str) -> str:
+    """The best measured config per width into the package's backward table, under the arch's key where
+    that is this GPU model's table (or there is none yet), else under "<arch>/<model>" (an H200's own
+    rows beside the H100's; rmsnorm_bwd_config.config_and_source reads this GPU model's first)."""
     table = read_table(CONFIG_TABLE)
-    rows = {e["N"]: e for e in table["configs"].get(dev.arch_name, {}).get(results["dtype"], [])}
+    key = arch
+    if table["source"].get(arch, {}).get("gpu", gpu) != gpu:
+        key = f"{arch}/{gpu_model(gpu)}"
+    rows = {e["N"]: e for e in table["configs"].get(key, {}).get(results["dtype"], [])}
     for sweep in results["sweep"]:
         best = best_timed(sweep["configs"])
         if best:
             rows[sweep["N"]] = {"N": sweep["N"], "config": best["fields"], "vs_copy": round(best["vs_copy"], 4),
                                 "dw_share": round(sweep.get("dw_share", 0.0), 4)}
-    table["configs"].setdefault(dev.arch_name, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
-    src = table["source"].setdefault(dev.arch_name, {"gpu": dev.name, "runs": {}})
-    src["gpu"] = dev.name
+    table["configs"].setdefault(key, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
+    src = table["source"].setdefault(key, {"gpu": gpu, "runs": {}})
+    src["gpu"] = gpu
     src.setdefault("runs", {})[results["dtype"]] = {"date": datetime.date.today().isoformat(),
                                                     "command": results["command"]}
     return write_table(table, CONFIG_TABLE)

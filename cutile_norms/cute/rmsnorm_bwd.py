@@ -19,7 +19,7 @@ import torch
 
 from .._platform import DeviceInfo
 from .._workspace import current_raw_stream, grad_outputs, workspace
-from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config
+from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig, analytic_config, ring_stages
 from .compile import CompileCache, compile_options, cutlass_dtype
 
 
@@ -155,7 +155,7 @@ class TmaSmemBackward:
     tensors can send it there: rows `unsupported` refuses (alignment, strides), M = 0."""
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> BwdConfig | None:
-        return analytic_config(N, dtype.itemsize)
+        return analytic_config(N, dtype.itemsize, small_ring=ring_stages(dev))
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
         cfg = self.config(N, dtype, dev)
@@ -163,7 +163,7 @@ class TmaSmemBackward:
             return f"CuTe DSL RMSNormBwdTmaSmem: none (N={N} too long)"
         clusters = min(M, max_clusters(dev.index, cfg.cluster_n, dev.sm_count)) if dev.index is not None else "C"
         return (f"CuTe DSL RMSNormBwdTmaSmem (persistent), grid {clusters} clusters x {cfg.cluster_n} CTAs, "
-                f"{cfg.short()}; config: analytic (N, dtype)")
+                f"{cfg.short()}; config: analytic (N, dtype; the ring's slots by GPU model)")
 
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
                  cfg: BwdConfig | None = None, out: tuple | None = None):

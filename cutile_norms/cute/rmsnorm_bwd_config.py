@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from .._platform import DeviceInfo, gpu_model
 from .._util import pow2_ceil
 from .rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX
 
@@ -53,12 +54,21 @@ class BwdConfig:
 #     its dx goes out through the slot: rmsnorm_bwd_kernel.py). Rows with no exact tiling (a vector
 #     count with fewer than 2^7 in its factors) keep the padded rule: 0.82-0.94 at the random widths
 #     measured (`python bench/probe/model_widths.py --only bwd`, docs/design.md).
-#   * clusters of up to SMALL_CLUSTER CTAs keep MIN_STAGES slots: a smaller ring lets more CTAs share
-#     an SM (8 warps of one CTA left the issue slots idle, ncu), bf16 N = 65536 (clusters of 8) 0.963-0.969
-#     against 0.940-0.946 with 4 slots in three runs; clusters of 16 measured the same with 2, 3 or 4.
+#   * clusters of up to SMALL_CLUSTER CTAs keep a short ring, ring_stages(dev) slots: a smaller ring
+#     lets more CTAs share an SM (8 warps of one CTA left the issue slots idle, ncu). On an H100 2 slots:
+#     bf16 N = 65536 (clusters of 8) 0.963-0.969 against 0.940-0.946 with 4 slots in three runs, and
+#     0.970 / 0.971 against 0.944 / 0.937 with 3 in two more; 3 slots measured ahead at 12288, 18432,
+#     28672 and 42528 (+3 to +16 %) but behind at 16384, 20480, 24576 and 32768 (-1 to -4 %, two runs
+#     each), no better worst case. On an H200, whose DRAM moves 1.43 x the H100's bytes per second with
+#     the same 132 SMs, a row's reads must be issued further ahead to keep it busy: 3 slots measured
+#     ahead of 2 at every width tried, N = 12288 / 18432 / 24576 / 28672 / 42528 / 65536: 0.876 / 0.863 /
+#     0.924 / 0.900 / 0.846 / 0.964 against 0.807 / 0.787 / 0.857 / 0.832 / 0.669 / 0.892 x copy, exact
+#     and padded slices of 6-8 vectors per thread alike (`python bench/tune/cute_rmsnorm_bwd.py`). A GPU
+#     model not named in DEEP_RING takes the H100's 2. Clusters of 16 measured the same with 2, 3 or 4.
 SLICE_BYTES = 16 * 1024
 VECS_PER_THREAD = 8
 MIN_STAGES = 2
+DEEP_RING = {"H200": 3}  # GPU model (_platform.gpu_model) -> ring slots of clusters up to SMALL_CLUSTER
 MAX_STAGES = 4
 SMALL_CLUSTER = 8
 MAX_THREADS = 1024
@@ -82,14 +92,19 @@ def exact_tiling(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES) -> tup
     return min(fits, key=lambda f: (abs(f[1] * f[2] - target), f[1]))
 
 
+def ring_stages(dev: DeviceInfo | None) -> int:
+    """The ring slots of a small cluster's CTA on `dev` (None: the H100's rule); see DEEP_RING."""
+    return DEEP_RING.get(gpu_model(dev.name), MIN_STAGES) if dev is not None else MIN_STAGES
+
+
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None,
-                    exact: bool = True) -> BwdConfig | None:
+                    exact: bool = True, small_ring: int = MIN_STAGES) -> BwdConfig | None:
     """The config for rows of N elements of `elem_bytes` (`stages`: that many ring slots instead of the
-    rule's; `exact=False`: the padded rule even where an exact tiling exists, for probes); None where
-    no config fits (a slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared
-    memory)."""
+    rule's; `exact=False`: the padded rule even where an exact tiling exists, for probes; `small_ring`:
+    the slots of clusters of up to SMALL_CLUSTER CTAs, ring_stages(dev)); None where no config fits (a
+    slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared memory)."""
     vec = 16 // elem_bytes
     cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
@@ -104,7 +119,7 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     if stages is not None:  # asked for (probes, tests): as long as it fits
         fit = stages if stages <= fit else 0
     elif cluster_n <= SMALL_CLUSTER:
-        fit = min(fit, MIN_STAGES)
+        fit = min(fit, small_ring)
     if fit < MIN_STAGES:
         return None
     return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._platform import DeviceInfo, table_arch
+from .._platform import DeviceInfo, table_key
 from .._util import pow2_ceil
 from .rmsnorm_fwd_config import cached_piece_min, row_pieces, split_part
 
@@ -87,8 +87,9 @@ CONFIG_TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 @functools.lru_cache(maxsize=None)
 def measured_configs() -> dict:
-    """{arch: {dtype: [(N, BwdConfig, ratio_to_copy), ...]}} from the sweep's table
-    (bench/tune/cutile_rmsnorm_bwd.py --write-configs)."""
+    """{key: {dtype: [(N, BwdConfig, ratio_to_copy), ...]}} from the sweep's table
+    (bench/tune/cutile_rmsnorm_bwd.py --write-configs); a key is an arch ("sm_90") or, for a GPU model
+    measured on its own, "<arch>/<model>" ("sm_90/H200"), as the forward's mode=None tables."""
     try:
         with open(CONFIG_TABLE) as f:
             table = json.load(f)
@@ -118,18 +119,25 @@ def _scaled(cfg: BwdConfig, measured_n: int, N: int) -> BwdConfig:
 @functools.lru_cache(maxsize=4096)
 def default_config(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False) -> BwdConfig:
     """The backward's config for rows of N elements of `dtype` on `dev`: the config measured best at
-    the nearest measured width of this arch and dtype (scaled to N), else the analytical rule."""
+    the nearest measured width of this GPU model's (else this arch's) table and dtype, scaled to N,
+    else the analytical rule."""
     return config_and_source(N, elem_bytes, dev, dtype, fp32_weight)[0]
+
+
+def _same_width(tables: dict, elem_bytes: int) -> list:
+    return [d for d in tables if torch.empty((), dtype=getattr(torch, d)).element_size() == elem_bytes]
 
 
 def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
                       fp32_weight: bool = False) -> tuple[BwdConfig, str]:
-    by_arch = measured_configs()
-    arch = table_arch(dev, by_arch)  # an unmeasured arch borrows the nearest measured one
-    tables = by_arch.get(arch or "", {})
+    by_key = measured_configs()
+    key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
+    if key and "/" in key and dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes):
+        key = key.split("/")[0]  # the model measured in other dtypes only: the arch's rows
+    tables = by_key.get(key or "", {})
     # a dtype not measured takes the table of one of the same width (fp16 <-> bf16), else any: the
     # registers a config needs go with elements, not bytes
-    same = [d for d in tables if torch.empty((), dtype=getattr(torch, d)).element_size() == elem_bytes]
+    same = _same_width(tables, elem_bytes)
     use = dtype if dtype in tables else (same or list(tables) or [None])[0]
     rows = tables.get(use)
     if not rows:
@@ -137,13 +145,35 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     else:
         n, cfg, ratio = min(rows, key=lambda r: abs(math.log2(r[0]) - math.log2(max(N, 1))))
         cfg = _scaled(cfg, n, N)
-        source = (f"measured at N={n} on {arch} in {use}: {ratio:.3f}x copy "
+        source = (f"measured at N={n} on {key} in {use}: {ratio:.3f}x copy "
                   f"({os.path.basename(CONFIG_TABLE)})")
     if fp32_weight and elem_bytes == 2 and cfg.tile_m > 1 and cfg.tile_m * N > PART_ELEMS:
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
+    if cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
+        cfg, why = _prefetch_fit(cfg, N)
+        source += why
     return cfg, source
+
+
+PREFETCH_MAX_ELEMS = 16  # elements of a part per thread where the next row's loads still fit (below)
+
+
+def _prefetch_fit(cfg: BwdConfig, N: int) -> tuple[BwdConfig, str]:
+    """A prefetching config where its registers were not measured (an fp32 weight beside 16-bit x,
+    or a wider row than the config's): the next row's x and dy wait in registers beside this row's
+    fp32 temporaries, so the prefetch stays only where a thread holds at most PREFETCH_MAX_ELEMS of
+    the part, at 2 blocks per SM at most. ptxas, sm_90, bf16 x: with an fp32 weight N = 3584 at 3
+    blocks per SM spilled 88 bytes per thread, 6144 at 2 blocks (24 elements per thread) 92 and
+    5120 (20) 28; the H200's 6144 config used at N = 6264 spilled 52 (bf16 weight); without the
+    prefetch, or at 2 blocks per SM for 3584, 0-24."""
+    per_thread = part_of(cfg, N) / (32 * (cfg.num_worker_warps or 4))
+    if per_thread > PREFETCH_MAX_ELEMS:
+        return dataclasses.replace(cfg, prefetch=False), "; no prefetch (the next row's registers)"
+    if cfg.blocks_per_sm > 2:
+        return dataclasses.replace(cfg, blocks_per_sm=2), "; 2 blocks per SM (the next row's registers)"
+    return cfg, ""
 
 
 def part_of(cfg: BwdConfig, N: int) -> int:

@@ -9,6 +9,8 @@ M * N >= 2^31. CPU tests: the config rules.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,19 +27,41 @@ EPS = 1e-6
 # ------------------------------------------------------------------------------------------------
 # CPU: config rules
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("N", [8, 128, 1000, 2880, 4096, 16392, 40000, 65536, 131072, 262144, 524288])
+@pytest.mark.parametrize("ring", [2, 3])
+@pytest.mark.parametrize("N", [8, 128, 1000, 2880, 4096, 12288, 16392, 40000, 42528, 65536, 131072, 262144, 524288])
 @pytest.mark.parametrize("e", [2, 4])
-def test_config_covers_the_row(N, e):
-    from cutile_norms.cute.rmsnorm_bwd_config import MIN_STAGES, analytic_config
+def test_config_covers_the_row(N, e, ring):
+    from cutile_norms.cute.rmsnorm_bwd_config import MIN_STAGES, SMALL_CLUSTER, analytic_config
     from cutile_norms.cute.rmsnorm_fwd_config import CLUSTER_MAX, SMEM_MAX
 
-    cfg = analytic_config(N, e)
+    cfg = analytic_config(N, e, small_ring=ring)
     if cfg is None:
         assert N * e > CLUSTER_MAX * 32 * 1024  # a ring of two slices of x and dy per CTA does not fit
+        assert analytic_config(N, e) is None  # whether a row is taken never depends on the GPU model
         return
     assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols  # no empty CTA
     assert 32 <= cfg.threads <= 1024 and cfg.threads % 32 == 0 and cfg.cluster_n <= CLUSTER_MAX
     assert MIN_STAGES <= cfg.stages and cfg.smem_bytes(e) <= SMEM_MAX
+    if cfg.cluster_n <= SMALL_CLUSTER:
+        assert cfg.stages <= ring
+    # the ring is all the GPU model changes: the slices are the same
+    assert dataclasses.replace(cfg, stages=0) == dataclasses.replace(analytic_config(N, e), stages=0)
+
+
+def test_ring_stages_by_gpu_model():
+    """An H200 runs small clusters with 3 ring slots, an H100 (and any GPU model not measured, and the
+    rule without a device) with 2: cute/rmsnorm_bwd_config.py's DEEP_RING has the measured reason."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD
+    from cutile_norms.cute.rmsnorm_bwd_config import ring_stages
+
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    others = [DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0),
+              DeviceInfo("nvidia", "NVIDIA B200", (10, 0), 148, 0), None]
+    assert ring_stages(h200) == 3 and all(ring_stages(d) == 2 for d in others)
+    assert TMA_SMEM_BACKWARD.config(24576, torch.bfloat16, h200).stages == 3
+    assert TMA_SMEM_BACKWARD.config(24576, torch.bfloat16, others[0]).stages == 2
+    assert TMA_SMEM_BACKWARD.config(262144, torch.bfloat16, h200) == TMA_SMEM_BACKWARD.config(262144, torch.bfloat16, None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -108,9 +132,9 @@ def test_no_weight_one_grad_and_offset(seed, N, case):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [65536, 262144])
+@pytest.mark.parametrize("N", [24576, 42528, 65536, 262144])
 @pytest.mark.parametrize("variant", [dict(vecs_per_thread=4), dict(vecs_per_thread=16), dict(slice_bytes=16384),
-                                     dict(stages=2)])
+                                     dict(stages=2), dict(small_ring=2), dict(small_ring=3)])
 def test_other_configs(seed, N, variant):
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 

@@ -38,6 +38,17 @@ def test_compiles(N, x_dtype, w_dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N", [12288, 24576, 42528, 65536])
+def test_compiles_with_the_deep_ring(N, arch):
+    """The configs an H200 runs (3 ring slots for clusters of up to 8 CTAs: rmsnorm_bwd_config.DEEP_RING),
+    exact and padded slices: the ring lives in shared memory, so the registers must not grow."""
+    cfg = analytic_config(N, 2, small_ring=3)
+    assert cfg.stages == 3
+    fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch, keep_ptx=True)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("has_w,need_dx,need_dw", [(False, True, False), (True, True, False), (True, False, True)])
 @pytest.mark.parametrize("N", [4096, 65536, 262144])
 def test_compiles_one_grad_and_no_weight_variants(N, has_w, need_dx, need_dw, arch):

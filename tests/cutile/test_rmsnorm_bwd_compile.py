@@ -82,6 +82,21 @@ def test_picked_configs_fit_without_spilling(N, x_dtype, w_dtype):
     assert report["spill_stores"] <= 32, f"N={N} {x_dtype}/{w_dtype} {cfg.short()}: {report}"
 
 
+H200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132)
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
+@pytest.mark.parametrize("N", [896, 1536, 1816, 3584, 6144, 6264, 10240, 12288, 65536])
+def test_h200_configs_fit_without_spilling(N, x_dtype, w_dtype):
+    """The H200's own table (tuning/rmsnorm_bwd_configs.json, sm_90/H200) at its widths and between
+    them: as test_picked_configs_fit_without_spilling, with the H200's up to 4 blocks per SM."""
+    cfg = rmsnorm_bwd_config.default_config(N, ELEM[x_dtype], H200, x_dtype, w_dtype == "float32")
+    assert "sm_90/H200" in rmsnorm_bwd_config.config_and_source(N, ELEM[x_dtype], H200, x_dtype)[1]
+    report = ptxas_report(compile_bwd(cfg, N, x_dtype, w_dtype))
+    assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
+    assert report["spill_stores"] <= 32, f"N={N} {x_dtype}/{w_dtype} {cfg.short()}: {report}"
+
+
 def test_dx_stores_have_no_block_barrier_in_the_loop():
     """With dx stored by ct.store at the loop's tile index, the row loop holds the block reduction's
     barriers only: a ct.scatter had a bar.sync before and after each store (sm_90 PTX, N = 4096)."""
