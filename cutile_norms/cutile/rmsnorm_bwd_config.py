@@ -152,28 +152,32 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
     if cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
-        cfg, why = _prefetch_fit(cfg, N)
+        cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2)
         source += why
     return cfg, source
 
 
-PREFETCH_MAX_ELEMS = 16  # elements of a part per thread where the next row's loads still fit (below)
-
-
-def _prefetch_fit(cfg: BwdConfig, N: int) -> tuple[BwdConfig, str]:
-    """A prefetching config where its registers were not measured (an fp32 weight beside 16-bit x,
-    or a wider row than the config's): the next row's x and dy wait in registers beside this row's
-    fp32 temporaries, so the prefetch stays only where a thread holds at most PREFETCH_MAX_ELEMS of
-    the part, at 2 blocks per SM at most. ptxas, sm_90, bf16 x: with an fp32 weight N = 3584 at 3
-    blocks per SM spilled 88 bytes per thread, 6144 at 2 blocks (24 elements per thread) 92 and
-    5120 (20) 28; the H200's 6144 config used at N = 6264 spilled 52 (bf16 weight); without the
-    prefetch, or at 2 blocks per SM for 3584, 0-24."""
+def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool) -> tuple[BwdConfig, str]:
+    """A prefetching config where its registers were not measured (an fp32 weight beside 16-bit x, or
+    a wider row than the config's): the next row's x and dy wait in registers beside this row's fp32
+    temporaries, about (4.5 + 1 for an fp32 weight) registers per element of the part a thread holds,
+    plus 20 (the fit of ptxas's counts on sm_90, bf16 x: N = 3584 at 3 blocks per SM (85 registers)
+    with an fp32 weight spilled 88 bytes per thread, 6144 at 2 (128) 92, the H200's 6144 config at
+    6264 52; 2880 at 3 and 4000 at 2 with an fp32 weight, inside the estimate, 8). Where the estimate
+    exceeds a block's share of the register file: 2 blocks per SM for an fp32 weight if that fits,
+    else no prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides a row's
+    latency (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
     per_thread = part_of(cfg, N) / (32 * (cfg.num_worker_warps or 4))
-    if per_thread > PREFETCH_MAX_ELEMS:
-        return dataclasses.replace(cfg, prefetch=False), "; no prefetch (the next row's registers)"
-    if cfg.blocks_per_sm > 2:
+    need = (5.5 if fp32_weight else 4.5) * per_thread + 20
+
+    def budget(blocks):
+        return min(255, 65536 // (32 * (cfg.num_worker_warps or 4) * blocks))
+
+    if need <= budget(cfg.blocks_per_sm):
+        return cfg, ""
+    if fp32_weight and cfg.blocks_per_sm > 2 and need <= budget(2):
         return dataclasses.replace(cfg, blocks_per_sm=2), "; 2 blocks per SM (the next row's registers)"
-    return cfg, ""
+    return dataclasses.replace(cfg, prefetch=False), "; no prefetch (the next row's registers)"
 
 
 def part_of(cfg: BwdConfig, N: int) -> int:
