@@ -177,6 +177,24 @@ def test_mode_none_takes_the_backward_table_row():
     assert "under 24 KiB" in dispatch.resolve("tma_smem_cached", H100, ALL_TOOLS, torch.bfloat16, 512, 8192).reason
 
 
+def test_an_h200_takes_its_own_backward_rows():
+    """BACKWARD_TABLE's sm_90/H200 rows replace the arch's on an H200 (with the shipped forward table):
+    at 8192 (16 KiB) Triton's backward there, the cuTile kernel's on an H100; the CuTe kernel from 24 KiB
+    on both; an unmeasured model of the arch (H800) takes the H100's rows."""
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    h800 = DeviceInfo("nvidia", "NVIDIA H800", (9, 0), 132, 0)
+    for dtype in (torch.bfloat16, torch.float16):
+        c = dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, 8192)
+        assert c.backward_mode == "triton" and "NVIDIA H200" in c.reason and "0.914" in c.reason, c
+        assert dispatch.resolve(None, H100, ALL_TOOLS, dtype, 4096, 8192).backward_mode == "multi_wave_cached"
+        assert dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, 24576).backward_mode == "tma_smem_cached"
+        assert dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, 6144).backward_mode == "multi_wave_cached"
+    with pytest.warns(dispatch.UnmeasuredDeviceWarning):
+        c = dispatch.resolve(None, h800, ALL_TOOLS, torch.bfloat16, 4096, 8192)
+    assert c.backward_mode == "multi_wave_cached", c
+    assert dispatch.resolve(None, h200, ALL_TOOLS, torch.float32, 4096, 8192).backward_mode != "triton"
+
+
 def test_gpu_models_of_an_arch_have_their_own_tables(monkeypatch):
     """A model measured on its own (sm_90/H200) runs its rows; another model of the arch (H800) and a
     dtype the model lacks run the arch's rows, saying which GPU measured them and warning once."""

@@ -57,6 +57,37 @@ def test_config_validation():
     assert grid_rows(BwdConfig(), 1, 132) == 1
 
 
+def test_a_gpu_model_measured_on_its_own_takes_its_configs():
+    """An H200 runs the sm_90/H200 rows of tuning/rmsnorm_bwd_configs.json for 16-bit x (fp16 borrows
+    bf16's) and the arch's for fp32, which it lacks; an H800 (not measured) runs the arch's."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cutile.rmsnorm_bwd_config import config_and_source
+
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    h800 = DeviceInfo("nvidia", "NVIDIA H800", (9, 0), 132, 0)
+    for dtype, e in (("bfloat16", 2), ("float16", 2)):
+        assert "on sm_90/H200 in bfloat16" in config_and_source(3584, e, h200, dtype)[1]
+        assert "on sm_90 in bfloat16" in config_and_source(3584, e, h800, dtype)[1]
+    assert "on sm_90 in float32" in config_and_source(3584, 4, h200, "float32")[1]
+
+
+def test_prefetch_is_kept_where_its_registers_fit():
+    """A prefetching config used where its registers were not measured: kept at 1 block per SM (N =
+    10728 from 10240's), dropped where the estimate exceeds 2 blocks' share (6264 from 6144's), 2 blocks
+    per SM for an fp32 weight at 3584 (3 measured with a 16-bit weight)."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cutile.rmsnorm_bwd_config import config_and_source
+
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    assert config_and_source(10728, 2, h200, "bfloat16")[0].prefetch
+    cfg, why = config_and_source(6264, 2, h200, "bfloat16")
+    assert not cfg.prefetch and "no prefetch" in why
+    measured = config_and_source(3584, 2, h200, "bfloat16")[0]
+    cfg, why = config_and_source(3584, 2, h200, "bfloat16", fp32_weight=True)
+    assert measured.blocks_per_sm == 3 and measured.prefetch
+    assert cfg.blocks_per_sm == 2 and cfg.prefetch and "2 blocks per SM" in why
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU helpers
 # ------------------------------------------------------------------------------------------------
