@@ -152,30 +152,36 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
     if cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
-        cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2)
+        cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
         source += why
     return cfg, source
 
 
-def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool) -> tuple[BwdConfig, str]:
+def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | None) -> tuple[BwdConfig, str]:
     """A prefetching config where its registers were not measured (an fp32 weight beside 16-bit x, or
     a wider row than the config's): the next row's x and dy wait in registers beside this row's fp32
-    temporaries, about (4.5 + 1 for an fp32 weight) registers per element of the part a thread holds,
-    plus 20 (the fit of ptxas's counts on sm_90, bf16 x: N = 3584 at 3 blocks per SM (85 registers)
-    with an fp32 weight spilled 88 bytes per thread, 6144 at 2 (128) 92, the H200's 6144 config at
-    6264 52; 2880 at 3 and 4000 at 2 with an fp32 weight, inside the estimate, 8). Where the estimate
-    exceeds a block's share of the register file: 2 blocks per SM for an fp32 weight if that fits,
-    else no prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides a row's
-    latency (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
-    per_thread = part_of(cfg, N) / (32 * (cfg.num_worker_warps or 4))
-    need = (5.5 if fp32_weight else 4.5) * per_thread + 20
+    temporaries. Estimate (a fit of ptxas's counts on sm_90, bf16 x): 4.5 registers per element of
+    the part a thread holds (5.5 with an fp32 weight), plus 20, plus 12 per piece more than the
+    measured width's. The counts: N = 3584 at 3 blocks per SM (85 registers each) spilled 4 bytes per
+    thread, 3616-3632 there (a fourth piece) 52-76, and measured 0.61-0.69 x copy on an H200 against 0.85
+    at 2 blocks; with an fp32 weight 3584 at 3 blocks spilled 88, 6144 at 2 blocks 92; the H200's 6144
+    config at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where the estimate exceeds a block's share of the register file: 2 blocks per SM
+    if that fits, else no prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides
+    a row's latency (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
+    warps = cfg.num_worker_warps or 4
+    per_thread = part_of(cfg, N) / (32 * warps)
+    extra = 0
+    if measured_n is not None and N > measured_n:
+        extra = len(row_pieces(part_of(cfg, N), piece_min(cfg, N))) - len(
+            row_pieces(part_of(cfg, measured_n), piece_min(cfg, measured_n)))
+    need = (5.5 if fp32_weight else 4.5) * per_thread + 20 + 12 * max(0, extra)
 
     def budget(blocks):
-        return min(255, 65536 // (32 * (cfg.num_worker_warps or 4) * blocks))
+        return min(255, 65536 // (32 * warps * blocks))
 
     if need <= budget(cfg.blocks_per_sm):
         return cfg, ""
-    if fp32_weight and cfg.blocks_per_sm > 2 and need <= budget(2):
+    if cfg.blocks_per_sm > 2 and need <= budget(2):
         return dataclasses.replace(cfg, blocks_per_sm=2), "; 2 blocks per SM (the next row's registers)"
     return dataclasses.replace(cfg, prefetch=False), "; no prefetch (the next row's registers)"
 

@@ -74,7 +74,7 @@ def test_a_gpu_model_measured_on_its_own_takes_its_configs():
 def test_prefetch_is_kept_where_its_registers_fit():
     """A prefetching config used where its registers were not measured: kept at 1 block per SM (N =
     10728 from 10240's), dropped where the estimate exceeds 2 blocks' share (6264 from 6144's), 2 blocks
-    per SM for an fp32 weight at 3584 (3 measured with a 16-bit weight)."""
+    per SM for an fp32 weight at 3584 (3 measured with a 16-bit weight) and for 3624's extra piece."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile.rmsnorm_bwd_config import config_and_source
 
@@ -86,6 +86,9 @@ def test_prefetch_is_kept_where_its_registers_fit():
     cfg, why = config_and_source(3584, 2, h200, "bfloat16", fp32_weight=True)
     assert measured.blocks_per_sm == 3 and measured.prefetch
     assert cfg.blocks_per_sm == 2 and cfg.prefetch and "2 blocks per SM" in why
+    # a fourth piece at 3624 (3584's config has three): 3 blocks per SM spilled 76 bytes, 0.61 x copy
+    cfg = config_and_source(3624, 2, h200, "bfloat16")[0]
+    assert cfg.blocks_per_sm == 2 and cfg.prefetch
 
 
 # ------------------------------------------------------------------------------------------------
