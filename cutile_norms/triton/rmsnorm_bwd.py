@@ -25,6 +25,19 @@ def has_tma(dev: DeviceInfo) -> bool:
 
 
 
+def offset_align(*values: int) -> int:
+    """The kernel's ALIGN: the largest power of two under 16 dividing every value, the elements its row
+    and column offsets are multiples of; 1 where all are multiples of 16, which Triton infers itself (an
+    integer argument divisible by 16 is specialised as such) and where the kernel stays as measured.
+    Without it rows of N = 8 (mod 16) 16-bit elements moved 2 bytes per load (0.32 x copy at N = 1128
+    on an H200, 0.69 at 1120)."""
+    align = 16
+    for v in values:
+        while align > 1 and v % align:
+            align //= 2
+    return 1 if align == 16 else align
+
+
 def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, sdy: int, need_dx: bool,
                 tma_capable: bool) -> bool:
     """Whether `rms_norm_bwd_tma_kernel` runs: `tma_config`, on a GPU with TMA (or the interpreter),
@@ -75,7 +88,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         prefetch = cfg.prefetch and cfg.chunks == 1
         consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                       HAS_W=weight is not None, NEED_DX=need_dx, NEED_DW=need_dw,
-                      ACC_2D=cfg.acc_2d and cfg.rows > 1, PREFETCH=prefetch,
+                      ACC_2D=cfg.acc_2d and cfg.rows > 1, PREFETCH=prefetch, ALIGN=offset_align(sx, sdy, N, cfg.part),
                       INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if prefetch else 0),
                                         max(sx, sdy, N)))
 

@@ -58,7 +58,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 2880, 4097, 20000])
+@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 1128, 2880, 3624, 4097, 20000])
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 37])
 def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
