@@ -16,6 +16,27 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
+def row_offsets(rows, stride, ALIGN: tl.constexpr):
+    """rows[:, None] * stride, said to be multiples of ALIGN elements (tiling.offset_align): Triton infers
+    alignment only from integer arguments divisible by 16, so rows of N = 8 (mod 16) 16-bit elements
+    compiled to 2-byte loads and stores (backward, bf16 N = 1128: 0.32 x copy on an H200, 0.69 at 1120)."""
+    off = rows * stride
+    if ALIGN > 1:
+        off = tl.multiple_of(off, [ALIGN])
+    return off[:, None]
+
+
+@triton.jit
+def bound(n, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """n splat over a tile's columns, said to be a multiple of ALIGN: a column mask `cols < n` then keeps
+    runs of ALIGN equal bits, which vector loads and stores need."""
+    b = tl.full([BLOCK_N], n, tl.int32)
+    if ALIGN > 1:
+        b = tl.multiple_of(b, [ALIGN])
+    return b
+
+
+@triton.jit
 def row_tile(tile, M, ROWS: tl.constexpr, INT64: tl.constexpr):
     """(the rows of row tile `tile`, int64 where INT64, and which of them are below M)."""
     rows = tile * ROWS + tl.arange(0, ROWS)

@@ -12,7 +12,7 @@ from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
 from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config)
 from .rmsnorm_bwd_kernel import dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel
-from .tiling import needs_int64
+from .tiling import needs_int64, offset_align
 
 
 # ================================================================================================
@@ -23,19 +23,6 @@ def has_tma(dev: DeviceInfo) -> bool:
     return INTERPRET or (dev.vendor == "nvidia" and dev.arch is not None and dev.arch >= (9, 0))
 
 
-
-
-def offset_align(*values: int) -> int:
-    """The kernel's ALIGN: the largest power of two under 16 dividing every value, the elements its row
-    and column offsets are multiples of; 1 where all are multiples of 16, which Triton infers itself (an
-    integer argument divisible by 16 is specialised as such) and where the kernel stays as measured.
-    Without it rows of N = 8 (mod 16) 16-bit elements moved 2 bytes per load (0.32 x copy at N = 1128
-    on an H200, 0.69 at 1120)."""
-    align = 16
-    for v in values:
-        while align > 1 and v % align:
-            align //= 2
-    return 1 if align == 16 else align
 
 
 def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, sdy: int, need_dx: bool,

@@ -27,40 +27,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exchange, program_part, slot_flag, slot_row_stride, slot_word
+from ._common import bound, exchange, program_part, row_offsets, slot_flag, slot_row_stride, slot_word
 
 
 # ================================================================================================
 # Kernels
 # ================================================================================================
 @triton.jit
-def _row_offsets(rows, stride, ALIGN: tl.constexpr):
-    """rows[:, None] * stride, said to be multiples of ALIGN elements (the launcher's 16-byte rule): Triton
-    infers alignment only from integer arguments divisible by 16, so rows of N = 8 (mod 16) 16-bit
-    elements compiled to 2-byte loads and stores (0.32 x copy at N = 1128 on an H200, 0.69 at 1120)."""
-    off = rows * stride
-    if ALIGN > 1:
-        off = tl.multiple_of(off, [ALIGN])
-    return off[:, None]
-
-
-@triton.jit
-def _bound(n, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """n splat over a tile's columns, said to be a multiple of ALIGN: a column mask `cols < n` then keeps
-    runs of ALIGN equal bits, which vector loads and stores need."""
-    b = tl.full([BLOCK_N], n, tl.int32)
-    if ALIGN > 1:
-        b = tl.multiple_of(b, [ALIGN])
-    return b
-
-
-@triton.jit
-def _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N, BLOCK_N: tl.constexpr, EVICT: tl.constexpr):
+def _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N, BLOCK_N: tl.constexpr, EVICT: tl.constexpr,
+           ALIGN: tl.constexpr):
     """Chunk c of a part too long for registers: (its columns, their in-row mask, the tile mask, x and
     dy in fp32)."""
     lanes_c = c * BLOCK_N + lanes
     cols_c = col0 + lanes_c
-    ok_c = (lanes_c < PART) & (cols_c < N)
+    ok_c = (lanes_c < bound(PART, BLOCK_N, ALIGN)) & (cols_c < bound(N, BLOCK_N, ALIGN))
     mask_c = row_ok[:, None] & ok_c[None, :]
     xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dyc = tl.load(dy_rows + cols_c[None, :], mask=mask_c, other=0.0, eviction_policy=EVICT).to(tl.float32)
@@ -88,7 +68,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
         cols = col0 + lanes
         if SPLIT == 1:  # one part, from column 0
             cols = lanes
-        col_ok = (lanes < _bound(PART, BLOCK_N, ALIGN)) & (cols < _bound(N, BLOCK_N, ALIGN))
+        col_ok = (lanes < bound(PART, BLOCK_N, ALIGN)) & (cols < bound(N, BLOCK_N, ALIGN))
         if HAS_W:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
         if ACC_2D:  # one accumulator per tile element: no reduction over the tile's rows per tile
@@ -100,9 +80,9 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
             if INT64:
                 rows_n = rows_n.to(tl.int64)
             ok_n = rows_n < M
-            x_n = tl.load(X + _row_offsets(rows_n, stride_x, ALIGN) + cols[None, :],
+            x_n = tl.load(X + row_offsets(rows_n, stride_x, ALIGN) + cols[None, :],
                           mask=ok_n[:, None] & col_ok[None, :], other=0.0)
-            dy_n = tl.load(DY + _row_offsets(rows_n, stride_dy, ALIGN) + cols[None, :],
+            dy_n = tl.load(DY + row_offsets(rows_n, stride_dy, ALIGN) + cols[None, :],
                            mask=ok_n[:, None] & col_ok[None, :], other=0.0)
             rstd_n = tl.load(RSTD + rows_n, mask=ok_n, other=0.0)
     for tile in range(group, (M + ROWS - 1) // ROWS, groups):
@@ -110,8 +90,8 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
         row_ok = rows < M
         if INT64:
             rows = rows.to(tl.int64)
-        x_rows = X + _row_offsets(rows, stride_x, ALIGN)
-        dy_rows = DY + _row_offsets(rows, stride_dy, ALIGN)
+        x_rows = X + row_offsets(rows, stride_x, ALIGN)
+        dy_rows = DY + row_offsets(rows, stride_dy, ALIGN)
         if CHUNKS == 1:
             mask = row_ok[:, None] & col_ok[None, :]
             if PREFETCH:
@@ -121,8 +101,8 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
                 rows_n = rows + groups * ROWS
                 ok_n = rows_n < M
                 mask_n = ok_n[:, None] & col_ok[None, :]
-                x_n = tl.load(X + _row_offsets(rows_n, stride_x, ALIGN) + cols[None, :], mask=mask_n, other=0.0)
-                dy_n = tl.load(DY + _row_offsets(rows_n, stride_dy, ALIGN) + cols[None, :], mask=mask_n, other=0.0)
+                x_n = tl.load(X + row_offsets(rows_n, stride_x, ALIGN) + cols[None, :], mask=mask_n, other=0.0)
+                dy_n = tl.load(DY + row_offsets(rows_n, stride_dy, ALIGN) + cols[None, :], mask=mask_n, other=0.0)
                 rstd_n = tl.load(RSTD + rows_n, mask=ok_n, other=0.0)
             else:
                 rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
@@ -147,7 +127,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
             dot = tl.zeros([ROWS], dtype=tl.float32)
             for c in range(CHUNKS):  # first pass: the dot (x and dy kept in L2 for the second)
                 cols_c, ok_c, mask_c, xc, dyc = _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N, BLOCK_N,
-                                                       "evict_last")
+                                                       "evict_last", ALIGN)
                 xhat_c = xc * rstd[:, None]
                 gc = dyc
                 if HAS_W:
@@ -160,14 +140,14 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
             dot = exchange(SLOTS, tile, rows, row_ok, dot, part, flag, ROWS, SPLIT, PHASE)
         if NEED_DX and PHASE != 1:
             mean = dot / N
-            dx_rows = DX + _row_offsets(rows, N, ALIGN)
+            dx_rows = DX + row_offsets(rows, N, ALIGN)
             if CHUNKS == 1:
                 dx = rstd[:, None] * (g - xhat * mean[:, None])
                 tl.store(dx_rows + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             else:
                 for c in range(CHUNKS):  # second pass: dx (x and dy read for the last time)
                     cols_c, ok_c, mask_c, xc, dyc = _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N,
-                                                           BLOCK_N, "evict_first")
+                                                           BLOCK_N, "evict_first", ALIGN)
                     gc = dyc
                     if HAS_W:
                         gc = dyc * (tl.load(W + cols_c, mask=ok_c, other=0.0).to(tl.float32) + offset)[None, :]

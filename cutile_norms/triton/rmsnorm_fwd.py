@@ -11,7 +11,7 @@ from .._workspace import workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
 from .rmsnorm_fwd_config import FwdConfig, analytic_config, grid_programs
 from .rmsnorm_fwd_kernel import rms_norm_fwd_kernel
-from .tiling import needs_int64
+from .tiling import needs_int64, offset_align
 
 
 # ================================================================================================
@@ -39,7 +39,7 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
             eps, offset, N, cfg.part)
     consts = dict(BLOCK_N=cfg.block_n, CHUNKS=cfg.chunks, ROWS=cfg.rows, SPLIT=cfg.split,
                   HAS_W=weight is not None, HAS_OFFSET=offset != 0.0, STORE_RSTD=store_rstd,
-                  PREFETCH=cfg.prefetch and cfg.chunks == 1,
+                  PREFETCH=cfg.prefetch and cfg.chunks == 1, ALIGN=offset_align(stride, N, cfg.part),
                   ONE_TILE=cfg.programs_per_sm == 0 and (cfg.split > 1 or cfg.one_tile),
                   INT64=needs_int64(M + (cfg.rows * cfg.programs_per_sm * sm_count if cfg.prefetch else 0),
                                     max(stride, N)))

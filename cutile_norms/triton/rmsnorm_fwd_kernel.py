@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exchange, program_part, slot_flag
+from ._common import bound, exchange, program_part, row_offsets, slot_flag
 
 
 # ================================================================================================
@@ -42,7 +42,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
                         ROWS: tl.constexpr, SPLIT: tl.constexpr, HAS_W: tl.constexpr, HAS_OFFSET: tl.constexpr,
                         STORE_RSTD: tl.constexpr, PREFETCH: tl.constexpr, ONE_TILE: tl.constexpr,
-                        PHASE: tl.constexpr, INT64: tl.constexpr):
+                        PHASE: tl.constexpr, INT64: tl.constexpr, ALIGN: tl.constexpr = 1):
     # PHASE 0: one launch. Under the interpreter (programs run one after another, so none can wait
     # for another) a split launch runs twice: PHASE 1 publishes the partial sums, PHASE 2 finishes.
     # ONE_TILE (split rows, one program per part; 16-bit rows of 7168-8192 in registers, one program
@@ -62,29 +62,33 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
         step = tl.num_programs(0) // SPLIT
     lanes = tl.arange(0, BLOCK_N)
     col0 = part * PART
+    if ALIGN > 1:  # (tiling.offset_align: what Triton cannot infer where N or x's row stride is not a multiple of 16)
+        col0 = tl.multiple_of(col0, ALIGN)
     if CHUNKS == 1:  # the weight's part (+ offset, fp32), loaded once per program
         cols = col0 + lanes
-        col_ok = (lanes < PART) & (cols < N)
+        if SPLIT == 1:  # one part, from column 0
+            cols = lanes
+        col_ok = (lanes < bound(PART, BLOCK_N, ALIGN)) & (cols < bound(N, BLOCK_N, ALIGN))
         if HAS_W and not ONE_TILE:
             w = _weight(W, cols, col_ok, offset, HAS_OFFSET)
         if PREFETCH:  # the first tile's x; each tile then loads the next one's before its reduction
             rows_n = group * ROWS + tl.arange(0, ROWS)
             if INT64:
                 rows_n = rows_n.to(tl.int64)
-            x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :],
+            x_n = tl.load(X + row_offsets(rows_n, stride_x, ALIGN) + cols[None, :],
                           mask=(rows_n < M)[:, None] & col_ok[None, :], other=0.0)
     for tile in range(group, last, step):
         rows = tile * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         if INT64:
             rows = rows.to(tl.int64)
-        x_rows = X + rows[:, None] * stride_x
+        x_rows = X + row_offsets(rows, stride_x, ALIGN)
         if CHUNKS == 1:
             mask = row_ok[:, None] & col_ok[None, :]
             if PREFETCH:
                 x = x_n.to(tl.float32)
                 rows_n = rows + step * ROWS
-                x_n = tl.load(X + rows_n[:, None] * stride_x + cols[None, :],
+                x_n = tl.load(X + row_offsets(rows_n, stride_x, ALIGN) + cols[None, :],
                               mask=(rows_n < M)[:, None] & col_ok[None, :], other=0.0)
             else:
                 x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -98,7 +102,8 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             for c in range(CHUNKS):
                 lanes_c = c * BLOCK_N + lanes
                 cols_c = col0 + lanes_c
-                mask_c = row_ok[:, None] & ((lanes_c < PART) & (cols_c < N))[None, :]
+                mask_c = row_ok[:, None] & ((lanes_c < bound(PART, BLOCK_N, ALIGN))
+                                            & (cols_c < bound(N, BLOCK_N, ALIGN)))[None, :]
                 xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
                              eviction_policy="evict_last").to(tl.float32)
                 sumsq += tl.sum(xc * xc, axis=1)
@@ -106,7 +111,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             sumsq = exchange(SLOTS, tile, rows, row_ok, sumsq, part, flag, ROWS, SPLIT, PHASE)
         if PHASE != 1:
             rstd = tl.rsqrt(sumsq / N + eps)
-            y_rows = Y + rows[:, None] * N
+            y_rows = Y + row_offsets(rows, N, ALIGN)
             if CHUNKS == 1:
                 y = x * rstd[:, None]
                 if HAS_W:
@@ -118,7 +123,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                 for c in range(CHUNKS):
                     lanes_c = c * BLOCK_N + lanes
                     cols_c = col0 + lanes_c
-                    ok_c = (lanes_c < PART) & (cols_c < N)
+                    ok_c = (lanes_c < bound(PART, BLOCK_N, ALIGN)) & (cols_c < bound(N, BLOCK_N, ALIGN))
                     mask_c = row_ok[:, None] & ok_c[None, :]
                     xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
                                  eviction_policy="evict_first").to(tl.float32)

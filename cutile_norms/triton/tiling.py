@@ -66,3 +66,16 @@ def split_for(N: int, tile_elems: int, split_max: int) -> tuple[int, int, int, i
 def needs_int64(M: int, row_elems: int) -> bool:
     """Row offsets in int64: M rows of `row_elems` (the longer of stride and N) pass int32."""
     return M * row_elems >= (1 << 31) - 1
+
+
+def offset_align(*values: int) -> int:
+    """The kernel's ALIGN: the largest power of two under 16 dividing every value, the elements its row
+    and column offsets are multiples of; 1 where all are multiples of 16, which Triton infers itself (an
+    integer argument divisible by 16 is specialised as such) and where the kernel stays as measured.
+    Without it rows of N = 8 (mod 16) 16-bit elements moved 2 bytes per load (0.32 x copy at N = 1128
+    on an H200, 0.69 at 1120)."""
+    align = 16
+    for v in values:
+        while align > 1 and v % align:
+            align //= 2
+    return 1 if align == 16 else align

@@ -74,7 +74,7 @@ import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from cutile_norms.triton.rmsnorm_bwd import offset_align
+from cutile_norms.triton.tiling import offset_align
 from cutile_norms.triton.rmsnorm_bwd_config import analytic_config
 from cutile_norms.triton.rmsnorm_bwd_kernel import rms_norm_bwd_kernel as K
 

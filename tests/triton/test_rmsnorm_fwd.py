@@ -68,7 +68,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
 # The kernel against the reference (interpreter on the CPU, compiled on the GPU)
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 2880, 4097, 7200, 20000])
+@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 1128, 2880, 4097, 7200, 9880, 20000])
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 37])
 def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
