@@ -58,9 +58,9 @@ class BwdConfig:
 #     lets more CTAs share an SM (8 warps of one CTA left the issue slots idle, ncu). On an H100 2 slots:
 #     bf16 N = 65536 (clusters of 8) 0.963-0.969 against 0.940-0.946 with 4 slots in three runs, and
 #     0.970 / 0.971 against 0.944 / 0.937 with 3 in two more; 3 slots measured ahead at 12288, 18432,
-#     28672 and 42528 (+3 to +16 %) but behind at 16384, 20480, 24576 and 32768 (-1 to -4 %, two runs
-#     each), no better worst case. On an H200, whose DRAM moves 1.43 x the H100's bytes per second with
-#     the same 132 SMs, a row's reads must be issued further ahead to keep it busy: 3 slots measured
+#     28672 and 42528 (+3 to +16 %, one run) but behind at 16384, 20480, 24576 and 32768 (-1 to -4 %,
+#     two or three runs each), no better worst case. On an H200, whose DRAM moves 1.43 x the H100's
+#     bytes per second with the same 132 SMs, a row's reads must be issued further ahead: 3 slots measured
 #     ahead of 2 at every width tried, N = 12288 / 18432 / 24576 / 28672 / 42528 / 65536: 0.876 / 0.863 /
 #     0.924 / 0.900 / 0.846 / 0.964 against 0.807 / 0.787 / 0.857 / 0.832 / 0.669 / 0.892 x copy, exact
 #     and padded slices of 6-8 vectors per thread alike (`python bench/tune/cute_rmsnorm_bwd.py`). A GPU
