@@ -36,7 +36,7 @@ from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as cute_bwd  # noqa: E402
 from cutile_norms.cute import rmsnorm_fwd as cute_fwd  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import analytic_config as bwd_config  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config as bwd_config, ring_stages  # noqa: E402
 from cutile_norms.cute.rmsnorm_fwd_config import analytic_config as fwd_config  # noqa: E402
 from cutile_norms.forward_table import merge_points, write_rows  # noqa: E402
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
@@ -85,7 +85,7 @@ def backward_fns(x, w, dy, rstd, dev):
     fns["None"] = lambda: torch.autograd.grad(yn, (xn, wn), dy, retain_graph=True)
     cfg = cute_bwd.TMA_SMEM_BACKWARD.config(x.shape[1], x.dtype, dev)  # this GPU's rule
     padded = bwd_config(x.shape[1], x.element_size(), exact=False,  # the rule without its exact tiling
-                        small_ring=cfg.stages if cfg is not None else 2)
+                        small_ring=ring_stages(dev))
     if cfg is not None and cute_bwd.unsupported(x, dy) is None:
         fns["cute"] = lambda: cute_bwd.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
         if padded != cfg:
