@@ -114,6 +114,14 @@ def table_key(dev: DeviceInfo, tables: dict) -> str | None:
     return arch
 
 
+def table_key_for(table: dict, arch: str, gpu: str) -> str:
+    """Where a measured table's rows for `gpu` go (the writers' side of table_key; `table` has a
+    "source" of {key: {"gpu": name, ...}}): the arch's if it is this GPU's (or there is none yet), else
+    the model's own ("sm_90/H200")."""
+    src = table.get("source", {}).get(arch)
+    return arch if src is None or src.get("gpu") == gpu else f"{arch}/{gpu_model(gpu)}"
+
+
 def triton_interpreted() -> bool:
     """TRITON_INTERPRET=1: Triton runs its kernels on CPU tensors (the CPU CI's way to run them)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

@@ -10,7 +10,7 @@ import os
 import torch
 
 from . import dispatch
-from ._platform import gpu_model
+from ._platform import table_key_for
 
 
 def merge_points(runs: list[dict]) -> dict:
@@ -45,13 +45,6 @@ def band_rows(points: dict, elem_bytes: int) -> list[dict]:
                      "evidence": f"worst of {len(ns)} widths {worst[best]:.3f}x copy (N={ns[0]}..{ns[-1]}: "
                                  + ", ".join(f"{n} {points[n][best]:.3f}" for n in ns) + f"){runner}"})
     return rows
-
-
-def table_key_for(table: dict, arch: str, gpu: str) -> str:
-    """Where this GPU's rows go: the arch's table if it is this GPU's (or there is none yet), else
-    the model's own ("sm_90/H200")."""
-    src = table.get("source", {}).get(arch)
-    return arch if src is None or src.get("gpu") == gpu else f"{arch}/{gpu_model(gpu)}"
 
 
 def write_rows(points: dict, dtype: str, arch: str, gpu: str, command: str, date: str) -> str:

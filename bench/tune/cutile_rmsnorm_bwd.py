@@ -31,7 +31,7 @@ from bench.rmsnorm import DTYPES  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import (ELEMENTS, best_timed, distinct, read_table, save_sweep, width_inputs,  # noqa: E402
                               write_table)
-from cutile_norms._platform import device_info, gpu_model  # noqa: E402
+from cutile_norms._platform import device_info, table_key_for  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
                                                     cut_pieces)
@@ -203,9 +203,7 @@ def write_configs(results: dict, gpu: str, arch: str) -> str:
     that is this GPU model's table (or there is none yet), else under "<arch>/<model>" (an H200's own
     rows beside the H100's; rmsnorm_bwd_config.config_and_source reads this GPU model's first)."""
     table = read_table(CONFIG_TABLE)
-    key = arch
-    if table["source"].get(arch, {}).get("gpu", gpu) != gpu:
-        key = f"{arch}/{gpu_model(gpu)}"
+    key = table_key_for(table, arch, gpu)
     rows = {e["N"]: e for e in table["configs"].get(key, {}).get(results["dtype"], [])}
     for sweep in results["sweep"]:
         best = best_timed(sweep["configs"])
