@@ -37,6 +37,13 @@ def bound(n, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def part_mask(lanes, cols, PART, N, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """The lanes of a tile that hold columns of this program's part (lanes < PART) and of the row
+    (cols < N), with both bounds said to be multiples of ALIGN (`bound`)."""
+    return (lanes < bound(PART, BLOCK_N, ALIGN)) & (cols < bound(N, BLOCK_N, ALIGN))
+
+
+@triton.jit
 def row_tile(tile, M, ROWS: tl.constexpr, INT64: tl.constexpr):
     """(the rows of row tile `tile`, int64 where INT64, and which of them are below M)."""
     rows = tile * ROWS + tl.arange(0, ROWS)

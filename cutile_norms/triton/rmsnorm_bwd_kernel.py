@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import bound, exchange, program_part, row_offsets, slot_flag, slot_row_stride, slot_word
+from ._common import exchange, part_mask, program_part, row_offsets, slot_flag, slot_row_stride, slot_word
 
 
 # ================================================================================================
@@ -40,7 +40,7 @@ def _chunk(x_rows, dy_rows, row_ok, lanes, col0, c, PART, N, BLOCK_N: tl.constex
     dy in fp32)."""
     lanes_c = c * BLOCK_N + lanes
     cols_c = col0 + lanes_c
-    ok_c = (lanes_c < bound(PART, BLOCK_N, ALIGN)) & (cols_c < bound(N, BLOCK_N, ALIGN))
+    ok_c = part_mask(lanes_c, cols_c, PART, N, BLOCK_N, ALIGN)
     mask_c = row_ok[:, None] & ok_c[None, :]
     xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0, eviction_policy=EVICT).to(tl.float32)
     dyc = tl.load(dy_rows + cols_c[None, :], mask=mask_c, other=0.0, eviction_policy=EVICT).to(tl.float32)
@@ -68,7 +68,7 @@ def rms_norm_bwd_kernel(DY, X, W, RSTD, DX, DW, SLOTS, M, stride_x, stride_dy, o
         cols = col0 + lanes
         if SPLIT == 1:  # one part, from column 0
             cols = lanes
-        col_ok = (lanes < bound(PART, BLOCK_N, ALIGN)) & (cols < bound(N, BLOCK_N, ALIGN))
+        col_ok = part_mask(lanes, cols, PART, N, BLOCK_N, ALIGN)
         if HAS_W:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
         if ACC_2D:  # one accumulator per tile element: no reduction over the tile's rows per tile

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import bound, exchange, program_part, row_offsets, slot_flag
+from ._common import exchange, part_mask, program_part, row_offsets, slot_flag
 
 
 # ================================================================================================
@@ -68,7 +68,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
         cols = col0 + lanes
         if SPLIT == 1:  # one part, from column 0
             cols = lanes
-        col_ok = (lanes < bound(PART, BLOCK_N, ALIGN)) & (cols < bound(N, BLOCK_N, ALIGN))
+        col_ok = part_mask(lanes, cols, PART, N, BLOCK_N, ALIGN)
         if HAS_W and not ONE_TILE:
             w = _weight(W, cols, col_ok, offset, HAS_OFFSET)
         if PREFETCH:  # the first tile's x; each tile then loads the next one's before its reduction
@@ -102,8 +102,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             for c in range(CHUNKS):
                 lanes_c = c * BLOCK_N + lanes
                 cols_c = col0 + lanes_c
-                mask_c = row_ok[:, None] & ((lanes_c < bound(PART, BLOCK_N, ALIGN))
-                                            & (cols_c < bound(N, BLOCK_N, ALIGN)))[None, :]
+                mask_c = row_ok[:, None] & part_mask(lanes_c, cols_c, PART, N, BLOCK_N, ALIGN)[None, :]
                 xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
                              eviction_policy="evict_last").to(tl.float32)
                 sumsq += tl.sum(xc * xc, axis=1)
@@ -123,7 +122,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                 for c in range(CHUNKS):
                     lanes_c = c * BLOCK_N + lanes
                     cols_c = col0 + lanes_c
-                    ok_c = (lanes_c < bound(PART, BLOCK_N, ALIGN)) & (cols_c < bound(N, BLOCK_N, ALIGN))
+                    ok_c = part_mask(lanes_c, cols_c, PART, N, BLOCK_N, ALIGN)
                     mask_c = row_ok[:, None] & ok_c[None, :]
                     xc = tl.load(x_rows + cols_c[None, :], mask=mask_c, other=0.0,
                                  eviction_policy="evict_first").to(tl.float32)
