@@ -165,8 +165,8 @@ def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | N
     measured width's. The counts: N = 3584 at 3 blocks per SM (85 registers each) spilled 4 bytes per
     thread, 3616-3632 there (a fourth piece) 52-76, and measured 0.61-0.69 x copy on an H200 against 0.85
     at 2 blocks; with an fp32 weight 3584 at 3 blocks spilled 88, 6144 at 2 blocks 92; the H200's 6144
-    config at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where the estimate exceeds a block's share of the register file: 2 blocks per SM
-    if that fits, else no prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides
+    config at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where the
+    estimate exceeds a block's share of the register file: 2 blocks per SM if that fits, else no prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides
     a row's latency (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
     warps = cfg.num_worker_warps or 4
     per_thread = part_of(cfg, N) / (32 * warps)
