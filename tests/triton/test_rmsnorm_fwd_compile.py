@@ -1,5 +1,5 @@
-"""Compile checks (CPU only, no GPU) of the Triton forward (rms_norm_fwd_kernel), built for sm_90 by
-`triton.compile`: it moves x and y in 16-byte vectors where N is 8 (mod 16), as where it is a multiple
+"""Compile checks (CPU only, no GPU) of the Triton forward (rms_norm_fwd_kernel), built for sm_90 and sm_100 by
+`triton.compile` (sm_100 too): it moves x and y in 16-byte vectors where N is 8 (mod 16), as where it is a multiple
 of 16 (its ALIGN hint, tiling.offset_align), whole rows in registers and rows in chunks alike.
 
 The compiles run in one child process without TRITON_INTERPRET (tests/triton/_util.py).
@@ -20,7 +20,7 @@ from cutile_norms.triton.rmsnorm_fwd_kernel import rms_norm_fwd_kernel as K
 from cutile_norms.triton.tiling import offset_align
 
 out = {}
-for (N,) in json.loads(sys.argv[1]):
+for N, arch in json.loads(sys.argv[1]):
     cfg = analytic_config(N, 2, "nvidia", 132)
     sig = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "SLOTS": "*i64", "M": "i32",
            "stride_x": "i32", "eps": "fp32", "offset": "fp32", "N": "i32", "PART": "i32"}
@@ -35,9 +35,9 @@ for (N,) in json.loads(sys.argv[1]):
     attrs = {(K.arg_names.index(k),): [["tt.divisibility", 16]] for k in ["X", "W", "Y", "RSTD", "SLOTS"] + ints}
     src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()},
                     attrs=attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+    ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
-    out[str(N)] = dict(chunks=cfg.chunks, v4_loads=len(re.findall(r"ld\.global(\.[a-z]+)*\.v4", ptx)),
+    out[f"{N}-{arch}"] = dict(chunks=cfg.chunks, v4_loads=len(re.findall(r"ld\.global(\.[a-z]+)*\.v4", ptx)),
                        b16=len(re.findall(r"(ld|st)\.global(\.[a-z]+)*\.b16", ptx)),
                        v4_stores=len(re.findall(r"st\.global(\.[a-z]+)*\.v4", ptx)))
 print("RESULT " + json.dumps(out))
@@ -50,11 +50,12 @@ PAIRS = [(1128, 1120), (9880, 9872), (34808, 34800)]
 
 @pytest.fixture(scope="module")
 def compiled():
-    return compile_in_child(CHILD, [(n,) for pair in PAIRS for n in pair])
+    return compile_in_child(CHILD, [(n, arch) for pair in PAIRS for n in pair for arch in (90, 100)])
 
 
+@pytest.mark.parametrize("arch", [90, 100])
 @pytest.mark.parametrize("N,ref", PAIRS)
-def test_rows_of_8_mod_16_move_in_16_byte_vectors(compiled, N, ref):
-    r, base = compiled[str(N)], compiled[str(ref)]
+def test_rows_of_8_mod_16_move_in_16_byte_vectors(compiled, N, ref, arch):
+    r, base = compiled[f"{N}-{arch}"], compiled[f"{ref}-{arch}"]
     assert r["b16"] == 0 and r["v4_loads"] >= max(1, base["v4_loads"] - 1), (r, base)
     assert r["v4_stores"] >= max(1, base["v4_stores"] - 1), (r, base)
