@@ -89,10 +89,14 @@ def bwd_variants(N, dev):
     out = {"analytic": base, "analytic prefetch": dataclasses.replace(base, prefetch=True)}
     if N <= 8192:
         block = pow2_ceil(N)
-        for tile in (4096, 8192, 16384):
+        for tile in (2048, 4096, 8192, 16384, 32768):
             rows = max(1, tile // block)
-            for vpt in (8, 16):
+            if rows > 64:
+                continue
+            for vpt in (4, 8, 16, 32):
                 warps = _warps(rows * block // vpt)
+                if rows * block // (warps * 32) != vpt:  # fewer than one warp's or more than 1024 threads' worth
+                    continue
                 out[f"tile {rows * block} {vpt}/thr pf"] = BC.BwdConfig(
                     rows=rows, split=1, part=N, block_n=block, chunks=1, num_warps=warps,
                     programs_per_sm=max(1, 2048 // (warps * 32)), prefetch=True)

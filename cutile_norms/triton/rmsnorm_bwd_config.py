@@ -36,6 +36,19 @@ class BwdConfig(TileConfig):
 #     same widths (docs/design.md); 2 stages 0.52-0.73,
 #     4 stages within 2 % of 3; the pointer kernel above where TMA does not apply.
 TILE_ELEMS = 8192
+# 16-bit rows of at most NARROW_16 columns that are not a power of two: 16 values per thread too. Measured
+# (python bench/tune/triton_rmsnorm.py --only bwd, bf16, 15 widths of 512-3072) against 8 per thread:
+# H200 +3 to +5 % at 768-1816 (896: 0.875 against 0.838), H100 -0.9 to +1.7 %; past 2048 columns (a
+# 4096-lane block) the H100 keeps 8 (2304-3072: 16 per thread 0.3-1.4 % behind) and the H200 is level.
+NARROW_16 = 2048
+# 16-bit rows of PAD_32 columns (a 2048-lane block a quarter to half padding): tiles of 2 rows, 32 values
+# per thread (4 warps). The wider tile's warps past the row's end hold no column (16 values per thread
+# at 1128: 3 of 8 warps along the row idle); with 4 warps each thread's first two vectors are in the
+# row. Measured (same command): H200 +7 to +10 % over the best other config at 1128 / 1280 / 1400 /
+# 1536 (0.780 / 0.836 / 0.838 / 0.882), H100 +0.9 to +6.5 % at 1128-1400 and -0.7 % at 1536; from
+# 1664 the H100 loses 4-5 % with it, so the band stops at 1536. Not the 1024-lane block: at 768 it
+# lost 4-5 % on both GPUs.
+PAD_32 = (1024, 1536)
 PART_ELEMS = 2048
 SPLIT_MAX = 32
 TMA_STAGES = 3
@@ -49,7 +62,10 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
     if N <= tile_elems:
         block_n = pow2_ceil(N)
         rows = max(1, min(64, tile_elems // block_n))
-        warps = warps_for(rows * block_n, elem_bytes, lanes, vendor, per_thread=16 if block_n == N else 8)
+        per_thread = 16 if block_n == N or (elem_bytes == 2 and block_n <= NARROW_16) else 8
+        if elem_bytes == 2 and PAD_32[0] < N <= PAD_32[1]:
+            rows, per_thread = 2, 32
+        warps = warps_for(rows * block_n, elem_bytes, lanes, vendor, per_thread=per_thread)
         return BwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
                          programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
     split, part, block_n, chunks = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))

@@ -77,6 +77,7 @@ from triton.compiler import ASTSource
 from cutile_norms.triton.tiling import offset_align
 from cutile_norms.triton.rmsnorm_bwd_config import analytic_config
 from cutile_norms.triton.rmsnorm_bwd_kernel import rms_norm_bwd_kernel as K
+from tests.cute.ptx_util import ptxas_report
 
 out = {}
 for N, arch in json.loads(sys.argv[1]):
@@ -98,11 +99,16 @@ for N, arch in json.loads(sys.argv[1]):
                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}).asm["ptx"]
     out[f"{N}-{arch}"] = dict(v4_loads=len(re.findall(r"ld\.global(\.[a-z]+)*\.v4", ptx)),
                        b16=len(re.findall(r"(ld|st)\.global(\.[a-z]+)*\.b16", ptx)),
-                       v4_stores=len(re.findall(r"st\.global(\.[a-z]+)*\.v4", ptx)))
+                       v4_stores=len(re.findall(r"st\.global(\.[a-z]+)*\.v4", ptx)),
+                       warps=cfg.num_warps, per_thread=cfg.rows * cfg.block_n // (32 * cfg.num_warps),
+                       **(ptxas_report(ptx, "sm_90a") if arch == 90 else {}))
 print("RESULT " + json.dumps(out))
 """
 
-ROW_WIDTHS = [(n, arch) for n in (1120, 1128, 1504, 1512, 3616, 3624, 7168, 7176) for arch in ARCHS]
+# N = 8 (mod 16) beside the multiple of 16 below; and the narrow rows' configs (rmsnorm_bwd_config.py:
+# NARROW_16, PAD_32) at both ends of their bands and between
+ROW_WIDTHS = [(n, arch) for n in (1120, 1128, 1504, 1512, 3616, 3624, 7168, 7176, 768, 1000, 1032, 1536, 1544, 2040)
+              for arch in ARCHS]
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +126,14 @@ def test_rows_of_8_mod_16_move_in_16_byte_vectors(row_kernel, N, arch):
     r, ref = row_kernel[f"{N}-{arch}"], row_kernel[f"{N - 8}-{arch}"]
     assert r["b16"] <= 1 and r["v4_loads"] >= 4 and r["v4_loads"] >= ref["v4_loads"] - 1, (r, ref)
     assert r["v4_stores"] >= 1, r
+
+
+@pytest.mark.parametrize("N,per_thread", [(768, 16), (1000, 16), (1032, 32), (1128, 32), (1536, 32), (1544, 16),
+                                          (2040, 16), (3624, 8)])
+def test_narrow_rows_fit_in_registers(row_kernel, N, per_thread):
+    """The narrow 16-bit rows' configs (16 values per thread up to 2048 columns, 2 rows x 32 per thread at
+    1025-1536, 8 past 2048 columns where N is not a power of two) with the next tile prefetched: no
+    spills on sm_90a (ptxas), at the values per thread the rule gives."""
+    r = row_kernel[f"{N}-90"]
+    assert r["per_thread"] == per_thread, r
+    assert r["spill_stores"] == 0 and r["registers"] <= 255, r
