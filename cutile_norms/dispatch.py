@@ -283,11 +283,16 @@ BACKWARD_TABLE = (
                 "case; python bench/probe/model_widths.py --only bwd"),
     # An H200's own rows: the same bands as the H100's, each re-measured there (the cuTile kernel with
     # the H200's config table, the CuTe one with its 3-slot ring: cute/rmsnorm_bwd_config.py, DEEP_RING)
-    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
-                "NVIDIA H200 2026-11-26, bf16, Triton's backward against the cuTile persistent kernel: N=896 "
-                "0.843 / 0.633 (the H200 sweep's best cuTile configs: 512 0.858, 1024 0.864), 1536 0.804 / 0.760 "
-                "(sweep 0.799); from 1568 (0.806 / 0.820) the cuTile kernel; python bench/probe/model_widths.py "
-                "--only bwd --random 6 (seed 584577933), python bench/tune/cutile_rmsnorm_bwd.py"),
+    # To 4 KiB rows (not the H100's 3 KiB): from 1537 columns Triton's 16 values per thread (its NARROW_16
+    # rule) kept it ahead of the cuTile kernel's configs, which hold at 2048 (a measured width) and not
+    # between 1024 and it.
+    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 1, 4094, "triton",
+                "NVIDIA H200 2026-11-26, bf16, Triton's backward against the cuTile persistent kernel (medians "
+                "of 3): N=768 0.830 / 0.727, 896 0.879 / 0.636, 1000 0.895 / 0.736, 1048 0.762 / 0.508, 1128 "
+                "0.787 / 0.515, 1280 0.827 / 0.737, 1400 0.841 / 0.686, 1536 0.870 / 0.792, 1664 0.858 / 0.710, "
+                "1816 0.872 / 0.837; at 2048 the cuTile kernel (0.975 / 0.912); python "
+                "bench/probe/model_widths.py --only bwd --random 0 --ns 768,...,1816 --kernels "
+                "None,triton,cutile,quack, python bench/tune/cutile_rmsnorm_bwd.py"),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), 12289, 16 * 1024, "triton",
                 "NVIDIA H200 2026-11-26, bf16 N=7168 / 8192: triton 0.887 / 0.914 x copy, the cuTile persistent "
                 "kernel 0.749 / 0.897 (its sweep's best 0.753 / 0.893), while at 6144 the cuTile kernel's H200 "
