@@ -33,16 +33,30 @@ class DeviceInfo:
 CPU = DeviceInfo(vendor="cpu", name="cpu")
 
 
+class _Probe:
+    def __repr__(self) -> str:
+        return "PROBE"
+
+
+PROBE = _Probe()  # a Toolchain field not given: the DSL is imported the first time a decision asks about it
+
+
 @dataclass(frozen=True)
 class Toolchain:
-    """Import errors of the DSLs (None = importable)."""
+    """Import errors of the DSLs (None = importable). The process's own (`toolchain()`) leaves every
+    field PROBE: each DSL is imported when a decision first needs it, so a call that runs a CuTe kernel
+    does not import Triton (importing all three DSLs was 0.94 s of a fresh process's first call at
+    N = 4096 on an H100, `import triton` 0.18 s of it: bench/decode.py --first-call)."""
 
-    cutile: str | None
-    cute: str | None
-    triton: str | None
+    cutile: str | None | _Probe = PROBE
+    cute: str | None | _Probe = PROBE
+    triton: str | None | _Probe = PROBE
 
     def error(self, dsl: str) -> str | None:
-        return getattr(self, dsl) if dsl != "torch" else None
+        if dsl == "torch":
+            return None
+        value = getattr(self, dsl)
+        return import_error(dsl) if value is PROBE else value
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,7 +80,15 @@ def device_info(device: torch.device | str | int | None = None) -> DeviceInfo:
     return _gpu_info(index)
 
 
-def _import_error(module: str) -> str | None:
+DSL_MODULES = {"cutile": "cuda.tile", "cute": "cutlass.cute", "triton": "triton"}
+
+
+@functools.lru_cache(maxsize=None)
+def import_error(dsl: str) -> str | None:
+    """Why the DSL does not import here (None: it does); found out once per process."""
+    module = DSL_MODULES[dsl]
+    if dsl == "cutile":
+        point_cutile_cache()  # before cuda.tile is first imported
     try:
         importlib.import_module(module)
     except Exception as exc:  # any failure to import means the DSL cannot run here
@@ -76,9 +98,8 @@ def _import_error(module: str) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def toolchain() -> Toolchain:
-    point_cutile_cache()  # before cuda.tile is first imported
-    return Toolchain(cutile=_import_error("cuda.tile"), cute=_import_error("cutlass.cute"),
-                     triton=_import_error("triton"))
+    """This process's DSLs, each imported on first need (Toolchain.error)."""
+    return Toolchain()
 
 
 def table_arch(dev: DeviceInfo, tables: dict) -> str | None:

@@ -300,3 +300,44 @@ def test_written_table_takes_the_best_worst_case_per_band(tmp_path, monkeypatch)
     assert table["tables"]["sm_90/H200"]["bfloat16"][0]["mode"] == b and table["source"]["sm_90/H200"]["gpu"] == "NVIDIA H200"
     assert table["tables"]["sm_90"]["bfloat16"] == rows
     rmsnorm._route.cache_clear()
+
+
+LAZY_CHILD = r"""
+import json, os, sys
+import torch
+import cutile_norms
+from cutile_norms import dispatch
+from cutile_norms._platform import DeviceInfo, toolchain
+before = {m: m in sys.modules for m in ("cuda.tile", "cutlass", "triton")}
+cache_env_before = "CUDA_TILE_CACHE_DIR" in os.environ
+h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
+choice = dispatch.resolve("tma_smem_cached", h100, toolchain(), torch.bfloat16, 1, 4096)
+after = {m: m in sys.modules for m in ("cuda.tile", "cutlass", "triton")}
+print("RESULT " + json.dumps(dict(before=before, after=after, mode=choice.mode, cache_env_before=cache_env_before,
+                                  cache_env=os.environ.get("CUDA_TILE_CACHE_DIR"))))
+"""
+
+
+def test_the_process_toolchain_imports_only_what_a_decision_needs(tmp_path):
+    """`import cutile_norms` imports no DSL, and a decision for a CuTe mode imports CuTe and cuTile (its
+    backward) but not Triton: importing every DSL up front was a fifth of a fresh process's first call.
+    cuTile's disk cache is pointed at ours before cuda.tile is imported."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("cutlass.cute")
+    pytest.importorskip("cuda.tile")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_TILE_CACHE_DIR", "TRITON_INTERPRET")}
+    env.update(PYTHONPATH=root, CUTILE_NORMS_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", LAZY_CHILD], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=300)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stderr[-2000:]
+    r = json.loads(line[0][len("RESULT "):])
+    assert r["before"] == {"cuda.tile": False, "cutlass": False, "triton": False}, r
+    assert r["mode"] == "tma_smem_cached" and r["after"]["cutlass"] and r["after"]["cuda.tile"], r
+    assert not r["after"]["triton"], r
+    assert not r["cache_env_before"] and r["cache_env"] == str(tmp_path / "cutile"), r
