@@ -82,10 +82,11 @@ def test_picked_configs_fit_without_spilling(N, x_dtype, w_dtype):
     assert report["spill_stores"] <= 32, f"N={N} {x_dtype}/{w_dtype} {cfg.short()}: {report}"
 
 
-@pytest.mark.parametrize("N", [11264, 12288, 14336, 18432, 20480, 22528, 24576, 26624, 28672])
-def test_fp32_configs_between_16384_and_32768_fit_without_spilling(N):
-    """fp32 rows of 44-112 KiB: the widths measured on their own (12288, 18432, 20480, 24576, 28672;
-    the 16384 and 32768 configs scaled there measured 0.55-0.89 x copy on an H100) and between them,
+@pytest.mark.parametrize("N", [768, 896, 1000, 1280, 1536, 1792,
+                               11264, 12288, 14336, 18432, 20480, 22528, 24576, 26624, 28672])
+def test_fp32_configs_measured_between_the_powers_of_two_fit_without_spilling(N):
+    """fp32 widths measured on their own (768, 896, 1536; 12288, 18432, 20480, 24576, 28672: the
+    configs of the powers of two scaled there measured 0.55-0.89 x copy on an H100) and between them,
     as test_picked_configs_fit_without_spilling."""
     cfg = _config(N, "float32", "sm_90", "float32")
     report = ptxas_report(compile_bwd(cfg, N, "float32", "float32"))
