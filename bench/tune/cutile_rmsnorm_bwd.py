@@ -213,8 +213,13 @@ def write_configs(results: dict, gpu: str, arch: str) -> str:
     table["configs"].setdefault(key, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
     src = table["source"].setdefault(key, {"gpu": gpu, "runs": {}})
     src["gpu"] = gpu
-    src.setdefault("runs", {})[results["dtype"]] = {"date": datetime.date.today().isoformat(),
-                                                    "command": results["command"]}
+    runs = src.setdefault("runs", {})
+    today, command = datetime.date.today().isoformat(), results["command"]
+    earlier = runs.get(results["dtype"])
+    if earlier and earlier.get("command") and earlier["command"] != command:
+        # a sweep of some widths keeps the other widths' rows, so the record keeps the commands that wrote them
+        command = f"{earlier['command']} ({earlier.get('date', '')}); then {command}"
+    runs[results["dtype"]] = {"date": today, "command": command}
     return write_table(table, CONFIG_TABLE)
 
 

@@ -71,6 +71,33 @@ def test_a_gpu_model_measured_on_its_own_takes_its_configs():
     assert "on sm_90 in float32" in config_and_source(3584, 4, h200, "float32")[1]
 
 
+def test_the_sweep_writer_keeps_the_commands_of_earlier_sweeps(tmp_path, monkeypatch):
+    """bench/tune/cutile_rmsnorm_bwd.py --write-configs[-from]: a sweep of some widths replaces those
+    widths' rows, keeps the others, and appends its command to the dtype's record instead of replacing it."""
+    import json
+
+    from bench.tune import cutile_rmsnorm_bwd as tune
+
+    path = tmp_path / "rmsnorm_bwd_configs.json"
+    monkeypatch.setattr(tune, "CONFIG_TABLE", str(path))
+    fields = {"tile_m": 1, "split": 4, "piece_min": 2048, "blocks_per_sm": 2, "num_worker_warps": 8, "latency": 1,
+              "prefetch": False}
+
+    def sweep(command, widths, prefetch):
+        cfg = dict(fields, prefetch=prefetch)
+        return {"dtype": "float32", "command": command,
+                "sweep": [{"N": n, "dw_share": 0.01, "configs": [{"fields": cfg, "vs_copy": 0.9, "ms": 1.0}]}
+                          for n in widths]}
+
+    tune.write_configs(sweep("first --ns 12288,16384", [12288, 16384], False), "NVIDIA H100 80GB HBM3", "sm_90")
+    tune.write_configs(sweep("second --ns 12288", [12288], True), "NVIDIA H100 80GB HBM3", "sm_90")
+    table = json.loads(path.read_text())
+    rows = {e["N"]: e["config"]["prefetch"] for e in table["configs"]["sm_90"]["float32"]}
+    assert rows == {12288: True, 16384: False}
+    command = table["source"]["sm_90"]["runs"]["float32"]["command"]
+    assert command.startswith("first --ns 12288,16384 (") and command.endswith("; then second --ns 12288"), command
+
+
 def test_prefetch_is_kept_where_its_registers_fit():
     """A prefetching config used where its registers were not measured: kept at 1 block per SM (N =
     10728 from 10240's), dropped where the estimate exceeds 2 blocks' share (6264 from 6144's), 2 blocks
