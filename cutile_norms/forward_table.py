@@ -47,20 +47,35 @@ def band_rows(points: dict, elem_bytes: int) -> list[dict]:
     return rows
 
 
+def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
+    """The rows of a table after a run that measured some bands: the run's rows, and the earlier rows
+    of the bands it did not measure (the band edges are FORWARD_BAND_EDGES' in both)."""
+    measured = {(r["n_min"], r["n_max"]) for r in new}
+    return sorted(new + [r for r in old if (r["n_min"], r["n_max"]) not in measured], key=lambda r: r["n_min"])
+
+
 def write_rows(points: dict, dtype: str, arch: str, gpu: str, command: str, date: str) -> str:
     """Writes band_rows of {N: {mode: ratio}} (the stable modes' ratios to a copy; other keys are
     ignored) into tuning/rmsnorm_fwd.json under this GPU's table key, with the command that measured
-    them; returns the table's path."""
+    them; returns the table's path. Bands with no measured width keep their rows, and the record of
+    the command that measured them is kept before this one's."""
     candidates = [m for m, spec in dispatch.MODES.items() if spec.status == dispatch.STABLE and m != "torch"]
     points = {n: {m: r for m, r in p.items() if m in candidates} for n, p in points.items()}
     e = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     path = dispatch.TABLE_PATH
     table = json.load(open(path)) if os.path.exists(path) else {"source": {}, "tables": {}}
     key = table_key_for(table, arch, gpu)
-    table["tables"].setdefault(key, {})[dtype] = band_rows({n: p for n, p in points.items() if p}, e)
+    new = band_rows({n: p for n, p in points.items() if p}, e)
+    old = table["tables"].setdefault(key, {}).get(dtype, [])
+    rows = merge_rows(old, new)
+    table["tables"][key][dtype] = rows
     src = table["source"].setdefault(key, {})
     src["gpu"] = gpu
-    src.setdefault("commands", {})[dtype] = {"command": command, "date": date}
+    commands = src.setdefault("commands", {})
+    if len(rows) > len(new) and dtype in commands:
+        bands = ", ".join(f"N {r['n_min']}-{r['n_max']}" for r in new)
+        command = f"{commands[dtype]['command']}; then for {bands} ({date}): {command}"
+    commands[dtype] = {"command": command, "date": date}
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(table, f, indent=1)

@@ -33,3 +33,16 @@ def test_bands_cover_every_width_once_and_take_the_best_worst_case():
 def test_a_mode_missing_at_one_width_of_a_band_does_not_compete_there():
     rows = band_rows({1024: {A: 0.9, B: 0.99}, 2048: {A: 0.95}}, 2)
     assert [r["mode"] for r in rows] == [A]
+
+
+def test_a_run_over_some_bands_keeps_the_other_bands_rows():
+    from cutile_norms.forward_table import merge_rows
+
+    e = 2
+    before = band_rows({1024: {A: 0.99, B: 0.9}, 28000: {A: 0.8, B: 0.95}, 40000: {A: 0.9, B: 0.85}}, e)
+    run = band_rows({30000: {A: 0.97, B: 0.93}, 50000: {A: 0.7, B: 0.96}}, e)
+    rows = merge_rows(before, run)
+    assert [r["mode"] for r in rows] == [A, A, B]  # the first band as before, the others from the run
+    assert rows[0] == before[0] and rows[1:] == run
+    for a, b in zip(rows, rows[1:]):
+        assert b["n_min"] == a["n_max"] + 1

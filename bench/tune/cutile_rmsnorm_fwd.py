@@ -9,6 +9,7 @@ rmsnorm_fwd.default_config are set from these numbers (docs/history.md records e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -27,7 +28,7 @@ from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd_config import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
-                                                    split_part)
+                                                    split_between, split_part)
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 
@@ -123,6 +124,44 @@ def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
 
 
 
+def between_candidates(N: int) -> dict:
+    """--between: a 16-bit split row between measured widths (docs/performance.md 2.14): the rule
+    (split_between), the nearest entry's config re-cut into pieces under a proportionally raised hint,
+    and the rule's alternatives (wider parts, unpacked, other hints, a packed piece and a tail)."""
+    rule = split_between(N)
+    S, piece, part = rule.split, rule.piece_min, split_part(N, rule.split)
+    recut = FwdConfig("split", split=S, piece_min=cached_piece_min(part), w_early=True, tie_slot=True,
+                      occupancy=min(16, 6 * 8192 // part))
+    C = FwdConfig
+    out = {"rule": rule, "re-cut pieces, raised hint": recut,
+           "unpacked, 6/SM": C("split", split=S, piece_min=piece, occupancy=6, w_early=True, tie_slot=True),
+           "packed, 8/SM": C("split", split=S, piece_min=piece, packed=True, occupancy=8, tie_slot=True),
+           "packed piece and tail, 8/SM": C("split", split=S, piece_min=cached_piece_min(part), packed=True,
+                                            occupancy=8, tie_slot=True)}
+    for occ in (10, 12, 16):
+        out[f"packed, {occ}/SM"] = dataclasses.replace(out["packed, 8/SM"], occupancy=occ)
+    if S >= 4:
+        out["parts twice as wide, packed, 4/SM"] = C("split", split=S // 2, piece_min=2 * piece, packed=True,
+                                                     occupancy=4, tie_slot=True)
+    return {k: v for k, v in out.items() if k == "rule" or v != rule}
+
+
+def sweep_between(N: int, x, w, dev, args) -> None:
+    M = x.shape[0]
+    fns, cfgs = {}, between_candidates(N)
+    for name, cfg in cfgs.items():
+        y, _ = launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)
+        wrong = check_output(y[:4096], x[:4096], w, 1e-6)
+        if wrong:
+            print(f"N={N:>6} {name}: {wrong}", flush=True)
+            continue
+        fns[name] = lambda cfg=cfg: launch(cfg, x, w, 1e-6, 0.0, False, dev.sm_count)
+    weight_bytes = (2 * M * N + N) / (2 * M * N)
+    ratios = ratios_to_copy(x, fns, args.rounds, args.reps)
+    for name, rs in sorted(ratios.items(), key=lambda t: -statistics.median(t[1])):
+        print(f"N={N:>6} {statistics.median(rs) * weight_bytes:6.3f}x  {name:<36} {cfgs[name].short()}", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
@@ -136,6 +175,9 @@ def main(argv=None) -> int:
                    help="time only this mode's configs (the other modes' table entries are kept)")
     p.add_argument("--write-configs", action="store_true",
                    help="write the best config per mode and width into cutile_norms/tuning/rmsnorm_fwd_configs.json")
+    p.add_argument("--between", action="store_true",
+                   help="16-bit split rows between measured widths: the rule against its alternatives, "
+                        "--rounds interleaved rounds (nothing written)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
     if no_gpu("this sweep times kernels and needs an sm_90+ NVIDIA GPU"):
@@ -146,6 +188,9 @@ def main(argv=None) -> int:
     results = {"gpu": dev.name, "dtype": str(dtype).removeprefix("torch."), "sweep": []}
     for N in args.ns:
         M, x, w = width_inputs(N, dtype)
+        if args.between:
+            sweep_between(N, x, w, dev, args)
+            continue
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         entry = {"N": N, "M": M, "copy_ms": copy, "configs": []}
         for cfg in candidates(N, e, results["dtype"]):

@@ -157,25 +157,61 @@ def default_config(mode: str, N: int, elem_bytes: int, dev: DeviceInfo, dtype: s
         same = [e for e in entries if e[3] == dtype] or entries
         rb = N * elem_bytes
         row_bytes, cfg = min(((e[0], e[1]) for e in same), key=lambda e: abs(math.log2(e[0]) - math.log2(rb)))
-        return fit_to_width(cfg, row_bytes // elem_bytes, N)
+        return fit_to_width(cfg, row_bytes // elem_bytes, N, elem_bytes)
     return analytical_config(mode, N, elem_bytes)
 
 
-def fit_to_width(cfg: FwdConfig, measured_n: int, N: int) -> FwdConfig:
+# A 16-bit split row between the measured widths: parts of at most 8192 columns (16 KiB), each held
+# as one power-of-two piece (the short part's tail masked); rows of up to 4 parts run as the
+# 32768-column entry does (unpacked, the weight's loads with x's, 6 blocks per SM), rows of 8 parts
+# or more packed, 8 blocks per SM.
+SPLIT_PART_COLS_16 = 8192
+SPLIT_FEW_PARTS = 4
+
+
+def split_between(N: int) -> FwdConfig:
+    """The split config of a 16-bit row of N columns that no measured entry was swept at.
+
+    Past 32768 columns (8 parts or more): one padded piece kept packed, 8 blocks per SM. mode=None at
+    18 widths from 33416 to 262144 (six random): H100 bf16 0.974-0.995, fp16 0.979-0.998; H200 bf16
+    0.894-0.969, fp16 0.905-0.973 x copy (docs/performance.md 2.14). The nearest entry's config split
+    further into several pieces per part under a raised occupancy hint measured H100 0.83-0.97 and
+    H200 0.71-0.92 there (H200 bf16 33416 0.736 -> 0.926, 83352 0.706 -> 0.917, 149992
+    0.728 -> 0.894), and the same piece unpacked at 6 blocks per SM 0.3-13 % behind on the H200. One
+    packed piece holds 42-48 registers per thread against 64 for the re-cut pieces (ptxas, 128
+    threads); the padding's masked lanes cost registers but no DRAM bytes.
+    Up to 32768 columns (2 or 4 parts): the 32768-column entry's config (unpacked, the weight's loads
+    with x's, 6 blocks per SM), which measured ahead of the packed one on both GPUs there (31080: H100
+    1.003 against 0.984, H200 0.969 against 0.946); at 9 widths of 24736-32768 H100 0.995-1.013, H200
+    0.952-0.992 (bf16 and fp16).
+    Both choices depend only on the part count and the part's width, so they hold between the
+    measured widths: every part of a row of 32769-524288 columns is 4097-8192 columns wide whatever N is."""
+    split = 2
+    while split < 64 and split_part(N, split) > SPLIT_PART_COLS_16:
+        split *= 2
+    piece = pow2_ceil(split_part(N, split))
+    if split <= SPLIT_FEW_PARTS:
+        return FwdConfig("split", split=split, piece_min=piece, occupancy=6, w_early=True, tie_slot=True)
+    occupancy = max(1, 8 * SPLIT_PART_COLS_16 // piece)  # past 64 parts: wider pieces, fewer blocks
+    return FwdConfig("split", split=split, piece_min=piece, packed=True, occupancy=occupancy, tie_slot=True)
+
+
+def fit_to_width(cfg: FwdConfig, measured_n: int, N: int, elem_bytes: int) -> FwdConfig:
     """A config measured at rows of measured_n elements (the nearest measured row), used at N.
 
-    A block's registers grow with the columns it keeps: the 65536-byte entry's split of 4 (8192
-    columns per block, 6 blocks per SM) applied to bf16 N = 36384 gave blocks of 9096 columns that
-    spilled 80-416 bytes per thread (ptxas) and ran at 0.82 x copy on an H100 (QuACK 0.98). So where a
-    split row's parts come out wider than the measured part, the split doubles until they do not, the
-    pieces are re-cut for the new part (`cached_piece_min`) and the occupancy hint grows in proportion
-    (the same columns per SM in flight): 36384 / 40960 / 45000 0.904 / 0.970 / 0.982, against 0.874 /
-    0.946 / 0.979 with the split kept and the hint shrunk. Where the parts come out narrower the config
-    stays as measured: re-cutting its pieces there (several small ones instead of one padded) measured
-    0.82-0.86 where the measured config kept 0.99 (N = 14336, 98368; docs/design.md). A config with no
-    occupancy hint lets the compiler size the registers (no spills at any width checked) and stays as
-    measured: doubling its split cost 0.93 -> 0.75 at N = 135688-150000."""
-    if N == measured_n or cfg.kernel != "split" or cfg.occupancy is None:
+    16-bit split rows take `split_between(N)`. fp32: a block's registers grow with the columns it
+    keeps: the 65536-byte entry's split of 4 (8192 columns per block, 6 blocks per SM) applied to a
+    wider row made blocks that spilled (bf16 N = 36384: 80-416 bytes per thread, 0.82 x copy on an
+    H100). So where a split row's parts come out wider than the measured part, the split doubles
+    until they do not, the pieces are re-cut for the new part (`cached_piece_min`) and the occupancy
+    hint grows in proportion (the same columns per SM in flight). Where the parts come out narrower
+    the config stays as measured, and so does a config with no occupancy hint (the compiler sizes
+    its registers)."""
+    if N == measured_n or cfg.kernel != "split":
+        return cfg
+    if elem_bytes == 2:
+        return split_between(N)
+    if cfg.occupancy is None:
         return cfg
     measured_part = split_part(measured_n, cfg.split)
     split = cfg.split
@@ -199,12 +235,13 @@ def analytical_config(mode: str, N: int, elem_bytes: int) -> FwdConfig:
     nww = 8 if row_bytes >= 8192 else None  # 8 warps: half the registers per thread for long rows
     if mode == "multi_wave_cached":
         if row_bytes > SPLIT_ROW_BYTES:
-            # the H200 sweeps' optimum: 16 KiB of 16-bit x per block kept packed with 8 blocks per SM,
-            # 32 KiB of fp32 with 4 (docs/design.md)
-            part_bytes, occupancy = (16384, 8) if elem_bytes == 2 else (32768, 4)
+            if elem_bytes == 2:
+                return split_between(N)
+            # fp32: the H200 sweeps' optimum, 32 KiB per block with 4 blocks per SM (docs/design.md)
+            part_bytes, occupancy = 32768, 4
             split = min(64, pow2_ceil(-(-row_bytes // part_bytes)))
             return FwdConfig("split", split=split, piece_min=cached_piece_min(split_part(N, split)),
-                             packed=elem_bytes == 2, occupancy=occupancy)
+                             occupancy=occupancy)
         return FwdConfig("cached", tile_m=tile_m, piece_min=cached_piece_min(N), num_worker_warps=nww,
                          w_early=tile_m == 1)  # the weight's loads with x's (_table_config)
     if mode == "static_persistent":

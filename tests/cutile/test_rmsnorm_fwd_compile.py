@@ -329,16 +329,48 @@ def test_widths_between_entries_fit_the_register_file(N):
     assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
 
 
-def test_fit_to_width_splits_wider_rows_and_keeps_the_others():
+def test_fit_to_width_splits_wider_fp32_rows_and_keeps_the_others():
     from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig, fit_to_width, split_part
 
-    cfg = FwdConfig("split", split=4, piece_min=8192, occupancy=6, w_early=True, tie_slot=True)
-    assert fit_to_width(cfg, 32768, 32768) == cfg
-    assert fit_to_width(cfg, 32768, 30000) == cfg  # narrower parts: as measured
-    wide = fit_to_width(cfg, 32768, 36384)
-    assert wide == FwdConfig("split", split=8, piece_min=4096, occupancy=10, w_early=True, tie_slot=True)
-    assert split_part(36384, 8) <= split_part(32768, 4)
-    assert wide.occupancy * split_part(36384, 8) <= cfg.occupancy * split_part(32768, 4)
-    no_hint = FwdConfig("split", split=8, piece_min=16384, packed=True, num_worker_warps=8, tie_slot=True)
-    assert fit_to_width(no_hint, 131072, 120000) == no_hint
-    assert fit_to_width(no_hint, 131072, 150000) == no_hint  # no hint caps its registers
+    cfg = FwdConfig("split", split=4, piece_min=4096, occupancy=6, w_early=True, tie_slot=True)
+    assert fit_to_width(cfg, 16384, 16384, 4) == cfg
+    assert fit_to_width(cfg, 16384, 15000, 4) == cfg  # narrower parts: as measured
+    wide = fit_to_width(cfg, 16384, 18192, 4)
+    assert wide == FwdConfig("split", split=8, piece_min=2048, occupancy=10, w_early=True, tie_slot=True)
+    assert split_part(18192, 8) <= split_part(16384, 4)
+    assert wide.occupancy * split_part(18192, 8) <= cfg.occupancy * split_part(16384, 4)
+    no_hint = FwdConfig("split", split=8, piece_min=8192, num_worker_warps=8, tie_slot=True)
+    assert fit_to_width(no_hint, 65536, 60000, 4) == no_hint
+    assert fit_to_width(no_hint, 65536, 75000, 4) == no_hint  # no hint caps its registers
+
+
+@pytest.mark.parametrize("N", [9000, 20000, 33416, 36384, 65528, 83352, 131080, 149992, 262136, 524296, 1000000])
+def test_16_bit_split_rows_between_measured_widths_take_the_rule(N):
+    """Between measured widths a 16-bit split row is cut into the fewest power-of-two parts of at most
+    8192 columns (up to 64 parts), each part one padded power-of-two piece, packed from 8 parts on;
+    the measured entries keep their configs at their own widths."""
+    from cutile_norms.cutile.rmsnorm_fwd_config import (FwdConfig, SPLIT_PART_COLS_16, fit_to_width, row_pieces,
+                                                        split_between, split_part)
+
+    measured = FwdConfig("split", split=8, piece_min=8192, occupancy=6, tie_slot=True)
+    assert fit_to_width(measured, 65536, 65536, 2) == measured
+    cfg = fit_to_width(measured, 65536, N, 2)
+    assert cfg == split_between(N) and cfg.kernel == "split"
+    assert cfg.packed == (cfg.split > 4) and cfg.w_early == (cfg.split <= 4)
+    part = split_part(N, cfg.split)
+    assert (cfg.split - 1) * part < N <= cfg.split * part  # every block holds columns
+    assert part <= SPLIT_PART_COLS_16 or cfg.split == 64
+    assert cfg.split == 2 or split_part(N, cfg.split // 2) > SPLIT_PART_COLS_16  # the fewest parts
+    assert len(row_pieces(part, cfg.piece_min)) == 1 and cfg.piece_min >= part
+    assert cfg.occupancy * cfg.piece_min <= 8 * SPLIT_PART_COLS_16
+
+
+@pytest.mark.parametrize("N", [12000, 20000, 31080, 33416, 83352, 149992, 1000000])
+def test_16_bit_split_rule_fits_the_register_file(N):
+    """The rule's configs reach their occupancy hint (registers x threads x blocks within 64 K) without spilling."""
+    from cutile_norms.cutile.rmsnorm_fwd_config import split_between
+
+    cfg = split_between(N)
+    report = ptxas_report(compile_cubin(cfg, N, "bfloat16", "bfloat16", has_w=True, store_rstd=True))
+    assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
+    assert report["registers"] * report["threads"][0] * cfg.occupancy <= 65536, (cfg.short(), report)
