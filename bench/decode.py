@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
-from bench.probe.common import write_json  # noqa: E402
+from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import per_call_us  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 
@@ -211,8 +211,7 @@ def main() -> int:
     p.add_argument("--first-call", type=int, default=3, help="fresh processes timing their first call (0: none)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this bench times GPU calls and a model's decode step. Nothing was run.")
+    if no_gpu("this bench times GPU calls and a model's decode step"):
         return 0
     print(f"# {torch.cuda.get_device_name()} bf16, {args.runs} runs per point (medians)", flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "command": "python bench/decode.py " + " ".join(sys.argv[1:]),

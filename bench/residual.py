@@ -29,7 +29,7 @@ sys.path.insert(0, ROOT)
 
 import cutile_norms as cn  # noqa: E402
 from bench.rmsnorm import DTYPES, MODEL_NS, random_widths  # noqa: E402
-from bench.probe.common import write_json  # noqa: E402
+from bench.probe.common import no_gpu, write_json  # noqa: E402
 from bench.timing import device_ms, ratios_to_copy  # noqa: E402
 from cutile_norms.reference import add_rms_norm_reference, fp8_quantize, fp8_scale, rms_norm_reference  # noqa: E402
 
@@ -231,8 +231,7 @@ def main() -> int:
     p.add_argument("--fp8-max-n", type=int, default=16384, help="the FP8 kernel's widest row")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("No CUDA GPU here: this bench times GPU kernels. Nothing was run.")
+    if no_gpu("this bench times GPU kernels"):
         return 0
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "little")
     ns = sorted(set(args.ns) | set(random_widths(args.random, seed)))

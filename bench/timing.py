@@ -9,8 +9,6 @@
   * `per_call_us`: K calls back to back with no flush and events around the whole run, divided by K:
     the steady-state cost of one eager call as a caller sees it, host work (Python, launch) included
     whenever the host is slower than the GPU. The small-M sweep reports both.
-  * `scaling_vs_copy`: the same at several sizes (multiples of M), and a line through each one's times:
-    its fixed cost per launch (the intercept) and its steady state (the slope, against the copy's).
   * `copy_baseline_ms`: the same bytes moved by a plain copy, the best of x.clone() and copies into
     two other preallocated buffers (the copy's speed was seen to depend on where the allocator put
     its output: 4160 vs 3750 GB/s in one process on an H200; the best is the conservative ceiling).
@@ -107,37 +105,3 @@ def copy_baseline_ms(x: torch.Tensor, reps: int = 40) -> dict:
         variants[f"copy_{i}"] = device_ms(lambda: d.copy_(x), reps)["median_ms"]
     return {"median_ms": min(variants.values()), "variants_ms": variants}
 
-
-def fit_line(sizes: list, ms: list) -> tuple:
-    """Least-squares line through (size, ms): (slope in ms per unit of size, intercept in us)."""
-    n, sx, sy = len(sizes), sum(sizes), sum(ms)
-    sxx, sxy = sum(s * s for s in sizes), sum(s * t for s, t in zip(sizes, ms))
-    slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
-    return slope, (sy - slope * sx) / n * 1e3
-
-
-def scaling_vs_copy(xs: dict, fns: dict, rounds: int, reps: int = 20) -> dict:
-    """xs: {size: x}, fns: {name: fn(size)} (fn runs on that size's x). Interleaved rounds, each
-    timing, per size, a copy of x (`copy_baseline_ms`) and then every fn. Returns {name: row} with the
-    copy's row first: the median ms per size, the ratio to the copy per size, the rounds' ms, and with
-    two sizes or more the line through the medians: intercept_us (fixed cost per launch) and
-    slope_vs_copy (steady state: the copy's slope / this one's)."""
-    sizes = list(xs)
-    times = {(k, s): [] for k in ["copy", *fns] for s in sizes}
-    for _ in range(rounds):
-        for s, x in xs.items():
-            times[("copy", s)].append(copy_baseline_ms(x, reps=reps)["median_ms"])
-            for k, fn in fns.items():
-                times[(k, s)].append(device_ms(lambda: fn(s), reps=reps)["median_ms"])
-    med = {k: statistics.median(v) for k, v in times.items()}
-    copy_slope = fit_line(sizes, [med[("copy", s)] for s in sizes])[0] if len(sizes) > 1 else None
-    rows = {}
-    for k in ["copy", *fns]:
-        ms = [med[(k, s)] for s in sizes]
-        row = {"ms": ms, "vs_copy": [med[("copy", s)] / t for s, t in zip(sizes, ms)],
-               "ms_rounds": {str(s): times[(k, s)] for s in sizes}}
-        if copy_slope is not None:
-            slope, icpt = fit_line(sizes, ms)
-            row.update(intercept_us=icpt, slope_vs_copy=copy_slope / slope)
-        rows[k] = row
-    return rows

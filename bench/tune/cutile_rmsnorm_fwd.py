@@ -26,6 +26,7 @@ from bench.timing import copy_baseline_ms, device_ms, ratios_to_copy  # noqa: E4
 from bench.tune.sweep import best_timed, distinct, read_table, save_sweep, width_inputs, write_table  # noqa: E402
 from cutile_norms import dispatch  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_fwd_config import (FAMILIES, FwdConfig, cached_piece_min, default_config,  # noqa: E402
                                                     split_between, split_part)
@@ -33,14 +34,10 @@ from cutile_norms.cutile.rmsnorm_fwd_config import (FAMILIES, FwdConfig, cached_
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
 
 
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
-
-
 def candidates(N: int, e: int, dtype_name: str = "") -> list[FwdConfig]:
     """The configs worth timing for rows of N elements of e bytes (pruned by the earlier sweeps in
     docs/history.md), plus the current heuristic's pick for each mode."""
-    rb, p2, pm = N * e, _pow2(N), cached_piece_min(N)
+    rb, p2, pm = N * e, pow2_ceil(N), cached_piece_min(N)
     C = FwdConfig
     cfgs = []
     if rb <= 2048:  # narrow rows: several rows per tile
@@ -130,19 +127,14 @@ def between_candidates(N: int) -> dict:
     and the rule's alternatives (wider parts, unpacked, other hints, a packed piece and a tail)."""
     rule = split_between(N)
     S, piece, part = rule.split, rule.piece_min, split_part(N, rule.split)
-    recut = FwdConfig("split", split=S, piece_min=cached_piece_min(part), w_early=True, tie_slot=True,
-                      occupancy=min(16, 6 * 8192 // part))
-    C = FwdConfig
-    out = {"rule": rule, "re-cut pieces, raised hint": recut,
-           "unpacked, 6/SM": C("split", split=S, piece_min=piece, occupancy=6, w_early=True, tie_slot=True),
-           "packed, 8/SM": C("split", split=S, piece_min=piece, packed=True, occupancy=8, tie_slot=True),
-           "packed piece and tail, 8/SM": C("split", split=S, piece_min=cached_piece_min(part), packed=True,
-                                            occupancy=8, tie_slot=True)}
-    for occ in (10, 12, 16):
-        out[f"packed, {occ}/SM"] = dataclasses.replace(out["packed, 8/SM"], occupancy=occ)
+    packed = FwdConfig("split", split=S, piece_min=piece, packed=True, occupancy=8, tie_slot=True)
+    out = {"rule": rule, "re-cut pieces, raised hint": dataclasses.replace(
+               rule, piece_min=cached_piece_min(part), packed=False, w_early=True, occupancy=min(16, 6 * 8192 // part)),
+           "unpacked, 6/SM": dataclasses.replace(packed, packed=False, w_early=True, occupancy=6),
+           "packed piece and tail, 8/SM": dataclasses.replace(packed, piece_min=cached_piece_min(part)),
+           **{f"packed, {occ}/SM": dataclasses.replace(packed, occupancy=occ) for occ in (8, 10, 12, 16)}}
     if S >= 4:
-        out["parts twice as wide, packed, 4/SM"] = C("split", split=S // 2, piece_min=2 * piece, packed=True,
-                                                     occupancy=4, tie_slot=True)
+        out["parts twice as wide, packed, 4/SM"] = dataclasses.replace(packed, split=S // 2, piece_min=2 * piece, occupancy=4)
     return {k: v for k, v in out.items() if k == "rule" or v != rule}
 
 
