@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 
 import torch
 
-from ._diskcache import point_cutile_cache
+from ._diskcache import fast_load, point_cutile_cache
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ def import_error(dsl: str) -> str | None:
     module = DSL_MODULES[dsl]
     if dsl == "cutile":
         point_cutile_cache()  # before cuda.tile is first imported
+    if dsl == "cute" and fast_load():  # kernels load from shared libraries: CuTe DSL imports at a compile
+        missing = [m for m in ("cutlass", "tvm_ffi") if importlib.util.find_spec(m) is None]
+        return f"`import {missing[0]}` failed: not installed" if missing else None
     try:
         importlib.import_module(module)
     except Exception as exc:  # any failure to import means the DSL cannot run here

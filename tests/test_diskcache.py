@@ -98,6 +98,53 @@ def test_unloadable_entry_is_compiled_again_and_replaced(cutlass_here, tmp_path)
     assert child(tmp_path, [4096])["loaded"] == 2
 
 
+FAST_CHILD = CHILD.replace('"callable": all(callable(f) for f in fns)}', '"callable": all(callable(f) for f in fns), '
+                           '"cutlass": "cutlass" in sys.modules}')
+
+
+def test_fast_load_keeps_shared_libraries_and_loads_them_without_cute_dsl(cutlass_here, tmp_path):
+    """CUTILE_NORMS_FAST_LOAD=1: every object gets a shared library beside it, and a later process
+    loads the kernels from those without importing CuTe DSL (`cutlass`). An object written without the
+    switch gets its library at its first load with it; a library that does not load is removed, and
+    the object file loads instead and links it again."""
+    fast = env = {_diskcache.ENV_FAST_LOAD: "1"}
+    assert child(tmp_path, [4096], fast) == {"compiled": 2, "loaded": 0, "callable": True}
+    libs = sorted((tmp_path / "cute").glob("*.so"))
+    assert [p.with_suffix(".o") for p in libs] == objects(tmp_path) and len(libs) == 2
+    assert fast_child(tmp_path, [4096], env) == {"compiled": 0, "loaded": 2, "callable": True, "cutlass": False}
+    assert child(tmp_path, [2880]) == {"compiled": 2, "loaded": 0, "callable": True}  # no switch: no library
+    assert len(list((tmp_path / "cute").glob("*.so"))) == 2
+    assert fast_child(tmp_path, [2880], env)["loaded"] == 2  # linked now
+    assert fast_child(tmp_path, [2880], env) == {"compiled": 0, "loaded": 2, "callable": True, "cutlass": False}
+    for p in (tmp_path / "cute").glob("*.so"):
+        p.write_bytes(b"not a shared library")
+    assert fast_child(tmp_path, [4096, 2880], env)["loaded"] == 4
+    assert fast_child(tmp_path, [4096, 2880], env)["cutlass"] is False
+    assert not list((tmp_path / "cute").glob(".*")), "a temporary file was left behind"
+
+
+def fast_child(cache, widths, extra_env):
+    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(cache), CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=python_path(), **extra_env)
+    proc = subprocess.Popen([sys.executable, "-c", FAST_CHILD, json.dumps(widths)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    return result(proc)
+
+
+def test_fast_load_probes_cute_dsl_without_importing_it():
+    """With CUTILE_NORMS_FAST_LOAD=1 the toolchain finds CuTe DSL installed without importing it (the
+    import is what a first call would pay); the import comes at a compile."""
+    code = ("import sys, cutile_norms as cn; from cutile_norms._platform import toolchain; "
+            "print('RESULT', toolchain().error('cute'), 'cutlass' in sys.modules)")
+    env = dict(os.environ, CUTILE_NORMS_FAST_LOAD="1", PYTHONPATH=python_path(), CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
+    import importlib.util
+    assert line.split()[-1] == "False", (line, out.stderr[-2000:])  # never imported
+    if importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("tvm_ffi") is not None:
+        assert line == "RESULT None False", (line, out.stderr[-2000:])
+
+
 def test_size_bound_drops_the_least_recently_used(tmp_path, monkeypatch):
     folder = tmp_path / "cute"
     folder.mkdir()
@@ -155,12 +202,13 @@ def test_keys_separate_what_changes_the_binary(tmp_path, monkeypatch):
 # 32 KiB bf16 rows: the forward and the backward are both CuTe DSL kernels (the backward takes rows
 # from dispatch.CUTE_BWD_MIN_BYTES), so the first process compiles two and the second loads both.
 GPU_CHILD = r"""
-import json, torch, cutile_norms as cn
+import json, sys, torch, cutile_norms as cn
 from cutile_norms.cute import rmsnorm_bwd as B, rmsnorm_fwd as F
 torch.manual_seed(0)
 x = torch.randn(300, 16384, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 w = (1 + 0.1 * torch.randn(16384, device="cuda")).to(torch.bfloat16).requires_grad_()
 y = cn.rms_norm(x, w, mode="tma_smem_cached")
+cutlass_after_forward = "cutlass" in sys.modules
 y.backward(torch.ones_like(y))
 x64, w64 = x.detach().double(), w.detach().double()
 rstd = torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6)
@@ -168,15 +216,20 @@ ref, xhat, g = x64 * rstd * w64, x64 * rstd, torch.ones_like(x64) * w64
 dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
 print("RESULT " + json.dumps({"compiled": F.CACHE.count + B.CACHE.count, "loaded": F.CACHE.loaded + B.CACHE.loaded,
                               "err": float((y.double() - ref).abs().max()),
-                              "dx_err": float((x.grad.double() - dx).abs().max() / dx.abs().max())}))
+                              "dx_err": float((x.grad.double() - dx).abs().max() / dx.abs().max()),
+                              "cutlass_after_forward": cutlass_after_forward}))
 """
 
 
 @pytest.mark.gpu
-def test_loaded_kernel_runs_on_the_gpu(tmp_path):
+@pytest.mark.parametrize("fast_load", [False, True])
+def test_loaded_kernel_runs_on_the_gpu(tmp_path, fast_load):
+    """A second process runs the kernels it loaded (with CUTILE_NORMS_FAST_LOAD=1: from the shared
+    libraries, its forward without importing CuTe DSL)."""
     if cn_mode_unavailable():
         pytest.skip(cn_mode_unavailable())
-    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=python_path())
+    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=python_path(),
+               **{_diskcache.ENV_FAST_LOAD: "1" if fast_load else "0"})
     runs = []
     for _ in range(2):
         out = subprocess.run([sys.executable, "-c", GPU_CHILD], env=env, capture_output=True, text=True, timeout=600)
@@ -186,6 +239,7 @@ def test_loaded_kernel_runs_on_the_gpu(tmp_path):
     assert runs[0]["compiled"] >= 2 and runs[1]["compiled"] == 0 and runs[1]["loaded"] == runs[0]["compiled"], runs
     for r in runs:  # bf16 y and dx: within a rounding or two of bf16 (|y| <= ~5; dx relative to its largest)
         assert r["err"] <= 5 * 2 ** -8 and r["dx_err"] <= 2 ** -6, runs
+    assert runs[1]["cutlass_after_forward"] is not fast_load, runs
 
 
 def cn_mode_unavailable():
