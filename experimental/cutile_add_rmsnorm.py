@@ -29,7 +29,7 @@ from cutile_norms._util import pow2_ceil
 from cutile_norms._workspace import current_raw_stream, workspace
 from cutile_norms.cutile.common import align_elems, flat, flat_array, round16, signature
 from cutile_norms.cutile.rmsnorm_fwd_config import row_pieces, split_part
-from cutile_norms.cutile.tiles import gather_masked, scatter_masked
+from cutile_norms.cutile.tiles import gather_masked, publish_ssq, scatter_masked, slot_sign, split_block, split_rstd
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -57,19 +57,12 @@ def add_rms_norm_fwd_split_kernel(
     contiguous rows of N; x and r rows start stride_x / stride_r elements apart."""
     sx = ct.assume_divisible_by(stride_x, X_ALIGN)
     sr = ct.assume_divisible_by(stride_r, R_ALIGN)
-    bid = ct.bid(0)
-    row = bid // SPLIT
-    part = bid - row * SPLIT
-    c0 = part * PART
+    bid, row, part, c0, lim = split_block(SPLIT, PART, N)
     xbase = ct.assume_divisible_by(row * sx + c0, X_ALIGN)
     rbase = ct.assume_divisible_by(row * sr + c0, R_ALIGN)
     obase = ct.assume_divisible_by(row * N + c0, O_ALIGN)
     MASK_N = ct.static_eval(SPLIT * PART != N)
-    lim = ct.minimum(N - c0, PART) if MASK_N else PART
-
-    # this launch's sign: the opposite of what the last launch over this row left in our slot
-    slot = ct.gather(mSync, bid, check_bounds=False, latency=10)
-    sign = ct.where(slot < 0, 0, ct.static_eval(-(1 << 31)))
+    _, sign = slot_sign(mSync, bid)
     tHrH = ()
     ssq = 0.0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
@@ -81,21 +74,8 @@ def add_rms_norm_fwd_split_kernel(
         hf = ct.astype(h, ct.float32)  # h as stored: y is rms_norm(h) bit for bit in its formula
         ssq = ssq + ct.sum(hf * hf)
         tHrH += (h,)
-    ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
-
-    # the wait: every warp polls its own copy of the row's slots until all show this launch's sign.
-    # `again` (always 0) ties the load's index to the loop variable, so loop-invariant code motion
-    # cannot hoist the load out of the loop.
-    total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
-    while total < 0.0:
-        again = ct.astype(total > 1.0e30, ct.int32)
-        slots = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
-                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
-        total = ct.where(ct.min(slots) < 0, -1.0, ct.sum(ct.bitcast(slots, ct.float32)))
-    rstd = ct.rsqrt(total * ct.static_eval(1.0 / N) + eps)
-    if STORE_RSTD:
-        if part == 0:
-            ct.scatter(mRstd, row, rstd, check_bounds=False)
+    publish_ssq(mSync, bid, ssq, sign)
+    rstd = split_rstd(mSync, mRstd, row, part, sign, eps, SPLIT, N, STORE_RSTD)  # waits for the row's other blocks
     i = 0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         masked = ct.static_eval(MASK_N or off + size > PART)

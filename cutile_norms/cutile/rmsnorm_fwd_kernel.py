@@ -21,7 +21,8 @@ import cuda.tile as ct
 from .rmsnorm_fwd_config import row_pieces
 from .tiles import (gather_masked, scatter_masked, gather_cols, scatter_cols, gather_rows, scatter_rows,
                     gather_w_bits, w_from_bits, gather_w, tied_elementwise, w_tied_to_x, zero_of,
-                    gather_w_tied, weight_piece_bits, weight_piece, widen_again, runtime_zero)
+                    gather_w_tied, weight_piece_bits, weight_piece, widen_again, runtime_zero, split_block,
+                    slot_sign, publish_ssq, split_rstd)
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
@@ -289,19 +290,11 @@ def rms_norm_fwd_split_kernel(
     warp, which took a block-wide poll and cost 2-3 % (docs/design.md).
     """
     stride = ct.assume_divisible_by(stride_x, X_ALIGN)
-    bid = ct.bid(0)
-    row = bid // SPLIT
-    part = bid - row * SPLIT
-    c0 = part * PART
+    bid, row, part, c0, lim = split_block(SPLIT, PART, N)
     xbase = ct.assume_divisible_by(row * stride + c0, X_ALIGN)
     ybase = ct.assume_divisible_by(row * N + c0, X_ALIGN)
     MASK_N = ct.static_eval(SPLIT * PART != N)
-    lim = ct.minimum(N - c0, PART) if MASK_N else PART
-
-    # this launch's sign bit: the opposite of what the last launch over this row left in our slot
-    # (each warp reads it; the barriers of the reduction below order every read before the exchange)
-    slot = ct.gather(mSync, bid, check_bounds=False, latency=10)
-    sign = ct.where(slot < 0, 0, ct.static_eval(-(1 << 31)))
+    slot, sign = slot_sign(mSync, bid)
     tXrX = ()
     tWrW = ()
     ssq = 0.0
@@ -319,7 +312,7 @@ def rms_norm_fwd_split_kernel(
         else:
             ssq = ssq + ct.sum(xf * xf)
         tXrX += (x,)
-    ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
+    publish_ssq(mSync, bid, ssq, sign)
 
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         if HAS_W and not W_EARLY:  # issued here, the compiler sinks them to their use after the wait
@@ -327,23 +320,7 @@ def rms_norm_fwd_split_kernel(
             cols = ct.arange(size, dtype=ct.int32) + off
             tWrW += (gather_w_bits(mW, c0 + cols, cols < lim if masked else None, LATENCY, W_PLANES),)
 
-    # the wait: relaxed gpu-scope loads of the row's slots (served by L2, where the atomics wrote
-    # them). Every warp polls its own copy of the (SPLIT,) tile and leaves the loop when it sees every
-    # slot written, which then stays so: all warps end with the same slots, hence the same sum.
-    # `again` (always 0) ties the load's index to the loop's own variable: a load with a loop-
-    # invariant index is hoisted out of the loop by cuTile's loop-invariant code motion (a load has
-    # no observable effect), and the loop then spins forever (seen in the sm_90 PTX).
-    total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
-    while total < 0.0:
-        again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
-        slots = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
-                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
-        # a slot with this launch's sign has its sign bit clear after the xor and holds the plain sum
-        total = ct.where(ct.min(slots) < 0, -1.0, ct.sum(ct.bitcast(slots, ct.float32)))
-    rstd = ct.rsqrt(total * ct.static_eval(1.0 / N) + eps)
-    if STORE_RSTD:
-        if part == 0:
-            ct.scatter(mRstd, row, rstd, check_bounds=False)
+    rstd = split_rstd(mSync, mRstd, row, part, sign, eps, SPLIT, N, STORE_RSTD)  # waits for the row's other blocks
     i = 0
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         y = (widen_again(tXrX[i], runtime_zero(M, ct.uint16)) if PACKED else ct.astype(tXrX[i], ct.float32)) * rstd

@@ -178,3 +178,60 @@ def widen_again(x, zero):
 def runtime_zero(M, dtype):
     """0 as `dtype`, computed from the row count M (>= 1 at every launch) so it is not a constant."""
     return ct.astype(ct.minimum(M, 0), dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows split over SPLIT blocks that exchange partial sums of squares through int32 slots (the norm's
+# split forward, and the fused add's): slot b belongs to block b; a launch publishes its sum with the
+# sign bit opposite to what the last launch left there, so the slots are never cleared.
+# ------------------------------------------------------------------------------------------------
+def split_block(SPLIT, PART, N):
+    """This block's (index, row, part, first column, columns it holds): part b % SPLIT of row
+    b // SPLIT, PART columns, the last part short where SPLIT * PART > N."""
+    bid = ct.bid(0)
+    row = bid // SPLIT
+    part = bid - row * SPLIT
+    c0 = part * PART
+    lim = ct.minimum(N - c0, PART) if ct.static_eval(SPLIT * PART != N) else PART
+    return bid, row, part, c0, lim
+
+
+def slot_sign(mSync, bid):
+    """Block bid's slot as the last launch over its row left it, and this launch's sign bit (the
+    opposite one). Each warp reads it; the barriers of the reduction that follows order every read
+    before the exchange."""
+    slot = ct.gather(mSync, bid, check_bounds=False, latency=10)
+    return slot, ct.where(slot < 0, 0, ct.static_eval(-(1 << 31)))
+
+
+def publish_ssq(mSync, bid, ssq, sign):
+    """The block's partial sum of squares (never negative: the sign bit is free) into its slot with this
+    launch's sign."""
+    ct.atomic_xchg(mSync, bid, (ct.bitcast(ssq, ct.int32) & 0x7FFFFFFF) ^ sign, memory_order=ct.MemoryOrder.RELAXED)
+
+
+def row_ssq(mSync, row, sign, SPLIT):
+    """The row's sum of squares once every one of its SPLIT slots shows this launch's sign: relaxed
+    gpu-scope loads (served by L2, where the atomics wrote them). Every warp polls its own copy of the
+    (SPLIT,) tile and leaves the loop when it sees every slot written, which then stays so: all warps
+    end with the same slots, hence the same sum. `again` (always 0) ties the load's index to the
+    loop's own variable: a load with a loop-invariant index is hoisted out of the loop by cuTile's
+    loop-invariant code motion (a load has no observable effect), and the loop then spins forever
+    (seen in the sm_90 PTX)."""
+    total = ct.min(ct.full((SPLIT,), -1.0, dtype=ct.float32))
+    while total < 0.0:
+        again = ct.astype(total > 1.0e30, ct.int32)  # always 0 here
+        slots = ct.load(mSync, (row + again,), (SPLIT,), allow_tma=False,
+                        memory_order=ct.MemoryOrder.RELAXED, memory_scope=ct.MemoryScope.DEVICE) ^ sign
+        # a slot with this launch's sign has its sign bit clear after the xor and holds the plain sum
+        total = ct.where(ct.min(slots) < 0, -1.0, ct.sum(ct.bitcast(slots, ct.float32)))
+    return total
+
+
+def split_rstd(mSync, mRstd, row, part, sign, eps, SPLIT, N, STORE_RSTD):
+    """The row's rstd once all its blocks have published their sums (`row_ssq`); part 0 stores it."""
+    rstd = ct.rsqrt(row_ssq(mSync, row, sign, SPLIT) * ct.static_eval(1.0 / N) + eps)
+    if STORE_RSTD:
+        if part == 0:
+            ct.scatter(mRstd, row, rstd, check_bounds=False)
+    return rstd
