@@ -49,6 +49,17 @@ def ours(fused: bool):
     return run
 
 
+def cutile_split() -> dict:
+    """The experimental cuTile forward for rows split over blocks (not routed to by mode=None yet)."""
+    try:
+        gate(True)
+        from cutile_norms.experimental.cutile_add_rmsnorm import add_rms_norm_fwd
+    except Exception as exc:  # noqa: BLE001 -- report, never fake
+        print(f"cn cutile split skipped: {type(exc).__name__}: {exc}"[:200], flush=True)
+        return {}
+    return {"cn cutile split": lambda x, r, w, eps: add_rms_norm_fwd(x, r, w, eps, 0.0, x.dtype, False)[:2]}
+
+
 def anchors() -> dict:
     fns, missing = {}, {}
     import torch._functorch.config
@@ -242,7 +253,8 @@ def main() -> int:
     impls = {"cn fused": ours(True), "cn unfused": ours(False), **anchors()}
     for part in args.parts:
         print(f"## {part}", flush=True)
-        setup = {"forward": forward_setup(impls), "backward": backward_setup(impls), "fp8": fp8_setup}[part]
+        setup = {"forward": forward_setup({**impls, **cutile_split()}), "backward": backward_setup(impls),
+                 "fp8": fp8_setup}[part]
         result[part] = timed_table([n for n in ns if part != "fp8" or n <= args.fp8_max_n], dtype, args.runs, setup)
     result["block"] = block(args.block_m, args.block_n, dtype, args.runs)
     b = result["block"]
