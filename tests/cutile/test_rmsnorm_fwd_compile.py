@@ -365,12 +365,16 @@ def test_16_bit_split_rows_between_measured_widths_take_the_rule(N):
     assert cfg.occupancy * cfg.piece_min <= 8 * SPLIT_PART_COLS_16
 
 
-@pytest.mark.parametrize("N", [12000, 20000, 31080, 33416, 83352, 149992, 1000000])
-def test_16_bit_split_rule_fits_the_register_file(N):
-    """The rule's configs reach their occupancy hint (registers x threads x blocks within 64 K) without spilling."""
+@pytest.mark.parametrize("N,w_dtype", [(12000, "bfloat16"), (20000, "bfloat16"), (31080, "bfloat16"),
+                                       (33416, "bfloat16"), (83352, "bfloat16"), (149992, "bfloat16"),
+                                       (1000000, "bfloat16"), (40960, "float32"), (83352, "float32")])
+def test_16_bit_split_rule_fits_the_register_file(N, w_dtype):
+    """The rule's configs reach their occupancy hint (registers x threads x blocks within 64 K) without
+    spilling; from 8 parts on with an fp32 weight too (48-56 registers, where the pieces cut further
+    under a raised hint spilled 40-136 bytes per thread at these widths)."""
     from cutile_norms.cutile.rmsnorm_fwd_config import split_between
 
     cfg = split_between(N)
-    report = ptxas_report(compile_cubin(cfg, N, "bfloat16", "bfloat16", has_w=True, store_rstd=True))
+    report = ptxas_report(compile_cubin(cfg, N, "bfloat16", w_dtype, has_w=True, store_rstd=True))
     assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
     assert report["registers"] * report["threads"][0] * cfg.occupancy <= 65536, (cfg.short(), report)
