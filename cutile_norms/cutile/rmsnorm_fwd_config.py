@@ -174,7 +174,7 @@ def split_between(N: int) -> FwdConfig:
 
     Past 32768 columns (8 parts or more): one padded piece kept packed, 8 blocks per SM. mode=None at
     18 widths from 33416 to 262144 (six random): H100 bf16 0.974-0.995, fp16 0.979-0.998; H200 bf16
-    0.894-0.969, fp16 0.905-0.973 x copy (docs/performance.md 2.14). The nearest entry's config split
+    0.893-0.970, fp16 0.905-0.973 x copy (docs/performance.md 2.14). The nearest entry's config split
     further into several pieces per part under a raised occupancy hint measured H100 0.83-0.97 and
     H200 0.71-0.92 there (H200 bf16 33416 0.736 -> 0.926, 83352 0.706 -> 0.917, 149992
     0.728 -> 0.894), and the same piece unpacked at 6 blocks per SM 0.3-13 % behind on the H200. One
