@@ -34,7 +34,7 @@ def same_bits_or_both_nan(a, b) -> bool:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("out_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 @pytest.mark.parametrize("kind", ["token", "group", "group_ue8m0", "static", "token_ub", "residual"])
-@pytest.mark.parametrize("N", [256, 1024, 5120, 12288])  # 5120 and 12288: rows in chunks
+@pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 13312])  # 2560, 5120: two pieces; 13312: three
 def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, N):
     x = random_rows((7, N), torch.bfloat16, device)
     x[1] = 0.0
@@ -83,11 +83,11 @@ for N, fp8, group, arch in json.loads(sys.argv[1]):
     key = f"{N}-{fp8}-{group}-{arch}"
     try:
         K = T.rms_norm_fp8_kernel
-        block, chunks, rows, warps = T.launch_config(N, group or None)
+        block, chunks, rows, warps, p1, p2 = T.launch_config(N, group or None)
         sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Q": f"*{fp8}", "H": "*bf16", "S": "*fp32", "SCALE": "*fp32",
                "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
                "scale_ub": "fp32", "N": "i32"}
-        consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, GROUP=group, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
+        consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, GROUP=group, P1=p1, P2=p2, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
                       UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False)
         sig.update({k: "constexpr" for k in consts})
         src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
@@ -100,7 +100,7 @@ for N, fp8, group, arch in json.loads(sys.argv[1]):
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
-COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 12288, 16384) for f in ("fp8e4nv", "fp8e5") for g in (0, 128)
+COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5") for g in (0, 128)
                  for a in (90, 100)]
 
 
