@@ -11,8 +11,8 @@ keeping NaN, round to nearest even), so on the GPU the kernel and the reference 
 given the kernel's rstd. A division per element (div.rn is a multi-instruction sequence) made the
 kernel instruction bound: 0.35-0.75 of a copy of its bytes against 0.84-0.97 with the reciprocal
 (H100, bf16, 2048-16384). Rows of up to fp8.FP8_KERNEL_MAX_N elements (the rule that picks this
-kernel holds the bound), in registers or in chunks (`launch_config`): x (and r) read from memory
-once, q (and h) written once.
+kernel holds the bound), in registers as one block or up to three pieces (`launch_config`): x (and r)
+read from memory once, q (and h) written once.
 """
 from __future__ import annotations
 
@@ -49,23 +49,6 @@ def _quantize(y, inv, TOP: tl.constexpr):
 
 
 @triton.jit
-def _row_chunk(X, R, W, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr, HAS_W: tl.constexpr,
-               H_DTYPE: tl.constexpr):
-    """(h as stored in fp32, the weight (+ offset) in fp32 (without one: `offset`, unused), the mask) at
-    `cols` of `rows`."""
-    ok = cols < N
-    mask = row_ok[:, None] & ok[None, :]
-    hf = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_R:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        hf = (hf + r).to(H_DTYPE).to(tl.float32)
-    w = offset  # (unused without a weight)
-    if HAS_W:
-        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
-    return hf, w, mask
-
-
-@triton.jit
 def _normed(hf, rstd, w, HAS_W: tl.constexpr):
     """y = h * rstd * (offset + w) in fp32, in this order (the reference's)."""
     y = hf * rstd[:, None]
@@ -82,7 +65,7 @@ def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.cons
     G_OFF of the row) stored."""
     if GROUP == 0 or STATIC:
         q = _quantize(y, inv_row[:, None], TOP)
-    else:  # one scale per 1 x GROUP columns: the chunk or piece holds whole groups
+    else:  # one scale per 1 x GROUP columns: a piece holds whole groups
         G: tl.constexpr = SIZE // GROUP
         yg = tl.reshape(y, (ROWS, G, GROUP))
         nan_g = tl.sum((yg != yg).to(tl.int32), axis=2) > 0
@@ -95,85 +78,88 @@ def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.cons
 
 
 @triton.jit
+def _piece(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr, HAS_W: tl.constexpr,
+           H_DTYPE: tl.constexpr):
+    """One piece (`cols`) of `rows`: (h as stored in fp32, the weight (+ offset) in fp32 (without one:
+    `offset`, unused), the mask, the piece's sum of squares of h); h stored."""
+    ok = cols < N
+    mask = row_ok[:, None] & ok[None, :]
+    hf = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_R:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        hf = (hf + r).to(H_DTYPE).to(tl.float32)
+        tl.store(H + rows[:, None] * N + cols[None, :], hf.to(H_DTYPE), mask=mask)
+    w = offset  # (unused without a weight)
+    if HAS_W:
+        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
+    return hf, w, mask, tl.sum(hf * hf, axis=1)
+
+
+@triton.jit
+def _amax_nans(y):
+    """Per row: the largest |y| (the hardware max drops NaN) and how many NaN."""
+    return tl.max(tl.abs(y), axis=1), tl.sum((y != y).to(tl.int32), axis=1)
+
+
+@triton.jit
 def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, eps, offset, scale_ub, N,
-                        BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
+                        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
                         P1: tl.constexpr, P2: tl.constexpr,
                         STATIC: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_UB: tl.constexpr,
                         UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr):
-    """CHUNKS == 1: the row (ROWS rows) in registers, read once: one block of BLOCK_N columns, or with
-    P1 (and P2) > 0 power-of-two pieces of BLOCK_N, P1 and P2 columns (the last masked past N), for
-    widths one block would pad by more than 1/8. CHUNKS > 1 (widths neither fits): one row per
-    program in chunks of BLOCK_N (unrolled: at most 4), a pass for the sum of squares (storing h),
-    for a per-row scale one for the amax, and one to quantize; the later passes re-read x (and r)
-    from L2 and recompute h bit for bit."""
+    """ROWS rows in registers, read once, as power-of-two pieces of BLOCK_N, P1 and P2 columns (P1, P2:
+    0 where absent; the last piece masked past N)."""
     rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
-    lanes = tl.arange(0, BLOCK_N)
     H_DTYPE: tl.constexpr = H.dtype.element_ty
-    G: tl.constexpr = BLOCK_N // max(GROUP, 1)  # groups in a chunk
-    sumsq = tl.zeros([ROWS], dtype=tl.float32)
-    for c in tl.static_range(CHUNKS):
-        hf, w, mask = _row_chunk(X, R, W, rows, row_ok, c * BLOCK_N + lanes, stride_x, stride_r, N, offset, HAS_R,
-                                 HAS_W, H_DTYPE)
-        if HAS_R:
-            tl.store(H + rows[:, None] * N + (c * BLOCK_N + lanes)[None, :], hf.to(H_DTYPE), mask=mask)
-        sumsq += tl.sum(hf * hf, axis=1)
-    if P1 > 0:  # (CHUNKS == 1) the other pieces, also held
+    cols0 = tl.arange(0, BLOCK_N)
+    hf0, w0, mask0, sumsq = _piece(X, R, W, H, rows, row_ok, cols0, stride_x, stride_r, N, offset, HAS_R, HAS_W,
+                                   H_DTYPE)
+    if P1 > 0:
         cols1 = BLOCK_N + tl.arange(0, P1)
-        hf1, w1, mask1 = _row_chunk(X, R, W, rows, row_ok, cols1, stride_x, stride_r, N, offset, HAS_R, HAS_W, H_DTYPE)
-        if HAS_R:
-            tl.store(H + rows[:, None] * N + cols1[None, :], hf1.to(H_DTYPE), mask=mask1)
-        sumsq += tl.sum(hf1 * hf1, axis=1)
+        hf1, w1, mask1, ss1 = _piece(X, R, W, H, rows, row_ok, cols1, stride_x, stride_r, N, offset, HAS_R, HAS_W,
+                                     H_DTYPE)
+        sumsq += ss1
     if P2 > 0:
         cols2 = BLOCK_N + P1 + tl.arange(0, P2)
-        hf2, w2, mask2 = _row_chunk(X, R, W, rows, row_ok, cols2, stride_x, stride_r, N, offset, HAS_R, HAS_W, H_DTYPE)
-        if HAS_R:
-            tl.store(H + rows[:, None] * N + cols2[None, :], hf2.to(H_DTYPE), mask=mask2)
-        sumsq += tl.sum(hf2 * hf2, axis=1)
+        hf2, w2, mask2, ss2 = _piece(X, R, W, H, rows, row_ok, cols2, stride_x, stride_r, N, offset, HAS_R, HAS_W,
+                                     H_DTYPE)
+        sumsq += ss2
     rstd = tl.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
+    y0 = _normed(hf0, rstd, w0, HAS_W)
+    if P1 > 0:
+        y1 = _normed(hf1, rstd, w1, HAS_W)
+    if P2 > 0:
+        y2 = _normed(hf2, rstd, w2, HAS_W)
     if STATIC:
         inv_row = tl.zeros([ROWS], dtype=tl.float32) + tl.math.div_rn(1.0, tl.load(SCALE))
     elif GROUP == 0:  # one scale per row, from the amax over the row
-        amax = tl.zeros([ROWS], dtype=tl.float32)
-        nan = tl.zeros([ROWS], dtype=tl.int32)
-        for c in tl.static_range(CHUNKS):
-            if CHUNKS > 1:  # (one chunk: hf and w are the first pass's, still in registers)
-                hf, w, mask = _row_chunk(X, R, W, rows, row_ok, c * BLOCK_N + lanes, stride_x, stride_r, N, offset,
-                                         HAS_R, HAS_W, H_DTYPE)
-            y = _normed(hf, rstd, w, HAS_W)
-            amax = tl.maximum(amax, tl.max(tl.abs(y), axis=1))
-            nan += tl.sum((y != y).to(tl.int32), axis=1)
+        amax, nan = _amax_nans(y0)
         if P1 > 0:
-            y1 = _normed(hf1, rstd, w1, HAS_W)
-            amax = tl.maximum(amax, tl.max(tl.abs(y1), axis=1))
-            nan += tl.sum((y1 != y1).to(tl.int32), axis=1)
+            a1, n1 = _amax_nans(y1)
+            amax, nan = tl.maximum(amax, a1), nan + n1
         if P2 > 0:
-            y2 = _normed(hf2, rstd, w2, HAS_W)
-            amax = tl.maximum(amax, tl.max(tl.abs(y2), axis=1))
-            nan += tl.sum((y2 != y2).to(tl.int32), axis=1)
+            a2, n2 = _amax_nans(y2)
+            amax, nan = tl.maximum(amax, a2), nan + n2
         s = _scale_of(amax, nan > 0, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
         tl.store(S + rows, s, mask=row_ok)
         inv_row = tl.math.div_rn(1.0, s)
     else:  # (per-group scales: each group's own reciprocal, in _emit)
         inv_row = tl.zeros([ROWS], dtype=tl.float32)
-    for c in tl.static_range(CHUNKS):
-        cols = c * BLOCK_N + lanes
-        if CHUNKS > 1:
-            hf, w, mask = _row_chunk(X, R, W, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R, HAS_W, H_DTYPE)
-        _emit(Q, S, rows, row_ok, cols, _normed(hf, rstd, w, HAS_W), mask, inv_row, scale_ub, N, ROWS, BLOCK_N, c * G,
-              GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
+    _emit(Q, S, rows, row_ok, cols0, y0, mask0, inv_row, scale_ub, N, ROWS, BLOCK_N, 0, GROUP, STATIC, HAS_UB,
+          UE8M0, TOP, MIN_AMAX)
     if P1 > 0:
-        _emit(Q, S, rows, row_ok, cols1, _normed(hf1, rstd, w1, HAS_W), mask1, inv_row, scale_ub, N, ROWS, P1,
-              BLOCK_N // max(GROUP, 1), GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
+        _emit(Q, S, rows, row_ok, cols1, y1, mask1, inv_row, scale_ub, N, ROWS, P1, BLOCK_N // max(GROUP, 1), GROUP,
+              STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
     if P2 > 0:
-        _emit(Q, S, rows, row_ok, cols2, _normed(hf2, rstd, w2, HAS_W), mask2, inv_row, scale_ub, N, ROWS, P2,
-              (BLOCK_N + P1) // max(GROUP, 1), GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
+        _emit(Q, S, rows, row_ok, cols2, y2, mask2, inv_row, scale_ub, N, ROWS, P2, (BLOCK_N + P1) // max(GROUP, 1),
+              GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
 
 
-def pieces(N: int, group_size: int | None) -> tuple[int, int, int] | None:
-    """(P0, P1, P2): the row as up to three power-of-two pieces, each as large as fits, the last
-    padded to a power of two, where that pads by at most 1/8 of N (pieces of at least a group);
-    None where three pieces pad more."""
+def pieces(N: int, group_size: int | None) -> tuple[int, int, int]:
+    """(P0, P1, P2): the row as up to three power-of-two pieces (0: absent), each as large as fits, the
+    last padded to a power of two where that pads by at most 1/8 of N; pieces of at least a group and
+    of 128. Every N up to fp8.FP8_KERNEL_MAX_N has such a cover (tests/experimental)."""
     least = max(group_size or 1, 128)
     out, rest = [], N
     while rest > 0 and len(out) < 3:
@@ -183,32 +169,28 @@ def pieces(N: int, group_size: int | None) -> tuple[int, int, int] | None:
         out.append(size)
         rest -= min(size, rest)
     if rest > 0 or (sum(out) - N) * 8 > N:
-        return None
+        raise ValueError(f"no cover of {N} columns by three power-of-two pieces padding at most 1/8")
     return tuple(out + [0] * (3 - len(out)))
 
 
-def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int, int, int]:
-    """(BLOCK_N, CHUNKS, ROWS, num_warps, P1, P2). Measured on an H100, bf16, per-token scales, 2^27
-    elements, ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel
-    fp8`, 2026-11-25): 32 values per thread and about 4096 elements per program were best at every
-    power of two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16
-    warps 0.835), 8 or 64 values per thread 0.39-0.86. A width a power-of-two block pads by more than
-    1/8 ran 0.68 (5120) and 0.71 (12288) at its best padded config, and in chunks (re-read from L2)
-    per-token 0.54-0.70 at 2560-12288 and 1 x 128 groups 0.68-0.84 (`python bench/residual.py --parts
-    fp8`). Those rows now stay in registers as up to three power-of-two pieces (5120 = 4096 + 1024,
-    12288 = 8192 + 4096), warps sized by the first piece at 32 values per thread: predicted near the
-    powers of two of the first piece (0.91-0.96), not yet measured; chunks only where three pieces pad
-    by more than 1/8.
+def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, ROWS, num_warps, P1, P2). Measured on an H100, bf16, per-token scales, 2^27 elements,
+    ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`,
+    2026-11-25): 32 values per thread and about 4096 elements per program were best at every power of
+    two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps
+    0.835), 8 or 64 values per thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran
+    0.68 (5120) and 0.71 (12288) at its best padded config, and in chunks re-read from L2 per-token
+    0.54-0.70 at 2560-12288 and 1 x 128 groups 0.68-0.84 (`python bench/residual.py --parts fp8`).
+    Those rows stay in registers as up to three power-of-two pieces (5120 = 4096 + 1024, 12288 = 8192
+    + 4096), warps sized by the first piece at 32 values per thread: predicted near the powers of two
+    of the first piece (0.91-0.96), not yet measured.
     """
     block = max(pow2_ceil(N), group_size or 1)
     if 8 * N < 7 * block and N > 2048:
-        cut = pieces(N, group_size)
-        if cut is not None:
-            return cut[0], 1, 1, max(1, min(16, cut[0] // 1024)), cut[1], cut[2]
-        chunk = max(2048 if N < 6144 else 4096, group_size or 1)
-        return chunk, -(-N // chunk), 1, max(1, min(16, chunk // 1024)), 0, 0
+        p0, p1, p2 = pieces(N, group_size)
+        return p0, 1, max(1, min(16, p0 // 1024)), p1, p2
     rows = max(1, min(MAX_ROWS, 4096 // block))
-    return block, 1, rows, max(1, min(16, block * rows // 1024)), 0, 0
+    return block, rows, max(1, min(16, block * rows // 1024)), 0, 0
 
 
 @experimental_kernel
@@ -220,7 +202,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     validates). scales: `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
     M, N = x2d.shape
     device = x2d.device
-    block, chunks, rows, warps, p1, p2 = launch_config(N, group_size)
+    block, rows, warps, p1, p2 = launch_config(N, group_size)
     q = torch.empty(M, N, dtype=out_dtype, device=device)
     h = torch.empty(M, N, dtype=h_dtype, device=device) if r2d is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=device)
@@ -238,7 +220,8 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         x2d, r2d if r2d is not None else x2d, weight if weight is not None else rstd, q,
         h if h is not None else q, scales, scale if scale is not None else rstd, rstd, M, sx, sr, eps, offset,
         float(scale_ub) if scale_ub is not None else 0.0, N,
-        BLOCK_N=block, CHUNKS=chunks, ROWS=rows, GROUP=group_size or 0, P1=p1, P2=p2, STATIC=scale is not None,
-        HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0, TOP=FP8_MAX[out_dtype],
+        BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, P1=p1, P2=p2, STATIC=scale is not None,
+        HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0,
+        TOP=FP8_MAX[out_dtype],
         MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)
     return q, scales, h, rstd

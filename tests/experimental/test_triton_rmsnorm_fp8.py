@@ -83,11 +83,11 @@ for N, fp8, group, arch in json.loads(sys.argv[1]):
     key = f"{N}-{fp8}-{group}-{arch}"
     try:
         K = T.rms_norm_fp8_kernel
-        block, chunks, rows, warps, p1, p2 = T.launch_config(N, group or None)
+        block, rows, warps, p1, p2 = T.launch_config(N, group or None)
         sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Q": f"*{fp8}", "H": "*bf16", "S": "*fp32", "SCALE": "*fp32",
                "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
                "scale_ub": "fp32", "N": "i32"}
-        consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, GROUP=group, P1=p1, P2=p2, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
+        consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, P1=p1, P2=p2, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
                       UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False)
         sig.update({k: "constexpr" for k in consts})
         src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
@@ -117,3 +117,19 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     assert r["divs"] >= 2, "the scale or its reciprocal is not an IEEE division (div.rn)"
     if case[2] == 0:
         assert r["divs"] <= 2 * r["rows"], f"{r['divs']} div.rn for {r['rows']} rows: a division per element?"
+
+
+def test_every_width_is_one_block_or_three_pieces_padding_at_most_an_eighth(kernel):
+    """Every row the kernel takes (up to fp8.FP8_KERNEL_MAX_N columns, any group size that divides it)
+    stays in registers: one power-of-two block, or pieces of at least a group padding at most 1/8."""
+    import importlib
+
+    from cutile_norms.fp8 import FP8_KERNEL_MAX_N
+
+    T = importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8")
+    for group in (None, 128):
+        for N in range(group or 1, FP8_KERNEL_MAX_N + 1, group or 1):
+            block, rows, warps, p1, p2 = T.launch_config(N, group)
+            cover = block + p1 + p2
+            assert cover >= N and (p1 == 0 or (cover - N) * 8 <= N), (N, group, block, p1, p2)
+            assert all(p & (p - 1) == 0 and (p == 0 or p % (group or 1) == 0) for p in (block, p1, p2)), (N, group)
