@@ -187,10 +187,23 @@ def _load_shared(so: Path, name: str):
     return fn
 
 
+def _write_into(path: Path, write) -> None:
+    """`write(tmp)` makes a temporary file beside `path` (named `.<stem>-*`, which eviction leaves
+    alone), renamed into place where it returns True: readers never see a partial file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    os.close(fd)
+    try:
+        if write(tmp):
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def link_shared(obj: Path) -> None:
-    """The object file linked into a shared library beside it (`.so`), written to a temporary file and
-    renamed into place; it needs the DSL's runtime libraries, found through the library's RUNPATH.
-    Nothing where there is no C compiler or the link fails (the object file still loads)."""
+    """The object file linked into a shared library beside it (`.so`); it needs the DSL's runtime
+    libraries, found through the library's RUNPATH. Nothing where there is no C compiler or the link
+    fails (the object file still loads)."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         return
@@ -198,16 +211,9 @@ def link_shared(obj: Path) -> None:
         from cutlass.runtime import find_runtime_libraries
 
         libs = find_runtime_libraries(enable_tvm_ffi=True)
-        fd, tmp = tempfile.mkstemp(dir=obj.parent, prefix=f".{obj.stem}-", suffix=".so")
-        os.close(fd)
-        try:
-            cmd = [cc, "-shared", "-o", tmp, str(obj), *libs,
-                   *(f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs)]
-            if subprocess.run(cmd, capture_output=True, timeout=300).returncode == 0:
-                os.replace(tmp, obj.with_suffix(".so"))
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        rpaths = [f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs]
+        _write_into(obj.with_suffix(".so"), lambda tmp: subprocess.run(
+            [cc, "-shared", "-o", tmp, str(obj), *libs, *rpaths], capture_output=True, timeout=300).returncode == 0)
     except Exception:  # noqa: BLE001 -- the object file is the entry; the library only saves an import
         return
 
@@ -217,14 +223,12 @@ def store_cute(entry: tuple[Path, str], fn) -> None:
     path, name = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".o")
-        os.close(fd)
-        try:
+
+        def export(tmp: str) -> bool:
             fn.export_to_c(tmp, function_name=name)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            return True
+
+        _write_into(path, export)
         if fast_load():
             link_shared(path)
         evict(path.parent)
