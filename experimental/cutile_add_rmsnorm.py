@@ -106,10 +106,14 @@ def _kernel():
     return add_rms_norm_fwd_split_kernel.replace_hints(num_worker_warps=NUM_WARPS, occupancy=OCCUPANCY)
 
 
-def constants(N: int, h_elem_bytes: int, x_align: int, r_align: int, o_align: int, has_w: bool,
+def constants(N: int, stride_x: int, stride_r: int, x_bytes: int, r_bytes: int, h_bytes: int, has_w: bool,
               store_rstd: bool) -> tuple:
-    split, part, piece = split_config(N, h_elem_bytes)
-    return (N, split, part, piece, x_align, r_align, o_align, has_w, store_rstd, 1)
+    """The kernel's compile-time constants (SPLIT is the second): the split, and the alignments of the
+    x and r rows (their strides) and of y's and h's (contiguous rows of N)."""
+    split, part, piece = split_config(N, h_bytes)
+    o_align = min(align_elems(N, x_bytes), align_elems(N, h_bytes))
+    return (N, split, part, piece, align_elems(stride_x, x_bytes), align_elems(stride_r, r_bytes), o_align, has_w,
+            store_rstd, 1)
 
 
 def export_signature(N: int, x_dtype, r_dtype, h_dtype, w_dtype, has_w: bool = True, store_rstd: bool = True):
@@ -122,9 +126,8 @@ def export_signature(N: int, x_dtype, r_dtype, h_dtype, w_dtype, has_w: bool = T
               flat_array(x_dtype, True), flat_array(h_dtype, True), flat_array(ct.float32, True),
               flat_array(ct.int32, True)]
     params += [ScalarConstraint(ct.int32)] * 3 + [ScalarConstraint(ct.float32)] * 2
-    o_align = min(align_elems(N, size[x_dtype]), align_elems(N, size[h_dtype]))
-    return _kernel(), signature(params, constants(N, size[h_dtype], align_elems(N, size[x_dtype]),
-                                                  align_elems(N, size[r_dtype]), o_align, has_w, store_rstd))
+    return _kernel(), signature(params, constants(N, N, N, size[x_dtype], size[r_dtype], size[h_dtype], has_w,
+                                                  store_rstd))
 
 
 def _alloc(M: int, N: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -151,10 +154,9 @@ def add_rms_norm_fwd(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor 
     if weight is not None and weight.stride(0) != 1:
         weight = weight.contiguous()
     sx, sr = (x2d.stride(0), r2d.stride(0)) if M > 1 else (N, N)
-    ex, er, eh = x2d.element_size(), r2d.element_size(), torch.empty((), dtype=h_dtype).element_size()
-    o_align = min(align_elems(N, ex), align_elems(N, eh))
-    split = split_config(N, eh)[0]
-    consts = constants(N, eh, align_elems(sx, ex), align_elems(sr, er), o_align, weight is not None, store_rstd)
+    consts = constants(N, sx, sr, x2d.element_size(), r2d.element_size(), h.element_size(), weight is not None,
+                       store_rstd)
+    split = consts[1]
     stream = current_raw_stream(device.index)
     unused = flat(y, 16)  # what the kernel never reads (no weight, no rstd): a short view of y
     rows = max(1, (_MAX_FLAT - N) // max(sx, sr, N) // 16 * 16) if (M - 1) * max(sx, sr, N) + N > _MAX_FLAT else M
