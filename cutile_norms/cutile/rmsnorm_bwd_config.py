@@ -141,7 +141,8 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     use = dtype if dtype in tables else (same or list(tables) or [None])[0]
     rows = tables.get(use)
     if not rows:
-        cfg, source = analytical_config(N, elem_bytes), f"analytical rule (no measured {dtype} backward table for {dev.arch_name})"
+        cfg = analytical_config(N, elem_bytes)
+        source = f"analytical rule (no measured {dtype} backward table for {dev.arch_name})"
     else:
         n, cfg, ratio = min(rows, key=lambda r: abs(math.log2(r[0]) - math.log2(max(N, 1))))
         cfg = _scaled(cfg, n, N)
@@ -163,11 +164,12 @@ def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | N
     temporaries. Estimate (a fit of ptxas's counts on sm_90, bf16 x): 4.5 registers per element of
     the part a thread holds (5.5 with an fp32 weight), plus 20, plus 12 per piece more than the
     measured width's. The counts: N = 3584 at 3 blocks per SM (85 registers each) spilled 4 bytes per
-    thread, 3616-3632 there (a fourth piece) 52-76, and measured 0.61-0.69 x copy on an H200 against 0.85
-    at 2 blocks; with an fp32 weight 3584 at 3 blocks spilled 88, 6144 at 2 blocks 92; the H200's 6144
-    config at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where the
-    estimate exceeds a block's share of the register file: 2 blocks per SM if that fits, else no prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides
-    a row's latency (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
+    thread, 3616-3632 there (a fourth piece) 52-76, and measured 0.61-0.69 x copy on an H200 against
+    0.85 at 2 blocks; with an fp32 weight 3584 at 3 blocks spilled 88, 6144 at 2 blocks 92; the H200's
+    6144 config at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where
+    the estimate exceeds a block's share of the register file: 2 blocks per SM if that fits, else no
+    prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides a row's latency
+    (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
     warps = cfg.num_worker_warps or 4
     per_thread = part_of(cfg, N) / (32 * warps)
     extra = 0
