@@ -4,10 +4,11 @@ Per DSL:
   * CuTe DSL (`cute.compile` has no cache of its own): each compiled kernel is exported as an object
     file (`export_to_c`) and a later process links it in (`cute.runtime.load_module`, ~3 ms against
     0.7-0.9 s to compile one; measured on the CPU for sm_90a and in the H100 profile of a first call).
-    With CUTILE_NORMS_FAST_LOAD=1 (opt in: not yet run on a GPU) the object is also linked into a
-    shared library beside it (the system C compiler, the DSL's runtime libraries found through its
-    RUNPATH), which a later process loads with `tvm_ffi` alone: 24 ms on the CPU without `import
-    cutlass`, which took 0.45-0.7 s of a fresh process's first call.
+    The object is also linked into a shared library beside it (the system C compiler, the DSL's
+    runtime libraries found through its RUNPATH), which a later process loads with `tvm_ffi` alone,
+    without `import cutlass`: a fresh process's first call at N = 4096, M = 1 took 0.21-0.35 s on an
+    H200 so, against 2.5-3.4 s importing CuTe DSL and loading the object file (docs/performance.md 2.15).
+    Where there is no C compiler, or the link fails, the object file is the entry.
   * cuTile: its own cubin cache, pointed at a folder here (CUDA_TILE_CACHE_DIR) unless the user set one.
   * Triton: its own cache (~/.triton/cache, TRITON_CACHE_DIR), left as the user has it.
 
@@ -16,8 +17,9 @@ Settings (read once per process):
   CUTILE_NORMS_DISK_CACHE=0   off: nothing read or written here, CUDA_TILE_CACHE_DIR left alone
   CUTILE_NORMS_CACHE_MAX_MB   the bound on the CuTe objects (default 1024): past it the least recently
                               used files go, down to 3/4 of it
-  CUTILE_NORMS_FAST_LOAD=1    CuTe kernels also kept as shared libraries and loaded without importing
-                              CuTe DSL (whose import is then deferred to the first compile)
+  CUTILE_NORMS_FAST_LOAD=0    CuTe kernels kept as object files only, loaded through CuTe DSL (by
+                              default they are also kept as shared libraries, and where the cache
+                              holds some, CuTe DSL is imported only at a compile)
 
 An entry's name hashes everything that changes the binary: the package version, the DSL's version,
 the source of the package's CuTe modules, the target arch and the compile key (dtypes, N, launch
@@ -133,8 +135,15 @@ def _current_arch() -> str:
 
 
 def fast_load() -> bool:
-    """CUTILE_NORMS_FAST_LOAD: CuTe kernels kept as shared libraries too, and loaded from them."""
-    return os.environ.get(ENV_FAST_LOAD, "").strip().lower() in ("1", "true", "yes", "on")
+    """CuTe kernels kept as shared libraries too, and loaded from them (CUTILE_NORMS_FAST_LOAD=0: not)."""
+    return os.environ.get(ENV_FAST_LOAD, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def has_shared_libraries() -> bool:
+    """Whether the cache holds CuTe kernels as shared libraries: an install of CuTe DSL that imported
+    built them, so a process that loads them can leave the import to its first compile."""
+    root = cache_dir()
+    return root is not None and next((root / "cute").glob("*.so"), None) is not None
 
 
 def load_cute(entry: tuple[Path, str]):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._diskcache import fast_load, point_cutile_cache
+from ._diskcache import fast_load, has_shared_libraries, point_cutile_cache
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ def import_error(dsl: str) -> str | None:
     module = DSL_MODULES[dsl]
     if dsl == "cutile":
         point_cutile_cache()  # before cuda.tile is first imported
-    if dsl == "cute" and fast_load():  # kernels load from shared libraries: CuTe DSL imports at a compile
+    if dsl == "cute" and fast_load() and has_shared_libraries():  # kernels load from shared libraries:
+        # CuTe DSL imports at a compile (0.5-2.5 s of a fresh process's first call on the GPU hosts)
         missing = [m for m in ("cutlass", "tvm_ffi") if importlib.util.find_spec(m) is None]
         return f"`import {missing[0]}` failed: not installed" if missing else None
     try:

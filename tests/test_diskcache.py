@@ -91,10 +91,11 @@ def test_off_switch_reads_and_writes_nothing(cutlass_here, tmp_path):
 
 def test_unloadable_entry_is_compiled_again_and_replaced(cutlass_here, tmp_path):
     child(tmp_path, [4096])
-    for p in objects(tmp_path):
+    libs = list((tmp_path / "cute").glob("*.so"))  # (none where there is no C compiler)
+    for p in objects(tmp_path) + libs:
         p.write_bytes(b"not an object file")
     assert child(tmp_path, [4096]) == {"compiled": 2, "loaded": 0, "callable": True}
-    assert all(p.stat().st_size > 1000 for p in objects(tmp_path))
+    assert all(p.stat().st_size > 1000 for p in objects(tmp_path) + libs)
     assert child(tmp_path, [4096])["loaded"] == 2
 
 
@@ -103,16 +104,17 @@ FAST_CHILD = CHILD.replace('"callable": all(callable(f) for f in fns)}', '"calla
 
 
 def test_fast_load_keeps_shared_libraries_and_loads_them_without_cute_dsl(cutlass_here, tmp_path):
-    """CUTILE_NORMS_FAST_LOAD=1: every object gets a shared library beside it, and a later process
-    loads the kernels from those without importing CuTe DSL (`cutlass`). An object written without the
-    switch gets its library at its first load with it; a library that does not load is removed, and
-    the object file loads instead and links it again."""
-    fast = env = {_diskcache.ENV_FAST_LOAD: "1"}
-    assert child(tmp_path, [4096], fast) == {"compiled": 2, "loaded": 0, "callable": True}
+    """By default every object gets a shared library beside it, and a later process loads the kernels
+    from those without importing CuTe DSL (`cutlass`). An object written with CUTILE_NORMS_FAST_LOAD=0
+    gets its library at its first load without the switch; a library that does not load is removed,
+    and the object file loads instead and links it again."""
+    env = {_diskcache.ENV_FAST_LOAD: "1"}
+    assert child(tmp_path, [4096], {_diskcache.ENV_FAST_LOAD: ""}) == {"compiled": 2, "loaded": 0, "callable": True}
     libs = sorted((tmp_path / "cute").glob("*.so"))
     assert [p.with_suffix(".o") for p in libs] == objects(tmp_path) and len(libs) == 2
     assert fast_child(tmp_path, [4096], env) == {"compiled": 0, "loaded": 2, "callable": True, "cutlass": False}
-    assert child(tmp_path, [2880]) == {"compiled": 2, "loaded": 0, "callable": True}  # no switch: no library
+    off = {_diskcache.ENV_FAST_LOAD: "0"}
+    assert child(tmp_path, [2880], off) == {"compiled": 2, "loaded": 0, "callable": True}  # off: no library
     assert len(list((tmp_path / "cute").glob("*.so"))) == 2
     assert fast_child(tmp_path, [2880], env)["loaded"] == 2  # linked now
     assert fast_child(tmp_path, [2880], env) == {"compiled": 0, "loaded": 2, "callable": True, "cutlass": False}
@@ -131,18 +133,27 @@ def fast_child(cache, widths, extra_env):
     return result(proc)
 
 
-def test_fast_load_probes_cute_dsl_without_importing_it():
-    """With CUTILE_NORMS_FAST_LOAD=1 the toolchain finds CuTe DSL installed without importing it (the
-    import is what a first call would pay); the import comes at a compile."""
+@pytest.mark.parametrize("libraries", [True, False], ids=["cache-with-libraries", "empty-cache"])
+def test_fast_load_probes_cute_dsl_without_importing_it(tmp_path, libraries):
+    """Where the cache holds shared libraries, the toolchain finds CuTe DSL installed without importing
+    it (the import is what a first call would pay; it comes at a compile); with none yet (the process
+    will compile), it imports CuTe DSL as without the fast load, so a broken install is found at once."""
+    import importlib.util
+
+    if libraries:
+        (tmp_path / "cute").mkdir()
+        (tmp_path / "cute" / "0123.so").write_bytes(b"a library")
     code = ("import sys, cutile_norms as cn; from cutile_norms._platform import toolchain; "
             "print('RESULT', toolchain().error('cute'), 'cutlass' in sys.modules)")
-    env = dict(os.environ, CUTILE_NORMS_FAST_LOAD="1", PYTHONPATH=python_path(), CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=python_path(), CUDA_VISIBLE_DEVICES="")
+    env.pop(_diskcache.ENV_FAST_LOAD, None)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
-    import importlib.util
-    assert line.split()[-1] == "False", (line, out.stderr[-2000:])  # never imported
-    if importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("tvm_ffi") is not None:
-        assert line == "RESULT None False", (line, out.stderr[-2000:])
+    installed = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("tvm_ffi") is not None
+    if libraries:
+        assert line.split()[-1] == "False", (line, out.stderr[-2000:])  # never imported
+    if installed:
+        assert line == f"RESULT None {not libraries}", (line, out.stderr[-2000:])
 
 
 def test_size_bound_drops_the_least_recently_used(tmp_path, monkeypatch):
@@ -224,8 +235,8 @@ print("RESULT " + json.dumps({"compiled": F.CACHE.count + B.CACHE.count, "loaded
 @pytest.mark.gpu
 @pytest.mark.parametrize("fast_load", [False, True])
 def test_loaded_kernel_runs_on_the_gpu(tmp_path, fast_load):
-    """A second process runs the kernels it loaded (with CUTILE_NORMS_FAST_LOAD=1: from the shared
-    libraries, its forward without importing CuTe DSL)."""
+    """A second process runs the kernels it loaded (by default from the shared libraries, its forward
+    without importing CuTe DSL; with CUTILE_NORMS_FAST_LOAD=0 from the object files)."""
     if cn_mode_unavailable():
         pytest.skip(cn_mode_unavailable())
     env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=python_path(),

@@ -1,5 +1,5 @@
-"""RMSNorm (optionally after the residual add) with an FP8 output, in Triton (experimental:
-compile-checked for sm_90 and sm_100 and run under Triton's interpreter in CI; run on an H100).
+"""RMSNorm (optionally after the residual add) with an FP8 output, in Triton: the kernel (its launch
+rule in rmsnorm_fp8_config.py, the wrapper in rmsnorm_fp8.py).
 
     h = x + r (optional; stored)     y = h * rstd * (offset + w)   (fp32, never rounded to 16 bits)
     q = fp8(clamp(y * (1 / s)))      s: a given per-tensor scale, or per row, or per 1 x GROUP columns
@@ -16,16 +16,10 @@ read from memory once, q (and h) written once.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from cutile_norms._experimental import experimental_kernel
-from cutile_norms._util import pow2_ceil
-from cutile_norms.triton._common import row_tile
-from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
-
-MAX_ROWS = 16
+from ._common import row_tile
 
 
 @triton.jit
@@ -154,74 +148,3 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
     if P2 > 0:
         _emit(Q, S, rows, row_ok, cols2, y2, mask2, inv_row, scale_ub, N, ROWS, P2, (BLOCK_N + P1) // max(GROUP, 1),
               GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
-
-
-def pieces(N: int, group_size: int | None) -> tuple[int, int, int]:
-    """(P0, P1, P2): the row as up to three power-of-two pieces (0: absent), each as large as fits, the
-    last padded to a power of two where that pads by at most 1/8 of N; pieces of at least a group and
-    of 128. Every N up to fp8.FP8_KERNEL_MAX_N has such a cover (tests/experimental)."""
-    least = max(group_size or 1, 128)
-    out, rest = [], N
-    while rest > 0 and len(out) < 3:
-        size = max(least, 1 << (rest.bit_length() - 1))
-        if len(out) == 2 or (pow2_ceil(rest) - rest) * 8 <= N:  # the rest in one padded piece
-            size = max(least, pow2_ceil(rest))
-        out.append(size)
-        rest -= min(size, rest)
-    if rest > 0 or (sum(out) - N) * 8 > N:
-        raise ValueError(f"no cover of {N} columns by three power-of-two pieces padding at most 1/8")
-    return tuple(out + [0] * (3 - len(out)))
-
-
-def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, ROWS, num_warps, P1, P2). Measured on an H100, bf16, per-token scales, 2^27 elements,
-    ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`,
-    2026-11-25): 32 values per thread and about 4096 elements per program were best at every power of
-    two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps
-    0.835), 8 or 64 values per thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran
-    0.68 (5120) and 0.71 (12288) at its best padded config, and in chunks re-read from L2 per-token
-    0.54-0.70 at 2560-12288 and 1 x 128 groups 0.68-0.84 (`python bench/residual.py --parts fp8`).
-    Those rows stay in registers as up to three power-of-two pieces (5120 = 4096 + 1024, 12288 = 8192
-    + 4096), warps sized by the first piece at 32 values per thread: predicted near the powers of two
-    of the first piece (0.91-0.96), not yet measured.
-    """
-    block = max(pow2_ceil(N), group_size or 1)
-    if 8 * N < 7 * block and N > 2048:
-        p0, p1, p2 = pieces(N, group_size)
-        return p0, 1, max(1, min(16, p0 // 1024)), p1, p2
-    rows = max(1, min(MAX_ROWS, 4096 // block))
-    return block, rows, max(1, min(16, block * rows // 1024)), 0, 0
-
-
-@experimental_kernel
-def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
-                 offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
-                 scale_ub: float | None, group_size: int | None, ue8m0: bool):
-    """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows of up to
-    fp8.FP8_KERNEL_MAX_N elements with unit column stride, M >= 1, N a multiple of group_size (the API
-    validates). scales: `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
-    M, N = x2d.shape
-    device = x2d.device
-    block, rows, warps, p1, p2 = launch_config(N, group_size)
-    q = torch.empty(M, N, dtype=out_dtype, device=device)
-    h = torch.empty(M, N, dtype=h_dtype, device=device) if r2d is not None else None
-    rstd = torch.empty(M, dtype=torch.float32, device=device)
-    if scale is not None:
-        scales = scale
-    elif group_size:
-        scales = torch.empty(M, N // group_size, dtype=torch.float32, device=device)
-    else:
-        scales = torch.empty(M, dtype=torch.float32, device=device)
-    if weight is not None and weight.stride(0) != 1 and N > 1:
-        weight = weight.contiguous()
-    sx = x2d.stride(0) if M > 1 else N
-    sr = (r2d.stride(0) if M > 1 else N) if r2d is not None else sx
-    rms_norm_fp8_kernel[(-(-M // rows),)](
-        x2d, r2d if r2d is not None else x2d, weight if weight is not None else rstd, q,
-        h if h is not None else q, scales, scale if scale is not None else rstd, rstd, M, sx, sr, eps, offset,
-        float(scale_ub) if scale_ub is not None else 0.0, N,
-        BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, P1=p1, P2=p2, STATIC=scale is not None,
-        HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0,
-        TOP=FP8_MAX[out_dtype],
-        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)
-    return q, scales, h, rstd

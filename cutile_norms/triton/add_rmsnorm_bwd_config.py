@@ -1,0 +1,23 @@
+"""The launch rule of the fused residual add + RMSNorm backward in Triton (pure Python: imports without
+Triton)."""
+from __future__ import annotations
+
+from .._util import pow2_ceil
+from .add_rmsnorm_fwd_config import MAX_ROWS
+
+
+def config(N: int) -> tuple[int, int, int]:
+    """(BLOCK_N, ROWS, num_warps) of the backward. Measured on an H100, bf16, 2^27 elements, a
+    persistent grid of 2 programs per SM (`python bench/tune/triton_experimental.py --kernel bwd --ns
+    1536,2048,2560,4096,5120,8192`, 2026-11-25; ratio to a copy of its bytes): 8192-element tiles
+    up to 2048-wide blocks and 16384 above, 64 values a thread (2048: 0.977, 4096: 0.961, 8192:
+    0.936, where 2048 elements and 8 values a thread gave 0.921 / 0.886 / 0.784); a width its
+    power-of-two block pads by more than 1/8 did best at 16384-element tiles, with 16 warps from
+    4096-wide blocks (2560: 0.896, 5120: 0.868; 1536: 8 warps, 0.907). Two programs per SM led four
+    and eight at every width."""
+    block = pow2_ceil(N)
+    padded = 8 * N < 7 * block
+    tile = 16384 if padded or block > 2048 else 8192
+    rows = max(1, min(MAX_ROWS, tile // block))
+    warps = 16 if padded and block >= 4096 else tile // 2048
+    return block, rows, max(1, min(16, block * rows // 1024, warps))

@@ -1,1 +1,0 @@
-"""Experimental kernels (experimental/), called directly."""
