@@ -10,8 +10,8 @@ of --runs interleaved runs, every output checked (last 64 rows) before it is tim
   backward: read dy, dh and h, write dx = dr once (twice the copy's); dx and dr against the fp32
     composite's autograd;
   fp8 (N <= --fp8-max-n): read x, write q (one byte) and the fp32 scales; q dequantizes to the norm.
-Implementations: ours fused (the experimental Triton kernels, opted in), ours unfused (torch.add into h,
-then mode=None's norm kernels), the composite under torch.compile, QuACK's and Liger's residual paths
+Implementations: ours fused (mode=None with the fused kernels: Triton's up to 16384 columns, cuTile's
+split forward past that), ours unfused (CUTILE_NORMS_FUSED=0: torch.add into h, then mode=None's norm kernels), the composite under torch.compile, QuACK's and Liger's residual paths
 where installed. Then a pre-norm block forward + backward (hidden --block-n, --block-m rows): fused
 against `h = x + r; rms_norm(h)`, ms per step.
 """
@@ -37,8 +37,8 @@ ELEMENTS = 1 << 27
 
 
 def gate(fused: bool) -> None:
-    """The experimental (fused) kernels on or off: read at every call, forward and backward."""
-    os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1" if fused else "0"
+    """The fused kernels on or off (CUTILE_NORMS_FUSED): read at every call, forward and backward."""
+    os.environ["CUTILE_NORMS_FUSED"] = "1" if fused else "0"
 
 
 def ours(fused: bool):
@@ -47,17 +47,6 @@ def ours(fused: bool):
         return cn.rms_norm(x, w, eps, residual=r)
     run.fused = fused
     return run
-
-
-def cutile_split() -> dict:
-    """The experimental cuTile forward for rows split over blocks (not routed to by mode=None yet)."""
-    try:
-        gate(True)
-        from cutile_norms.experimental.cutile_add_rmsnorm import add_rms_norm_fwd
-    except Exception as exc:  # noqa: BLE001 -- report, never fake
-        print(f"cn cutile split skipped: {type(exc).__name__}: {exc}"[:200], flush=True)
-        return {}
-    return {"cn cutile split": lambda x, r, w, eps: add_rms_norm_fwd(x, r, w, eps, 0.0, x.dtype, False)[:2]}
 
 
 def anchors() -> dict:
@@ -108,7 +97,7 @@ def wrong_grad(grads, x, r, w, dy, dh, eps) -> str | None:
 
 
 def fp8_fns() -> dict:
-    """name: fn(x, w, eps) -> (q, scales): ours (the experimental kernel) and the composite compiled."""
+    """name: fn(x, w, eps) -> (q, scales): ours (the Triton kernel) and the composite compiled."""
     def ours_fp8(**kw):
         def run(x, w, eps):
             gate(True)
@@ -253,7 +242,7 @@ def main() -> int:
     impls = {"cn fused": ours(True), "cn unfused": ours(False), **anchors()}
     for part in args.parts:
         print(f"## {part}", flush=True)
-        setup = {"forward": forward_setup({**impls, **cutile_split()}), "backward": backward_setup(impls),
+        setup = {"forward": forward_setup(impls), "backward": backward_setup(impls),
                  "fp8": fp8_setup}[part]
         result[part] = timed_table([n for n in ns if part != "fp8" or n <= args.fp8_max_n], dtype, args.runs, setup)
     result["block"] = block(args.block_m, args.block_n, dtype, args.runs)

@@ -371,47 +371,69 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
     return Choice(mode.name, "asked for explicitly")
 
 
-# The residual add (rms_norm(..., residual=r)): fused into the norm by the Triton kernel in
-# experimental/ (x and r read once, h and y written once) where the user opted in to experimental
-# kernels, Triton runs here and rows have up to FUSED_ADD_MAX_N elements; everywhere else the add runs
-# as one torch.add into h before the norm kernel `resolve` picks for h (a full extra pass over h:
-# 5 M N e bytes instead of 4). The backward:
-# the fused Triton kernel under the same conditions for rows up to FUSED_ADD_BWD_MAX_N, else the
-# norm's backward kernel on h, then the grad flowing into h from later layers added.
-FUSED_ADD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_norm_fwd"
-FUSED_ADD_BWD_KERNEL = "cutile_norms.experimental.triton_add_rmsnorm:add_rms_norm_bwd"
+# The residual add (rms_norm(..., residual=r)): fused into the norm (x and r read once, h and y
+# written once: 4 M N e bytes for 16-bit x, r and h) by
+#   * Triton's kernel, the row in registers, for rows of up to FUSED_ADD_MAX_N elements (mode None or
+#     "triton"): 0.98-1.02 x a copy of its bytes at 1664-16384 on an H200, 1.004-1.023 at 896-16384 on
+#     an H100 (bf16), where its two-pass form for wider rows ran 0.60-0.85;
+#   * cuTile's split kernel for wider rows (mode None or a cuTile mode), each row split over blocks that
+#     keep a power-of-two part of at most 16 KiB of h on chip, as the norm's split forward does: 0.955-0.985
+#     at 12288-131072 on an H200 (bf16), against the unfused path's 0.81. Its part is a fixed 4097-8192
+#     columns of 16-bit h (2049-4096 of fp32 h) whatever N is, so the rule holds between the measured
+#     widths; rows past add_rmsnorm_fwd_config.MAX_ROW_BYTES of h would need wider parts;
+# everywhere else (CUTILE_NORMS_FUSED=0, another mode, a DSL that does not run here) the add runs as one
+# torch.add into h before the norm kernel `resolve` picks for h (5 M N e bytes: 0.81-0.83). The backward:
+# Triton's fused kernel where the forward's is Triton's and rows have up to FUSED_ADD_BWD_MAX_N elements,
+# else the norm's backward kernel on h, then the grad flowing into h from later layers added.
+# (`python bench/residual.py`, docs/performance.md 2.7 and 2.15.)
+FUSED_ADD_KERNEL = "cutile_norms.triton.add_rmsnorm_fwd:add_rms_norm_fwd"
+FUSED_ADD_SPLIT_KERNEL = "cutile_norms.cutile.add_rmsnorm_fwd:add_rms_norm_fwd"
+FUSED_ADD_BWD_KERNEL = "cutile_norms.triton.add_rmsnorm_bwd:add_rms_norm_bwd"
 # The fused backward (the norm's grad plus dh in one pass: reads dy, h, dh, writes one grad, 4 M N e
 # bytes where the norm's backward then an add move 6) holds h, dy, dh and its dw accumulator in
 # registers: rows of up to 8192 elements; wider rows take the norm's backward kernel and an add.
 FUSED_ADD_BWD_MAX_N = 8192
-# The fused forward keeps a row in registers up to 16384 elements: 1.004-1.023 x a copy of its bytes at
-# the model widths 896-16384 (H100, bf16, with QuACK and Liger). Past that it runs two passes over the
-# row: 0.85 / 0.83 at 18432 / 20480 (the unfused path 0.82), 0.78-0.81 from 24576 to 65536 and 0.60 at
-# 88904 / 105880 against the unfused path's 0.80-0.82: wider rows take the unfused path
-# (`python bench/residual.py --parts forward`, docs/performance.md 2.7).
 FUSED_ADD_MAX_N = 16384
+FUSED_ADD_SPLIT_MAX_BYTES = 64 * 16384  # cutile/add_rmsnorm_fwd_config.MAX_ROW_BYTES (tests/test_dispatch.py)
+ENV_FUSED = "CUTILE_NORMS_FUSED"
 
 
-def residual_add_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
-                         tools: Toolchain) -> str | None:
-    """None where the fused add + norm kernel runs for a call that asked for `mode_name` and whose norm
-    `resolve` gave as `norm_mode`, else why the add runs unfused before that mode's norm kernel."""
+def fused_enabled() -> bool:
+    """CUTILE_NORMS_FUSED=0 switches the fused kernels off (the residual add runs unfused, the FP8 output
+    in torch ops); read at every call."""
+    return os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, h_bytes: int, dev: DeviceInfo,
+                        tools: Toolchain) -> tuple[str | None, str]:
+    """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
+    for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements of h_bytes-byte h;
+    or (None, why the add runs unfused before that mode's norm kernel)."""
     if norm_mode == "torch":
-        return "mode torch: the reference's ops"
-    if not experimental_enabled():
-        return f"the fused add + norm kernel is experimental (opt in with {ENV_VAR}=1)"
-    if mode_name not in (None, "triton"):
-        return f"mode {mode_name!r} has no fused add kernel yet (Triton's is the only one)"
-    if N > FUSED_ADD_MAX_N:
-        return (f"the fused forward is at copy speed while a row fits its register tile (N <= {FUSED_ADD_MAX_N}); "
-                f"its two-pass form measured below the unfused path from 24576 on, N={N}")
-    return unavailable_reason(MODES["triton"], dev, tools)
+        return None, "mode torch: the reference's ops"
+    if not fused_enabled():
+        return None, f"the fused kernels are switched off ({ENV_FUSED}=0)"
+    if N <= FUSED_ADD_MAX_N:
+        if mode_name not in (None, "triton"):
+            return None, (f"mode {mode_name!r}: rows of up to {FUSED_ADD_MAX_N} elements fuse in Triton's kernel "
+                          "(mode None or 'triton')")
+        why = unavailable_reason(MODES["triton"], dev, tools)
+        return (None, why) if why else (FUSED_ADD_KERNEL, f"Triton, the row in registers (N <= {FUSED_ADD_MAX_N})")
+    if mode_name is not None and MODES[mode_name].dsl != "cutile":
+        return None, (f"mode {mode_name!r}: rows past {FUSED_ADD_MAX_N} elements fuse in cuTile's split kernel "
+                      "(mode None or a cuTile mode)")
+    if N * h_bytes > FUSED_ADD_SPLIT_MAX_BYTES:
+        return None, f"the split kernel holds rows of up to {FUSED_ADD_SPLIT_MAX_BYTES} bytes of h, N={N}"
+    why = unavailable_reason(MODES["multi_wave_cached"], dev, tools)
+    return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, f"cuTile, the row split over blocks (N > {FUSED_ADD_MAX_N})")
 
 
 def residual_backward_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
                               tools: Toolchain) -> str | None:
     """None where the fused add + norm backward runs, else why the norm's backward and an add of dh do."""
-    why = residual_add_unfused(mode_name, norm_mode, N, dev, tools)
-    if why is None and N > FUSED_ADD_BWD_MAX_N:
-        why = f"the fused backward holds rows of up to {FUSED_ADD_BWD_MAX_N} elements in registers, N={N}"
-    return why
+    kernel, why = residual_add_kernel(mode_name, norm_mode, N, 4, dev, tools)
+    if kernel is None:
+        return why
+    if N > FUSED_ADD_BWD_MAX_N:
+        return f"the fused backward holds rows of up to {FUSED_ADD_BWD_MAX_N} elements in registers, N={N}"
+    return None

@@ -23,8 +23,9 @@ Contract:
     inf, rstd 0, y NaN at the inf and 0 elsewhere; NaN in a row: y all NaN. A dynamic scale over a NaN
     is NaN and so is all of its row's (group's) q; with a given scale only the NaN elements are NaN.
     q never holds inf: |y / s| past the format's max saturates to it (e4m3fn has no inf at all).
-  * Not differentiable (an output for the next GEMM). Kernel: the Triton kernel in experimental/ where
-    the user opted in, mode is None or "triton" and N <= 16384; else the same math in torch ops.
+  * Not differentiable (an output for the next GEMM). Kernel: the Triton kernel (triton/rmsnorm_fp8.py)
+    where mode is None or "triton" and N <= 16384 (CUTILE_NORMS_FUSED=0 switches it off); else the same
+    math in torch ops.
 """
 from __future__ import annotations
 
@@ -34,13 +35,12 @@ import numbers
 import torch
 
 from . import dispatch
-from ._experimental import experimental_enabled
 from ._platform import device_info, toolchain
 from .reference import FP8_MAX, fp8_quantize, fp8_scale, residual_sum_reference, rms_norm_reference
 from .residual import validate_residual
 from .rmsnorm import TORCH_DEFAULT_EPS, as_rows, validate
 
-FP8_KERNEL = "cutile_norms.experimental.triton_rmsnorm_fp8:rms_norm_fp8"
+FP8_KERNEL = "cutile_norms.triton.rmsnorm_fp8:rms_norm_fp8"
 FP8_KERNEL_MAX_N = 16384  # a row in registers
 
 
@@ -84,12 +84,14 @@ def _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scal
 
 def kernel_unused(mode: str | None, x) -> str | None:
     """None where the FP8 kernel runs, else why the torch ops do."""
-    if not experimental_enabled():
-        return "the FP8 kernel is experimental (opt in with CUTILE_NORMS_EXPERIMENTAL=1)"
+    if not dispatch.fused_enabled():
+        return f"the fused kernels are switched off ({dispatch.ENV_FUSED}=0)"
     if mode not in (None, "triton"):
         return f"mode {mode!r} has no FP8 kernel (Triton's is the only one)"
     if x.shape[-1] > FP8_KERNEL_MAX_N:
         return f"the FP8 kernel holds rows of up to {FP8_KERNEL_MAX_N} elements, N={x.shape[-1]}"
+    if x.device.type != "cuda":  # Triton's interpreter converts to fp8 unlike the GPU (NaN became 384 in e4m3)
+        return "off the GPU the torch ops run (Triton's interpreter does not convert to fp8 as the GPU does)"
     return dispatch.unavailable_reason(dispatch.MODES["triton"], device_info(x.device), toolchain())
 
 

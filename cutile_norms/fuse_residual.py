@@ -27,8 +27,8 @@ x's dtype, torch's add promotes). Gemma 3's layers (four norms, the add after a 
 are not fused. `copy.deepcopy` keeps the fusion; `torch.save(model)` pickles the subclass by reference
 to this module (a process that patched the same class loads it; state_dict is unchanged).
 
-Exactness: h is the same fp32 sum rounded once that torch's add gives; y is the norm of that h. With
-the fused kernel opted in (cutile_norms.experimental), y comes from that kernel instead of the norm
+Exactness: h is the same fp32 sum rounded once that torch's add gives; y is the norm of that h. Where
+the fused kernel runs (dispatch.residual_add_kernel), y comes from that kernel instead of the norm
 kernel `mode=None` picks: the same math, rounded once, so 16-bit y may differ in the last bit.
 """
 from __future__ import annotations

@@ -13,10 +13,11 @@ Contract:
     (create_graph=True runs the norm's closed-form backward in torch ops).
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
-  * Kernels (dispatch.residual_add_unfused / residual_backward_unfused decide): the fused Triton kernels
-    (experimental/, opted in): the forward reads x and r once and writes h and y once, the backward
-    adds dh inside the norm's backward; elsewhere one torch.add writes h and the norm kernel `mode`
-    resolves to runs on it, and the backward is that mode's backward kernel on h, then an add of dh.
+  * Kernels (dispatch.residual_add_kernel / residual_backward_unfused decide): the fused forward (Triton's
+    for rows of up to 16384 elements, cuTile's split form past that) reads x and r once and writes h
+    and y once; the fused backward (Triton's, rows of up to 8192) adds dh inside the norm's backward;
+    elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it, and the
+    backward is that mode's backward kernel on h, then an add of dh.
 """
 from __future__ import annotations
 
@@ -73,12 +74,12 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
         y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return (x if in_place else y.contiguous()), h, rstd.float()
     dev, M, choice = plan(h, mode)
-    why_unfused = dispatch.residual_add_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
-    if why_unfused is None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
+    kernel, _ = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], h.element_size(), dev, toolchain())
+    if kernel is not None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
-        y2d, _, rstd = dispatch.load(dispatch.FUSED_ADD_KERNEL)(as_rows(x), as_rows(residual), weight, eps, offset,
-                                                          h_dtype, store_rstd, out=out)
+        y2d, _, rstd = dispatch.load(kernel)(as_rows(x), as_rows(residual), weight, eps, offset, h_dtype, store_rstd,
+                                             out=out)
         return (x if in_place else y2d.view(x.shape)), h, rstd
     if choice.mode == "torch":
         y, h_ref, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
@@ -130,7 +131,7 @@ def grad_dtype(dy_dtype: torch.dtype, h_dtype: torch.dtype) -> torch.dtype:
 def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor | None,
             rstd: torch.Tensor, offset: float, mode: str, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(the grad into h in grad_dtype(dy, h), dw in the weight's dtype or an empty tensor): the norm's
-    backward on h plus dh, fused (experimental Triton) or the mode's backward kernel then an add. The
+    backward on h plus dh, fused (Triton) or the mode's backward kernel then an add. The
     autograd formula hands the first to x and the residual."""
     need_dw = need_dw and weight is not None
     g_dtype = grad_dtype(dy.dtype, h.dtype)
@@ -271,10 +272,10 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     """explain()'s line for the add: fused or not, and why."""
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
     dev, M, choice = plan(h, mode)
-    why = dispatch.residual_add_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
-    fwd = (f"residual add: fused into the norm ({dispatch.FUSED_ADD_KERNEL}, experimental)" if why is None else
+    kernel, why = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], h.element_size(), dev, toolchain())
+    fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     why_bwd = dispatch.residual_backward_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
-    bwd = (f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}, experimental)"
+    bwd = (f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL})"
            if why_bwd is None else f"residual backward: the norm's backward on h, then dh added ({why_bwd})")
     return fwd + "\n" + bwd

@@ -341,3 +341,36 @@ def test_the_process_toolchain_imports_only_what_a_decision_needs(tmp_path):
     assert r["mode"] == "tma_smem_cached" and r["after"]["cutlass"] and r["after"]["cuda.tile"], r
     assert not r["after"]["triton"], r
     assert not r["cache_env_before"] and r["cache_env"] == str(tmp_path / "cutile"), r
+
+
+@pytest.mark.parametrize("mode,N,h_bytes,expected", [
+    (None, 4096, 2, dispatch.FUSED_ADD_KERNEL), ("triton", 16384, 2, dispatch.FUSED_ADD_KERNEL),
+    ("multi_wave_cached", 4096, 2, None), ("tma_smem_cached", 4096, 2, None),
+    (None, 16385, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), ("static_persistent", 65536, 4, dispatch.FUSED_ADD_SPLIT_KERNEL),
+    ("triton", 20480, 2, None), ("tma_smem_cached", 65536, 2, None),
+    (None, 524288, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), (None, 524289, 2, None), (None, 262145, 4, None)])
+def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
+    """Triton's fused forward for rows of up to FUSED_ADD_MAX_N (mode None or "triton"), cuTile's split
+    form past that (mode None or a cuTile mode) up to its row bound in bytes of h; else unfused, with a
+    reason; CUTILE_NORMS_FUSED=0 switches both off."""
+    monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
+    kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, h_bytes, H100, ALL_TOOLS)
+    assert kernel == expected and why, (kernel, why)
+    if expected == dispatch.FUSED_ADD_SPLIT_KERNEL:
+        assert dispatch.residual_add_kernel(mode, "multi_wave_cached", N, h_bytes, H100, NO_CUTILE)[0] is None
+    monkeypatch.setenv(dispatch.ENV_FUSED, "0")
+    kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, h_bytes, H100, ALL_TOOLS)
+    assert kernel is None and dispatch.ENV_FUSED in why
+
+
+def test_residual_split_bound_is_the_kernels():
+    from cutile_norms.cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES
+
+    assert dispatch.FUSED_ADD_SPLIT_MAX_BYTES == MAX_ROW_BYTES
+
+
+def test_fused_backward_only_behind_the_triton_forward(monkeypatch):
+    monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
+    assert dispatch.residual_backward_unfused(None, "multi_wave_cached", 8192, H100, ALL_TOOLS) is None
+    assert "8192" in dispatch.residual_backward_unfused(None, "multi_wave_cached", 8200, H100, ALL_TOOLS)
+    assert "mode torch" in dispatch.residual_backward_unfused(None, "torch", 4096, H100, ALL_TOOLS)

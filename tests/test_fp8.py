@@ -5,7 +5,7 @@ Oracle: y in fp64; a dynamic scale from the fp64 amax; q = fp8 of y / s rounded 
 torch-ops path and the kernel compute y in fp32, so their amax (and scale) differ from the oracle's
 by fp32 rounding (relative 1e-6) and a q element may sit one fp8 step away where y / s is within that
 of a rounding boundary: q is checked within one step, scales within 1e-6. (The kernel's bit-exact
-agreement with the reference quantizer, given its rstd, is tests/experimental/test_triton_rmsnorm_fp8.py.)
+agreement with the reference quantizer, given its rstd, is tests/triton/test_rmsnorm_fp8.py.)
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from tests.conftest import random_rows, random_weight
 
 MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
 SUBNORMAL_STEP = {torch.float8_e4m3fn: 2.0 ** -9, torch.float8_e5m2: 2.0 ** -16}  # the spacing below the normals
-# CPU: the torch ops (mode torch, or None without the opt-in); the kernel's own tests are experimental's
+# CPU: the torch ops (the kernel never runs under Triton's interpreter: fp8.kernel_unused); the GPU: the kernel
 CASES = [pytest.param("cpu", "torch", id="cpu-torch"), pytest.param("cpu", None, id="cpu-None"),
          pytest.param("cuda", None, marks=pytest.mark.gpu, id="cuda-None"),
          pytest.param("cuda", "triton", marks=pytest.mark.gpu, id="cuda-triton")]

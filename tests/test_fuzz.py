@@ -40,7 +40,7 @@ that is a little wrong everywhere fails. Where the exact value is at the edge of
 row of tiny values with a tiny eps), inf of the right sign is accepted.
 
 The residual add (test_fuzz_residual_cpu / _gpu, 60 and 300 cases from the same seed): a mode, fused
-(the experimental kernel opted in) or not, x / residual / h / weight dtypes, offset, rows sliced from a
+(the fused kernels on, CUTILE_NORMS_FUSED=1) or not, x / residual / h / weight dtypes, offset, rows sliced from a
 wider tensor, in place or differentiated in a random subset of x, the residual and the weight, with or
 without a grad flowing into h; h checked bit for bit (one ulp for bf16 under Triton's interpreter, which
 truncates), y and the grads by tests/test_residual.py's oracles.
@@ -675,7 +675,7 @@ N_RESIDUAL_GPU, N_RESIDUAL_CPU = 300, 60
 
 
 def residual_case(seed: int, test: str, index: int, device: str, modes: tuple, max_elems: int) -> dict:
-    """One case: mode, fused (the experimental kernel opted in) or not, shape, dtypes of x, r, h and the
+    """One case: mode, fused (the fused kernels on) or not, shape, dtypes of x, r, h and the
     weight, offset, layouts of x and r, in place or differentiated (which inputs, dh or not)."""
     rng = random.Random(f"{seed}/{test}/{index}")
     pool = [n for n in WIDTHS if n <= max_elems]
@@ -707,7 +707,7 @@ def _residual_inputs(c: dict, device: str):
 def fuzz_residual(c: dict, device: str, index: int, test: str):
     from tests.test_residual import check_grads, check_h  # the residual tests' oracles
     torch.manual_seed(c["torch_seed"])
-    os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1" if c["fused"] else "0"
+    os.environ["CUTILE_NORMS_FUSED"] = "1" if c["fused"] else "0"
     where = f"{replay_line(f'{test}[{index}]')}  # {c}"
     x = r = None
     try:
@@ -744,7 +744,7 @@ def fuzz_residual(c: dict, device: str, index: int, test: str):
     except Exception as err:  # noqa: BLE001 -- one line that replays the case
         pytest.fail(f"{where}: {_one_line(err)}", pytrace=False)
     finally:
-        os.environ.pop("CUTILE_NORMS_EXPERIMENTAL", None)
+        os.environ.pop("CUTILE_NORMS_FUSED", None)
 
 
 RESIDUAL_CPU_MODES = ("torch", None) + CPU_INTERPRETED

@@ -14,6 +14,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "cutile_norms"
 CONFIG_MODULES = ["cutile_norms.cutile.rmsnorm_fwd_config", "cutile_norms.cute.rmsnorm_fwd_config",
                   "cutile_norms.cute.rmsnorm_bwd_config", "cutile_norms.cutile.rmsnorm_bwd_config",
                   "cutile_norms.triton.rmsnorm_fwd_config", "cutile_norms.triton.rmsnorm_bwd_config",
+                  "cutile_norms.cutile.add_rmsnorm_fwd_config", "cutile_norms.triton.add_rmsnorm_fwd_config",
+                  "cutile_norms.triton.add_rmsnorm_bwd_config", "cutile_norms.triton.rmsnorm_fp8_config",
                   "cutile_norms.dispatch"]
 
 

@@ -116,13 +116,12 @@ def test_forward_and_backward_past_2_32_elements(big_inputs, mode, seed):
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
 def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
-    """rms_norm(x, w, residual=r) -> (y, h) and its backward (dx = dr, dw), the fused kernels (opted in)
-    and the unfused path; r is the fixture's dy, the grad of y its x (no grad into h)."""
-    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1" if fused else "0")
+    """rms_norm(x, w, residual=r) -> (y, h) and its backward (dx = dr, dw), the fused kernels (Triton's,
+    or cuTile's split forward for rows past dispatch.FUSED_ADD_MAX_N) and the unfused path; r is the
+    fixture's dy, the grad of y its x (no grad into h)."""
+    monkeypatch.setenv("CUTILE_NORMS_FUSED", "1" if fused else "0")
     x, r, w, _, _, rows = big_inputs
     M, N = x.shape
-    if fused and N > dispatch.FUSED_ADD_MAX_N:
-        pytest.skip(f"rows past {dispatch.FUSED_ADD_MAX_N} elements run unfused (the unfused case covers them)")
     tag = f"residual {'fused' if fused else 'unfused'} x=bf16[{M}, {N}]"
     xg, rg, wg = x.detach().requires_grad_(), r.detach().requires_grad_(), w.detach().clone().requires_grad_()
     y, h = cn.rms_norm(xg, wg, EPS, residual=rg)
@@ -154,15 +153,15 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
 
 
 def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
-    """rms_norm_fp8 (the Triton kernel, opted in, rows up to 16384 wide): q and the per-token and
+    """rms_norm_fp8 (the Triton kernel, rows up to 16384 wide): q and the per-token and
     1 x 128 group scales of the checked rows bit for bit against the same kernel on those rows alone
     (32-bit offsets; its rstd is rsqrt.approx, so the torch reference's y may differ by an ulp: the
-    quantizer against the reference is tests/experimental/test_triton_rmsnorm_fp8.py's)."""
+    quantizer against the reference is tests/triton/test_rmsnorm_fp8.py's)."""
     x, _, w, _, _, rows = big_inputs
     M, N = x.shape
     if N > 16384:
         pytest.skip("the FP8 kernel's rows are at most 16384 wide (wider rows run the torch ops)")
-    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
+    monkeypatch.setenv("CUTILE_NORMS_FUSED", "1")
     for kw in ({}, {"group_size": 128}):
         q, s = cn.rms_norm_fp8(x, w, EPS, **kw)
         torch.cuda.synchronize()

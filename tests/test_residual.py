@@ -5,8 +5,8 @@ Oracles: h = the fp32 sum rounded once to h's dtype (bit for bit, the contract);
 h as stored; grads = the fp64 closed form of the norm's backward at h plus the grad into h from
 later uses (dx = dresidual), within two roundings of h's dtype (the norm's grad is rounded to h's
 dtype, then the sum). The CPU runs mode "torch", mode None, and mode "triton" under Triton's
-interpreter unfused and fused (the experimental kernel; its bf16 h is one ulp off there, see
-tests/experimental/test_triton_add_rmsnorm.py); the GPU every mode.
+interpreter unfused and fused (Triton's kernel; its bf16 h is one ulp off there, see
+tests/triton/test_add_rmsnorm.py); the GPU every mode, fused (CUTILE_NORMS_FUSED=1, the default) and not.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def refusal(mode, shape, h_dtype, device) -> str | None:
 @pytest.fixture
 def fused_gate(monkeypatch):
     def set_gate(on: bool):
-        monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1" if on else "0")
+        monkeypatch.setenv("CUTILE_NORMS_FUSED", "1" if on else "0")
     return set_gate
 
 
@@ -207,9 +207,9 @@ def test_explain_says_how_the_add_runs(fused_gate):
     wide = torch.randn(2, 9000)
     text = cn.explain(wide, residual=wide.clone(), mode="triton")
     assert "residual add: fused" in text and "rows of up to 8192" in text
-    wider = torch.randn(2, 16392)  # past the forward's register tile: both unfused
+    wider = torch.randn(2, 16392)  # past Triton's register tile: cuTile's split kernel, or unfused
     text = cn.explain(wider, residual=wider.clone(), mode="triton")
-    assert "residual add: torch.add into h" in text and "N <= 16384" in text
+    assert "residual add: torch.add into h" in text and "cuTile's split kernel" in text
     assert "residual add: fused" in cn.explain(wider[:, :16384], residual=wider[:, :16384].clone(), mode="triton")
     assert "no fused add kernel" in cn.explain(x, residual=r, mode="torch") or "mode torch" in cn.explain(
         x, residual=r, mode="torch")

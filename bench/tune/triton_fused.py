@@ -1,10 +1,11 @@
-"""Sweep: the experimental Triton kernels' launch configs at the bench size (bf16, 2^27 elements), each
-as a ratio to a copy of its own bytes in the same run, medians of 3 interleaved rounds. What the launch
-rules in experimental/ were read from (their docstrings give the numbers):
+"""Sweep: the fused Triton kernels' launch configs at the bench size (bf16, 2^27 elements), each as a
+ratio to a copy of its own bytes in the same run, medians of 3 interleaved rounds. What the launch
+rules in cutile_norms/triton/rmsnorm_fp8_config.py and add_rmsnorm_bwd_config.py were read from (their
+docstrings give the numbers):
   fp8: rms_norm_fp8_kernel, per-token scales, rows x warps with the row in registers (q = y * (1/s));
   bwd: add_rms_norm_bwd_kernel (the fused residual backward, dw included), rows x warps x programs per SM.
 
-    python bench/tune/triton_experimental.py --kernel fp8|bwd [--ns 2048,4096,5120,8192,12288,16384]
+    python bench/tune/triton_fused.py --kernel fp8|bwd [--ns 2048,4096,5120,8192,12288,16384]
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def candidates(N, M, x, w, kernel, sm):
     bwd: read dy, dh, h, write the grad: twice the copy's)."""
     block, fns = pow2_ceil(N), {}
     if kernel == "fp8":
-        K = importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8").rms_norm_fp8_kernel
+        K = importlib.import_module("cutile_norms.triton.rmsnorm_fp8_kernel").rms_norm_fp8_kernel
         q, s, rstd = torch.empty(M, N, dtype=torch.float8_e4m3fn, device="cuda"), torch.empty(M, device="cuda"), \
             torch.empty(M, device="cuda")
         for rows, warps in itertools.product([1, 2, 4, 8], [2, 4, 8, 16, 32]):
@@ -42,7 +43,7 @@ def candidates(N, M, x, w, kernel, sm):
                     GROUP=0, P1=0, P2=0, STATIC=False, HAS_R=False, HAS_W=True, HAS_UB=False, UE8M0=False, TOP=448.0,
                     MIN_AMAX=FP8_MIN_AMAX, INT64=False, num_warps=warps)
         return fns, 0.75
-    K = importlib.import_module("cutile_norms.experimental.triton_add_rmsnorm").add_rms_norm_bwd_kernel
+    K = importlib.import_module("cutile_norms.triton.add_rmsnorm_bwd_kernel").add_rms_norm_bwd_kernel
     dy, dh, g, rstd = torch.randn_like(x), torch.randn_like(x), torch.empty_like(x), torch.rand(M, device="cuda") + 0.5
     for rows, warps, per_sm in itertools.product([1, 2, 4, 8], [2, 4, 8, 16], [2, 4, 8]):
         if block * rows <= 16384 and 4 <= block * rows // (warps * 32) <= 64:
@@ -61,9 +62,6 @@ def main() -> int:
     args = p.parse_args()
     if no_gpu("this sweep times kernels"):
         return 0
-    os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1"
-    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental)
-
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     for N in args.ns:
         M, x, w = width_inputs(N, torch.bfloat16)

@@ -8,7 +8,7 @@ from .add_rmsnorm_fwd_config import MAX_ROWS
 
 def config(N: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS, num_warps) of the backward. Measured on an H100, bf16, 2^27 elements, a
-    persistent grid of 2 programs per SM (`python bench/tune/triton_experimental.py --kernel bwd --ns
+    persistent grid of 2 programs per SM (`python bench/tune/triton_fused.py --kernel bwd --ns
     1536,2048,2560,4096,5120,8192`, 2026-11-25; ratio to a copy of its bytes): 8192-element tiles
     up to 2048-wide blocks and 16384 above, 64 values a thread (2048: 0.977, 4096: 0.961, 8192:
     0.936, where 2048 elements and 8 values a thread gave 0.921 / 0.886 / 0.784); a width its

@@ -25,7 +25,7 @@ def pieces(N: int, group_size: int | None) -> tuple[int, int, int]:
 
 def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, ROWS, num_warps, P1, P2). Measured on an H100, bf16, per-token scales, 2^27 elements,
-    ratio to a copy of the bytes moved (`python bench/tune/triton_experimental.py --kernel fp8`,
+    ratio to a copy of the bytes moved (`python bench/tune/triton_fused.py --kernel fp8`,
     2026-11-25): 32 values per thread and about 4096 elements per program were best at every power of
     two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps
     0.835), 8 or 64 values per thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran

@@ -1,4 +1,4 @@
-"""The fused residual add + RMSNorm split forward in cuTile (experimental/cutile_add_rmsnorm.py).
+"""The fused residual add + RMSNorm split forward in cuTile (cutile_norms/cutile/add_rmsnorm_fwd*.py).
 
 CPU: the launch rule, and the kernel compiled for sm_90 and sm_100 (ptxas at sm_90: within the
 occupancy hint's registers, no spills but a few bytes with an fp32 weight). GPU (`gpu`): called directly with outputs poisoned with NaN; h against
@@ -10,32 +10,30 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutile_norms.cutile import add_rmsnorm_fwd_config as cfg
 from tests.conftest import assert_close, assert_stored_sum, poisoned, random_rows, random_weight, reference64
 
 ct = pytest.importorskip("cuda.tile")
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
-    import importlib
-
-    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental to the experimental/ folder)
-    return importlib.import_module("cutile_norms.experimental.cutile_add_rmsnorm")
+def kernel():
+    from cutile_norms.cutile import add_rmsnorm_fwd
+    return add_rmsnorm_fwd
 
 
 @pytest.mark.parametrize("N", [32, 20000, 33416, 65536, 149992, 262144, 600000])
 @pytest.mark.parametrize("h_bytes", [2, 4])
-def test_split_rule(kernel, N, h_bytes):
+def test_split_rule(N, h_bytes):
     """The fewest power-of-two parts of at most 16 KiB of h (64 at most), each one padded piece, every
     block with columns of its own row and all of them covered."""
     from cutile_norms.cutile.rmsnorm_fwd_config import row_pieces
 
-    split, part, piece = kernel.split_config(N, h_bytes)
-    assert split & (split - 1) == 0 and 2 <= split <= kernel.MAX_SPLIT
+    split, part, piece = cfg.split_config(N, h_bytes)
+    assert split & (split - 1) == 0 and 2 <= split <= cfg.MAX_SPLIT
     assert part % 16 == 0 and split * part >= N > (split - 1) * part - 16
-    assert part * h_bytes <= kernel.PART_BYTES or split == kernel.MAX_SPLIT
-    assert split == 2 or (split // 2) * kernel.PART_BYTES // h_bytes < N  # no fewer parts would do
+    assert part * h_bytes <= cfg.PART_BYTES or split == cfg.MAX_SPLIT
+    assert split == 2 or (split // 2) * cfg.PART_BYTES // h_bytes < N  # no fewer parts would do
     assert row_pieces(part, piece) == ((0, piece),) and piece >= part
 
 
@@ -63,7 +61,7 @@ def test_compiles_without_spills(kernel, N, x, r, h, w, arch):
         report = ptxas_report(cubin)
         # an fp32 weight's piece doubles its registers: 4-20 bytes per thread at these widths (sm_90 ptxas)
         assert report["spill_stores"] <= (32 if w == "float32" else 0), report
-        assert report["registers"] * report["threads"][0] * kernel.OCCUPANCY <= 65536, report
+        assert report["registers"] * report["threads"][0] * cfg.OCCUPANCY <= 65536, report
 
 
 def test_polls_inside_its_wait_loop(kernel):

@@ -1,4 +1,4 @@
-"""The fused residual add + RMSNorm kernels (experimental/triton_add_rmsnorm.py). The forward called
+"""The fused residual add + RMSNorm kernels in Triton (cutile_norms/triton/add_rmsnorm_*.py). The forward called
 directly: outputs poisoned with NaN first, h against the fp32 sum rounded once, y against the fp64 norm
 of h as stored, rstd against fp64; in place (y into x, h into r). The backward through the API
 (tests/test_residual.py's fused cases and the residual fuzz). Both compiled for sm_90 and sm_100 in a
@@ -18,12 +18,9 @@ from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
-    import importlib
-
-    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental to the experimental/ folder)
-    return importlib.import_module("cutile_norms.experimental.triton_add_rmsnorm")
+def kernel():
+    from cutile_norms.triton import add_rmsnorm_fwd
+    return add_rmsnorm_fwd
 
 
 def run_and_check(kernel, s, device, M, N, x_dtype, r_dtype, h_dtype, w_dtype, offset, in_place=False, stride_pad=0):
@@ -74,24 +71,22 @@ CHILD = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import cutile_norms; cutile_norms.enable_experimental()
-from cutile_norms.experimental import triton_add_rmsnorm as T
+from cutile_norms.triton import add_rmsnorm_bwd_config, add_rmsnorm_bwd_kernel, add_rmsnorm_fwd_config
+from cutile_norms.triton import add_rmsnorm_fwd_kernel
 out = {}
 for kind, N, x, h, arch in json.loads(sys.argv[1]):
     key = f"{kind}-{N}-{x}-{h}-{arch}"
     try:
         if kind == "fwd":
-            K = T.add_rms_norm_fwd_kernel
-            block, chunks, rows, warps = T.config(N)
+            K = add_rmsnorm_fwd_kernel.add_rms_norm_fwd_kernel
+            block, chunks, rows, warps = add_rmsnorm_fwd_config.config(N)
             sig = {"X": f"*{x}", "R": f"*{x}", "W": f"*{x}", "Y": f"*{x}", "H": f"*{h}", "RSTD": "*fp32", "M": "i32",
                    "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_h": "i32", "eps": "fp32",
                    "offset": "fp32", "N": "i32"}
             consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=True, STORE_RSTD=True, INT64=False)
         else:
-            K = T.add_rms_norm_bwd_kernel
-            block = T.pow2_ceil(N)
-            rows = max(1, min(T.MAX_ROWS, 2048 // block))
-            warps = max(1, min(16, block * rows // 256))
+            K = add_rmsnorm_bwd_kernel.add_rms_norm_bwd_kernel
+            block, rows, warps = add_rmsnorm_bwd_config.config(N)
             sig = {"DY": f"*{x}", "DH": f"*{h}", "H": f"*{h}", "W": f"*{x}", "RSTD": "*fp32", "G": f"*{h}",
                    "DWP": "*fp32", "M": "i32", "stride_dy": "i32", "stride_dh": "i32", "stride_h": "i32",
                    "offset": "fp32", "N": "i32"}

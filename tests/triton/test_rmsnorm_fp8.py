@@ -1,4 +1,4 @@
-"""The FP8-output RMSNorm kernel (experimental/triton_rmsnorm_fp8.py), called directly, against the
+"""The FP8-output RMSNorm kernel (cutile_norms/triton/rmsnorm_fp8*.py), called directly, against the
 reference quantizer (reference.fp8_scale, reference.fp8_quantize) applied to y computed from the
 kernel's own rstd in the kernel's op order: the scales bit for bit everywhere, q bit for bit on the GPU.
 
@@ -19,12 +19,9 @@ from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
-    import importlib
-
-    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental to the experimental/ folder)
-    return importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8").rms_norm_fp8
+def kernel():
+    from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8
+    return rms_norm_fp8
 
 
 def same_bits_or_both_nan(a, b) -> bool:
@@ -76,14 +73,14 @@ CHILD = r"""
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import cutile_norms; cutile_norms.enable_experimental()
-from cutile_norms.experimental import triton_rmsnorm_fp8 as T
+from cutile_norms.triton.rmsnorm_fp8_config import launch_config
+from cutile_norms.triton.rmsnorm_fp8_kernel import rms_norm_fp8_kernel
 out = {}
 for N, fp8, group, arch in json.loads(sys.argv[1]):
     key = f"{N}-{fp8}-{group}-{arch}"
     try:
-        K = T.rms_norm_fp8_kernel
-        block, rows, warps, p1, p2 = T.launch_config(N, group or None)
+        K = rms_norm_fp8_kernel
+        block, rows, warps, p1, p2 = launch_config(N, group or None)
         sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Q": f"*{fp8}", "H": "*bf16", "S": "*fp32", "SCALE": "*fp32",
                "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
                "scale_ub": "fp32", "N": "i32"}
@@ -119,17 +116,15 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
         assert r["divs"] <= 2 * r["rows"], f"{r['divs']} div.rn for {r['rows']} rows: a division per element?"
 
 
-def test_every_width_is_one_block_or_three_pieces_padding_at_most_an_eighth(kernel):
+def test_every_width_is_one_block_or_three_pieces_padding_at_most_an_eighth():
     """Every row the kernel takes (up to fp8.FP8_KERNEL_MAX_N columns, any group size that divides it)
     stays in registers: one power-of-two block, or pieces of at least a group padding at most 1/8."""
-    import importlib
-
     from cutile_norms.fp8 import FP8_KERNEL_MAX_N
+    from cutile_norms.triton.rmsnorm_fp8_config import launch_config
 
-    T = importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8")
     for group in (None, 128):
         for N in range(group or 1, FP8_KERNEL_MAX_N + 1, group or 1):
-            block, rows, warps, p1, p2 = T.launch_config(N, group)
+            block, rows, warps, p1, p2 = launch_config(N, group)
             cover = block + p1 + p2
             assert cover >= N and (p1 == 0 or (cover - N) * 8 <= N), (N, group, block, p1, p2)
             assert all(p & (p - 1) == 0 and (p == 0 or p % (group or 1) == 0) for p in (block, p1, p2)), (N, group)
