@@ -1,5 +1,6 @@
 """`warmup`: compile, ahead of traffic, every kernel `mode=None` (or a given mode) can pick for some
-widths, dtypes and a row range, forward and backward, so that no call in that range compiles.
+widths, dtypes and a row range, forward and backward, so that no call in that range compiles; with
+`residual`, the residual add's kernels too, and with `fp8`, the FP8 output's common forms.
 
 Kernels are compiled per (dtypes, N, launch config, flags) with M symbolic. In the shipped tables the
 mode mode=None picks does not depend on M and the configs depend on N and the dtypes, with M = 1 apart
@@ -15,6 +16,7 @@ import time
 
 import torch
 
+from .fp8 import rms_norm_fp8
 from .rmsnorm import rms_norm
 
 MAX_ELEMENTS = 1 << 28  # a warm-up call's x at most this big (512 MiB of bf16): the rest is reported
@@ -43,15 +45,20 @@ def row_counts(lo: int, hi: int) -> list[int]:
 
 
 def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: torch.dtype | str | None = "same",
-           backward: bool = True, mode: str | None = None, offset: float = 0.0, device=None,
-           max_elements: int = MAX_ELEMENTS, verbose: bool = True) -> list[dict]:
+           backward: bool = True, mode: str | None = None, offset: float = 0.0, residual: bool | torch.dtype = False,
+           fp8: bool = False, device=None, max_elements: int = MAX_ELEMENTS, verbose: bool = True) -> list[dict]:
     """Run `rms_norm` (no grad; with grad then its backward, once with the weight trained and once
     frozen, where `backward`) once per width of `widths`, dtype of `dtypes` and row count of
     `row_counts(*rows)` on `device` (default: the current GPU), for contiguous rows and the given
-    `offset` and `mode`. weight_dtype: "same" (x's), a dtype, or None (no weight). Prints a line per
-    width and dtype (what ran, the time, the CuTe compiles) unless verbose=False; returns those records.
-    Row counts whose x would pass `max_elements` are skipped and listed (their kernels compile on first
-    use), as do other row strides, offsets and modes, the residual add and the FP8 output."""
+    `offset` and `mode`. weight_dtype: "same" (x's), a dtype, or None (no weight). residual: True (a
+    residual and h of x's dtype) or a dtype (the residual and h in it: an fp32 residual stream) also
+    runs `rms_norm(x, w, residual=r, residual_dtype=...)` the same ways (`add_rms_norm_` in place runs
+    the same forward kernel). fp8: also `rms_norm_fp8` to e4m3 with per-token scales and, where 128
+    divides N, 1 x 128 group scales. Prints a line per width and dtype (what ran, the time, the CuTe
+    compiles) unless verbose=False; returns those records. Row counts whose x would pass
+    `max_elements` are skipped and listed (their kernels compile on first use), as do other row
+    strides, offsets and modes, and the FP8 output's other forms (e5m2, a given scale, an upper bound,
+    UE8M0, other group sizes, with the residual add)."""
     widths = [int(n) for n in ([widths] if isinstance(widths, int) else widths)]
     if not widths or any(n < 1 for n in widths):
         raise ValueError(f"widths must be positive row widths, got {widths}")
@@ -62,6 +69,8 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
         raise TypeError(f'weight_dtype must be "same", None or a torch.dtype, got {weight_dtype!r}')
     if not (isinstance(rows, (tuple, list)) and len(rows) == 2 and all(isinstance(r, int) for r in rows)):
         raise ValueError(f"rows must be (lo, hi) row counts, got {rows!r}")
+    if not (isinstance(residual, (bool, torch.dtype))):
+        raise TypeError(f"residual must be a bool or a torch.dtype, got {residual!r}")
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     ms = row_counts(*rows)
@@ -77,21 +86,45 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
                     skipped.append(M)
                     continue
                 x = torch.randn(M, N, device=device, dtype=dtype)
-                with torch.no_grad():
-                    rms_norm(x, w, mode=mode, offset=offset)
-                if backward:  # the weight trained, then frozen (its grad not asked for: another kernel)
-                    xg = x.requires_grad_()
-                    for wg in ([w.detach().requires_grad_(), w] if w is not None else [None]):
-                        rms_norm(xg, wg, mode=mode, offset=offset).backward(torch.randn_like(x))
+                _run(x, w, mode, offset, backward, None)
+                if residual is not False:
+                    _run(x, w, mode, offset, backward, dtype if residual is True else residual)
+                if fp8:
+                    with torch.no_grad():
+                        rms_norm_fp8(x, w, offset=offset, mode=mode)
+                        if N % 128 == 0:
+                            rms_norm_fp8(x, w, offset=offset, mode=mode, group_size=128)
                 ran.append(M)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             rec = {"N": N, "dtype": str(dtype).removeprefix("torch."), "rows": ran, "skipped_rows": skipped,
-                   "seconds": time.perf_counter() - t0, "cute_compiles": _compiles() - c0}
+                   "residual": residual is not False, "fp8": fp8, "seconds": time.perf_counter() - t0,
+                   "cute_compiles": _compiles() - c0}
             records.append(rec)
             if verbose:
                 print(f"cutile_norms.warmup: N={N} {rec['dtype']} rows {ran[0] if ran else '-'}..{ran[-1] if ran else '-'} "
-                      f"({len(ran)} row counts{', backward' if backward else ''}): {rec['seconds']:.2f} s, "
+                      f"({len(ran)} row counts{', backward' if backward else ''}"
+                      f"{', residual add' if rec['residual'] else ''}{', fp8' if fp8 else ''}): {rec['seconds']:.2f} s, "
                       f"{rec['cute_compiles']} CuTe compiles"
                       + (f"; skipped rows {skipped} (x past {max_elements} elements)" if skipped else ""), flush=True)
     return records
+
+
+def _run(x, w, mode, offset, backward, residual_dtype) -> None:
+    """One forward without grad and, where `backward`, forward + backward with the weight trained then
+    frozen (its grad not asked for: another kernel); with a residual of `residual_dtype` when given,
+    whose h takes a grad from later layers too (as in a decoder; its kernels differ from y's alone)."""
+    r = None if residual_dtype is None else torch.randn(x.shape, device=x.device, dtype=residual_dtype)
+
+    def call(xx, ww):
+        if r is None:
+            return (rms_norm(xx, ww, mode=mode, offset=offset),)
+        return rms_norm(xx, ww, mode=mode, offset=offset, residual=r, residual_dtype=residual_dtype)
+
+    with torch.no_grad():
+        call(x, w)
+    if backward:
+        xg = x.detach().requires_grad_()
+        for wg in ([w.detach().requires_grad_(), w] if w is not None else [None]):
+            outs = call(xg, wg)
+            torch.autograd.backward(outs, [torch.randn_like(t) for t in outs])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
+from cutile_norms.fp8 import FP8_KERNEL_MAX_N
 from cutile_norms.warmup import row_counts
 
 
@@ -67,4 +68,40 @@ def test_no_call_compiles_after_warmup(N):
         torch.cuda.synchronize()
         slowest = max(slowest, time.perf_counter() - t)
     assert rmsnorm_fwd.CACHE.count + rmsnorm_bwd.CACHE.count == counts, "a CuTe kernel compiled after warmup"
+    assert slowest < 0.05, f"a call took {slowest:.3f} s after warmup (a compile?)"
+
+
+def test_residual_and_fp8_on_the_cpu(capsys):
+    """residual=True / a dtype and fp8=True run those ops too (the CPU: their torch paths), and say so."""
+    recs = cn.warmup([256], dtypes=(torch.float32,), rows=(1, 4), residual=torch.float32, fp8=True, device="cpu")
+    assert recs[0]["residual"] and recs[0]["fp8"] and recs[0]["rows"] == [1, 2, 4]
+    assert "residual add, fp8" in capsys.readouterr().out
+    assert cn.warmup([64], dtypes=(torch.bfloat16,), rows=(2, 2), residual=True, device="cpu",
+                     verbose=False)[0]["residual"]
+    with pytest.raises(TypeError, match="residual must be"):
+        cn.warmup([64], residual="float32", device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4096, 20480])
+def test_no_residual_or_fp8_call_stalls_after_warmup(N):
+    """The residual add (Triton's fused kernels up to 16384 columns, cuTile's split forward past it) and
+    the FP8 output, after warmup(residual=True, fp8=True): every call over the range well under 50 ms."""
+    cn.warmup([N], rows=(1, 32768), residual=True, fp8=True, verbose=False)
+    w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16).requires_grad_()
+    slowest = 0.0
+    for M in (1, 3, 64, 100, 1000, 4097, 32768):
+        x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        y, h = cn.rms_norm(x, w, residual=r)
+        torch.autograd.backward((y, h), (torch.ones_like(y), torch.ones_like(h)))
+        with torch.no_grad():
+            cn.rms_norm(x, w, residual=r)
+            if N <= FP8_KERNEL_MAX_N:  # (wider rows: torch ops, nothing to compile)
+                cn.rms_norm_fp8(x, w)
+                cn.rms_norm_fp8(x, w, group_size=128)
+        torch.cuda.synchronize()
+        slowest = max(slowest, time.perf_counter() - t)
     assert slowest < 0.05, f"a call took {slowest:.3f} s after warmup (a compile?)"
