@@ -92,13 +92,13 @@ def max_bytes() -> float:
 
 @functools.lru_cache(maxsize=None)
 def _cute_fingerprint() -> str:
-    """The package version, CuTe DSL's version, its CUTE_DSL_* settings (the target arch, debug, line
-    info, optimisation level, assertions: any may change the binary) and the package's CuTe sources,
-    hashed."""
+    """The package version, CuTe DSL's and tvm_ffi's versions (tvm_ffi loads the shared libraries), its
+    CUTE_DSL_* settings (the target arch, debug, line info, optimisation level, assertions: any may
+    change the binary) and the package's CuTe sources, hashed. Read from package metadata: no import."""
     package = sys.modules.get(__package__)  # (imported by now: this runs at a kernel's first compile)
     h = hashlib.sha256(str(getattr(package, "__version__", "?")).encode())
     h.update(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))).encode())
-    for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base"):
+    for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "apache-tvm-ffi"):
         try:
             h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
         except importlib.metadata.PackageNotFoundError:
@@ -139,11 +139,19 @@ def fast_load() -> bool:
     return os.environ.get(ENV_FAST_LOAD, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def linked_marker(root: Path) -> Path:
+    """The file that says an install of this fingerprint (the same package, CuTe DSL and tvm_ffi
+    versions) imported CuTe DSL and linked a kernel into a shared library in this cache."""
+    return root / "cute" / f"linked-{_cute_fingerprint()[:24]}"
+
+
 def has_shared_libraries() -> bool:
-    """Whether the cache holds CuTe kernels as shared libraries: an install of CuTe DSL that imported
-    built them, so a process that loads them can leave the import to its first compile."""
+    """Whether an install of this fingerprint has linked CuTe kernels into shared libraries in this
+    cache: a process that loads them may leave the import of CuTe DSL to its first compile (it did
+    import there). Another install's libraries, in a cache folder shared between environments, do not
+    count."""
     root = cache_dir()
-    return root is not None and next((root / "cute").glob("*.so"), None) is not None
+    return root is not None and linked_marker(root).exists()
 
 
 def load_cute(entry: tuple[Path, str]):
@@ -223,6 +231,8 @@ def link_shared(obj: Path) -> None:
         rpaths = [f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs]
         _write_into(obj.with_suffix(".so"), lambda tmp: subprocess.run(
             [cc, "-shared", "-o", tmp, str(obj), *libs, *rpaths], capture_output=True, timeout=300).returncode == 0)
+        if obj.with_suffix(".so").exists():
+            linked_marker(obj.parent.parent).touch()
     except Exception:  # noqa: BLE001 -- the object file is the entry; the library only saves an import
         return
 

@@ -377,10 +377,11 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 #     "triton"): 0.98-1.02 x a copy of its bytes at 1664-16384 on an H200, 1.004-1.023 at 896-16384 on
 #     an H100 (bf16), where its two-pass form for wider rows ran 0.60-0.85;
 #   * cuTile's split kernel for wider rows (mode None or a cuTile mode), each row split over blocks that
-#     keep a power-of-two part of at most 16 KiB of h on chip, as the norm's split forward does: 0.955-0.985
-#     at 12288-131072 on an H200 (bf16), against the unfused path's 0.81. Its part is a fixed 4097-8192
-#     columns of 16-bit h (2049-4096 of fp32 h) whatever N is, so the rule holds between the measured
-#     widths; rows past add_rmsnorm_fwd_config.MAX_ROW_BYTES of h would need wider parts;
+#     keep a power-of-two part of at most 16 KiB of x, r and h each on chip, as the norm's split forward
+#     does: 0.955-0.985 at 12288-131072 on an H200, 0.996-1.006 at 18432-262144 on an H100 (bf16), against
+#     the unfused path's 0.81. A part is 4097-8192 columns of 16-bit operands (2049-4096 where one is
+#     fp32) whatever N is, so the rule holds between the measured widths; rows past
+#     add_rmsnorm_fwd_config.MAX_ROW_BYTES of their widest operand would need wider parts;
 # everywhere else (CUTILE_NORMS_FUSED=0, another mode, a DSL that does not run here) the add runs as one
 # torch.add into h before the norm kernel `resolve` picks for h (5 M N e bytes: 0.81-0.83). The backward:
 # Triton's fused kernel where the forward's is Triton's and rows have up to FUSED_ADD_BWD_MAX_N elements,
@@ -404,15 +405,18 @@ def fused_enabled() -> bool:
     return os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, h_bytes: int, dev: DeviceInfo,
+def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_bytes: int, dev: DeviceInfo,
                         tools: Toolchain) -> tuple[str | None, str]:
     """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
-    for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements of h_bytes-byte h;
-    or (None, why the add runs unfused before that mode's norm kernel)."""
+    for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements whose widest
+    operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused
+    before that mode's norm kernel)."""
     if norm_mode == "torch":
         return None, "mode torch: the reference's ops"
     if not fused_enabled():
         return None, f"the fused kernels are switched off ({ENV_FUSED}=0)"
+    if dev.vendor == "cpu":  # Triton's interpreter rounds fp32 to bf16 by truncation: h would be off by an ulp
+        return None, "off the GPU the add runs unfused (Triton's interpreter does not round h as the GPU does)"
     if N <= FUSED_ADD_MAX_N:
         if mode_name not in (None, "triton"):
             return None, (f"mode {mode_name!r}: rows of up to {FUSED_ADD_MAX_N} elements fuse in Triton's kernel "
@@ -422,8 +426,9 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, h_bytes: 
     if mode_name is not None and MODES[mode_name].dsl != "cutile":
         return None, (f"mode {mode_name!r}: rows past {FUSED_ADD_MAX_N} elements fuse in cuTile's split kernel "
                       "(mode None or a cuTile mode)")
-    if N * h_bytes > FUSED_ADD_SPLIT_MAX_BYTES:
-        return None, f"the split kernel holds rows of up to {FUSED_ADD_SPLIT_MAX_BYTES} bytes of h, N={N}"
+    if N * elem_bytes > FUSED_ADD_SPLIT_MAX_BYTES:
+        return None, (f"the split kernel holds rows of up to {FUSED_ADD_SPLIT_MAX_BYTES} bytes of its widest operand, "
+                      f"N={N} of {elem_bytes}-byte elements")
     why = unavailable_reason(MODES["multi_wave_cached"], dev, tools)
     return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, f"cuTile, the row split over blocks (N > {FUSED_ADD_MAX_N})")
 

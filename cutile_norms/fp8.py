@@ -82,17 +82,31 @@ def _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scal
     return fp8_quantize(y, s, out_dtype), s, h
 
 
-def kernel_unused(mode: str | None, x) -> str | None:
-    """None where the FP8 kernel runs, else why the torch ops do."""
+# The kernel's q is rounded and saturated by one cvt.rn.satfinite to e4m3 / e5m2, an sm_89 instruction
+# (Triton compiles no float8_e4m3fn before it); older GPUs, AMD's and the CPU run the torch ops.
+FP8_KERNEL_MIN_ARCH = (8, 9)
+
+
+def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
+    """None where the FP8 kernel runs for rows of N elements on `dev`, else why the torch ops do."""
     if not dispatch.fused_enabled():
         return f"the fused kernels are switched off ({dispatch.ENV_FUSED}=0)"
     if mode not in (None, "triton"):
         return f"mode {mode!r} has no FP8 kernel (Triton's is the only one)"
-    if x.shape[-1] > FP8_KERNEL_MAX_N:
-        return f"the FP8 kernel holds rows of up to {FP8_KERNEL_MAX_N} elements, N={x.shape[-1]}"
-    if x.device.type != "cuda":  # Triton's interpreter converts to fp8 unlike the GPU (NaN became 384 in e4m3)
+    if N > FP8_KERNEL_MAX_N:
+        return f"the FP8 kernel holds rows of up to {FP8_KERNEL_MAX_N} elements, N={N}"
+    if dev.vendor == "cpu":  # Triton's interpreter converts to fp8 unlike the GPU (NaN became 384 in e4m3)
         return "off the GPU the torch ops run (Triton's interpreter does not convert to fp8 as the GPU does)"
-    return dispatch.unavailable_reason(dispatch.MODES["triton"], device_info(x.device), toolchain())
+    if dev.vendor != "nvidia":  # (AMD's fp8 conversions differ: not run there)
+        return f"the FP8 kernel runs on NVIDIA GPUs (sm_89 and newer), not on {dev.name}"
+    if dev.arch < FP8_KERNEL_MIN_ARCH:
+        return f"the FP8 kernel needs sm_89 or newer (its saturating fp8 conversion), this GPU is {dev.arch_name}"
+    return dispatch.unavailable_reason(dispatch.MODES["triton"], dev, tools)
+
+
+def kernel_unused(mode: str | None, x) -> str | None:
+    """None where the FP8 kernel runs for x, else why the torch ops do."""
+    return kernel_refusal(mode, x.shape[-1], device_info(x.device), toolchain())
 
 
 @torch.library.custom_op("cutile_norms::rms_norm_fp8", mutates_args=())

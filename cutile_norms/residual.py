@@ -6,7 +6,9 @@ Contract:
     offset and mode as for `rms_norm`.
   * h = x + residual, summed in fp32 and rounded once to residual_dtype (default: x's dtype);
     y = rms_norm(h) of h as stored (the value the next layer reads), in x's dtype. With residual_dtype
-    x's dtype, (y, h) equal the unfused `h = x + residual; y = rms_norm(h, ...)` bit for bit.
+    x's dtype, h equals the unfused `h = x + residual` bit for bit, and y is `rms_norm(h, ...)` within
+    its rounding (a fused kernel sums the squares in its own order, so a 16-bit y may differ from the
+    norm kernel's in the last bit).
   * add_rms_norm returns (y, h), both contiguous in x's shape, differentiable in x, residual and the
     weight: the grad into h is the norm's backward on h plus the grad h receives from later uses,
     and dx and dresidual are that grad in x's and the residual's dtype; to second order too
@@ -74,7 +76,8 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
         y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return (x if in_place else y.contiguous()), h, rstd.float()
     dev, M, choice = plan(h, mode)
-    kernel, _ = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], h.element_size(), dev, toolchain())
+    widest = max(x.element_size(), residual.element_size(), h.element_size())
+    kernel, _ = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], widest, dev, toolchain())
     if kernel is not None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
@@ -272,7 +275,8 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     """explain()'s line for the add: fused or not, and why."""
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
     dev, M, choice = plan(h, mode)
-    kernel, why = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], h.element_size(), dev, toolchain())
+    widest = max(x.element_size(), residual.element_size(), h.element_size())
+    kernel, why = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], widest, dev, toolchain())
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     why_bwd = dispatch.residual_backward_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())

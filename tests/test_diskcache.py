@@ -133,16 +133,21 @@ def fast_child(cache, widths, extra_env):
     return result(proc)
 
 
-@pytest.mark.parametrize("libraries", [True, False], ids=["cache-with-libraries", "empty-cache"])
-def test_fast_load_probes_cute_dsl_without_importing_it(tmp_path, libraries):
-    """Where the cache holds shared libraries, the toolchain finds CuTe DSL installed without importing
-    it (the import is what a first call would pay; it comes at a compile); with none yet (the process
-    will compile), it imports CuTe DSL as without the fast load, so a broken install is found at once."""
+@pytest.mark.parametrize("cache", ["linked-here", "other-install", "empty"])
+def test_fast_load_probes_cute_dsl_without_importing_it(tmp_path, cache):
+    """Where an install of this fingerprint (package, CuTe DSL and tvm_ffi versions) linked shared
+    libraries into the cache, the toolchain finds CuTe DSL installed without importing it (the import
+    is what a first call would pay; it comes at a compile). With none yet, or only another install's
+    libraries (a cache folder shared between environments), it imports CuTe DSL up front, so an
+    install that does not import is found before mode=None routes to it."""
     import importlib.util
 
-    if libraries:
-        (tmp_path / "cute").mkdir()
-        (tmp_path / "cute" / "0123.so").write_bytes(b"a library")
+    (tmp_path / "cute").mkdir()
+    if cache == "linked-here":
+        _diskcache.linked_marker(tmp_path).touch()
+    if cache == "other-install":
+        (tmp_path / "cute" / "0123.so").write_bytes(b"another install's library")
+        (tmp_path / "cute" / "linked-0123456789abcdef01234567").touch()
     code = ("import sys, cutile_norms as cn; from cutile_norms._platform import toolchain; "
             "print('RESULT', toolchain().error('cute'), 'cutlass' in sys.modules)")
     env = dict(os.environ, CUTILE_NORMS_CACHE_DIR=str(tmp_path), PYTHONPATH=python_path(), CUDA_VISIBLE_DEVICES="")
@@ -150,10 +155,10 @@ def test_fast_load_probes_cute_dsl_without_importing_it(tmp_path, libraries):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1]
     installed = importlib.util.find_spec("cutlass") is not None and importlib.util.find_spec("tvm_ffi") is not None
-    if libraries:
+    if cache == "linked-here":
         assert line.split()[-1] == "False", (line, out.stderr[-2000:])  # never imported
     if installed:
-        assert line == f"RESULT None {not libraries}", (line, out.stderr[-2000:])
+        assert line == f"RESULT None {cache != 'linked-here'}", (line, out.stderr[-2000:])
 
 
 def test_size_bound_drops_the_least_recently_used(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
 SUBNORMAL_STEP = {torch.float8_e4m3fn: 2.0 ** -9, torch.float8_e5m2: 2.0 ** -16}  # the spacing below the normals
 # CPU: the torch ops (the kernel never runs under Triton's interpreter: fp8.kernel_unused); the GPU: the kernel
 CASES = [pytest.param("cpu", "torch", id="cpu-torch"), pytest.param("cpu", None, id="cpu-None"),
+         pytest.param("cpu", "triton", id="cpu-triton"),
          pytest.param("cuda", None, marks=pytest.mark.gpu, id="cuda-None"),
          pytest.param("cuda", "triton", marks=pytest.mark.gpu, id="cuda-triton")]
 
@@ -158,3 +159,33 @@ def test_column_major_scales(device, mode):
     assert s3.shape == (2, 3, 4) and s3.reshape(6, 4).stride() == (1, 6), "column-major over the flattened rows"
     with pytest.raises(ValueError, match="scale_layout"):
         cn.rms_norm_fp8(x, None, scale_layout="diagonal")
+
+
+def test_kernel_rule():
+    """The kernel runs for mode None / "triton" on NVIDIA GPUs from sm_89, rows up to FP8_KERNEL_MAX_N,
+    the fused kernels on; else the torch ops, with a reason (A100: no fp8e4nv in Triton; the CPU: the
+    interpreter's fp8 conversion is not the GPU's)."""
+    import os
+
+    from cutile_norms import fp8
+    from cutile_norms._platform import CPU, DeviceInfo, Toolchain
+
+    tools = Toolchain(cutile=None, cute=None, triton=None)
+    h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
+    a100 = DeviceInfo("nvidia", "NVIDIA A100-SXM4-80GB", (8, 0), 108, 0)
+    mi300 = DeviceInfo("amd", "AMD Instinct MI300X", (9, 4), 304, 0)
+    old = os.environ.pop("CUTILE_NORMS_FUSED", None)
+    try:
+        assert fp8.kernel_refusal(None, 4096, h100, tools) is None
+        assert fp8.kernel_refusal("triton", fp8.FP8_KERNEL_MAX_N, h100, tools) is None
+        assert "up to" in fp8.kernel_refusal(None, fp8.FP8_KERNEL_MAX_N + 1, h100, tools)
+        assert "no FP8 kernel" in fp8.kernel_refusal("multi_wave_cached", 4096, h100, tools)
+        assert "sm_89" in fp8.kernel_refusal(None, 4096, a100, tools)
+        assert "NVIDIA" in fp8.kernel_refusal(None, 4096, mi300, tools)
+        assert "interpreter" in fp8.kernel_refusal("triton", 4096, CPU, tools)
+        os.environ["CUTILE_NORMS_FUSED"] = "0"
+        assert "CUTILE_NORMS_FUSED=0" in fp8.kernel_refusal(None, 4096, h100, tools)
+    finally:
+        os.environ.pop("CUTILE_NORMS_FUSED", None)
+        if old is not None:
+            os.environ["CUTILE_NORMS_FUSED"] = old

@@ -5,8 +5,9 @@ Oracles: h = the fp32 sum rounded once to h's dtype (bit for bit, the contract);
 h as stored; grads = the fp64 closed form of the norm's backward at h plus the grad into h from
 later uses (dx = dresidual), within two roundings of h's dtype (the norm's grad is rounded to h's
 dtype, then the sum). The CPU runs mode "torch", mode None, and mode "triton" under Triton's
-interpreter unfused and fused (Triton's kernel; its bf16 h is one ulp off there, see
-tests/triton/test_add_rmsnorm.py); the GPU every mode, fused (CUTILE_NORMS_FUSED=1, the default) and not.
+interpreter, unfused (the fused kernels do not run off the GPU: the interpreter's bf16 h is one ulp off;
+tests/triton/test_add_rmsnorm.py calls them directly); the GPU every mode, fused (CUTILE_NORMS_FUSED=1,
+the default) and not.
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import torch
 
 import cutile_norms as cn
 from cutile_norms import dispatch
+from cutile_norms._platform import device_info, toolchain
 from tests.conftest import (TOLERANCES, assert_close, assert_stored_sum, random_rows, random_weight, reference64,
                             reference_bwd64)
 
-CPU_CASES = [pytest.param("cpu", m, f, id=f"cpu-{m}-{'fused' if f else 'unfused'}")
-             for m, f in (("torch", False), (None, False), ("triton", False), ("triton", True))]
+CPU_CASES = [pytest.param("cpu", m, False, id=f"cpu-{m}-unfused") for m in ("torch", None, "triton")]
 GPU_CASES = [pytest.param("cuda", m, f, marks=pytest.mark.gpu, id=f"cuda-{m}-{'fused' if f else 'unfused'}")
              for m in [None] + dispatch.modes_of() for f in ((False, True) if m in (None, "triton") else (False,))]
 CASES = CPU_CASES + GPU_CASES
@@ -198,21 +199,29 @@ def test_torch_compile_fullgraph(fused_gate, seed, device, mode, fused):
 
 
 def test_explain_says_how_the_add_runs(fused_gate):
+    """explain() gives the decision and its reason (the rule itself: tests/test_dispatch.py)."""
     x, r = torch.randn(4, 64), torch.randn(4, 64)
     fused_gate(False)
     assert "residual add: torch.add into h" in cn.explain(x, residual=r, mode="triton")
+    assert "CUTILE_NORMS_FUSED=0" in cn.explain(x, residual=r, mode="triton")
     fused_gate(True)
     text = cn.explain(x, residual=r, mode="triton")
-    assert "residual add: fused" in text and "residual backward: fused" in text
-    wide = torch.randn(2, 9000)
-    text = cn.explain(wide, residual=wide.clone(), mode="triton")
-    assert "residual add: fused" in text and "rows of up to 8192" in text
-    wider = torch.randn(2, 16392)  # past Triton's register tile: cuTile's split kernel, or unfused
-    text = cn.explain(wider, residual=wider.clone(), mode="triton")
-    assert "residual add: torch.add into h" in text and "cuTile's split kernel" in text
-    assert "residual add: fused" in cn.explain(wider[:, :16384], residual=wider[:, :16384].clone(), mode="triton")
-    assert "no fused add kernel" in cn.explain(x, residual=r, mode="torch") or "mode torch" in cn.explain(
-        x, residual=r, mode="torch")
+    assert "residual add: torch.add into h" in text and "interpreter" in text  # the CPU: unfused
+    assert "mode torch" in cn.explain(x, residual=r, mode="torch")
+
+
+@pytest.mark.gpu
+def test_explain_names_the_fused_kernels(fused_gate):
+    fused_gate(True)
+    x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+    text = cn.explain(x, residual=x.clone())
+    assert f"fused into the norm ({dispatch.FUSED_ADD_KERNEL}" in text, text
+    assert f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL})" in text, text
+    wide = torch.randn(2, 20480, device="cuda", dtype=torch.bfloat16)
+    text = cn.explain(wide, residual=wide.clone())
+    if dispatch.unavailable_reason(dispatch.MODES["multi_wave_cached"], device_info(wide.device), toolchain()) is None:
+        assert f"fused into the norm ({dispatch.FUSED_ADD_SPLIT_KERNEL}" in text, text
+    assert "rows of up to 8192" in text, text
 
 
 @pytest.mark.parametrize("device,mode,fused", CASES)

@@ -25,8 +25,9 @@ def kernel():
 @pytest.mark.parametrize("N", [32, 20000, 33416, 65536, 149992, 262144, 600000])
 @pytest.mark.parametrize("h_bytes", [2, 4])
 def test_split_rule(N, h_bytes):
-    """The fewest power-of-two parts of at most 16 KiB of h (64 at most), each one padded piece, every
-    block with columns of its own row and all of them covered."""
+    """The fewest power-of-two parts of at most 16 KiB of the widest operand (64 at most), each one
+    padded piece, every block with columns of its own row and all of them covered; the launch sizes
+    them by the widest of x, r and h."""
     from cutile_norms.cutile.rmsnorm_fwd_config import row_pieces
 
     split, part, piece = cfg.split_config(N, h_bytes)
@@ -35,11 +36,14 @@ def test_split_rule(N, h_bytes):
     assert part * h_bytes <= cfg.PART_BYTES or split == cfg.MAX_SPLIT
     assert split == 2 or (split // 2) * cfg.PART_BYTES // h_bytes < N  # no fewer parts would do
     assert row_pieces(part, piece) == ((0, piece),) and piece >= part
+    widest = cfg.constants(N, N, N, 2, h_bytes, 2, True, True)  # an fp32 residual under 16-bit x and h
+    assert widest[1:4] == (split, part, piece)
 
 
 COMPILE = [(N, x, r, h, w) for N in (20000, 33416, 131072)
            for x, r, h, w in (("bfloat16",) * 4, ("float16", "float16", "float16", "float32"),
-                              ("bfloat16", "float32", "float32", "bfloat16"))]
+                              ("bfloat16", "float32", "float32", "bfloat16"),
+                              ("bfloat16", "float32", "bfloat16", "bfloat16"))]  # an fp32 residual, 16-bit h
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100"])

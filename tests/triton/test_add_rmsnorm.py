@@ -1,8 +1,9 @@
-"""The fused residual add + RMSNorm kernels in Triton (cutile_norms/triton/add_rmsnorm_*.py). The forward called
-directly: outputs poisoned with NaN first, h against the fp32 sum rounded once, y against the fp64 norm
-of h as stored, rstd against fp64; in place (y into x, h into r). The backward through the API
-(tests/test_residual.py's fused cases and the residual fuzz). Both compiled for sm_90 and sm_100 in a
-child process without the interpreter.
+"""The fused residual add + RMSNorm kernels in Triton (cutile_norms/triton/add_rmsnorm_*.py). The
+forward called directly: outputs poisoned with NaN first, h against the fp32 sum rounded once, y
+against the fp64 norm of h as stored, rstd against fp64; in place (y into x, h into r). The backward
+called directly against the fp64 closed form; both through the API on the GPU (tests/test_residual.py's
+fused cases and the residual fuzz). Both compiled for sm_90 and sm_100 in a child process without the
+interpreter.
 
 Under Triton's interpreter (the CPU CI) an fp32 -> bf16 conversion truncates instead of rounding to
 nearest (measured: 2023 of 4096 values one ulp below torch's), so bf16 h is checked within one ulp
@@ -13,7 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import assert_close, assert_stored_sum, poisoned, random_rows, random_weight, reference64
+from tests.conftest import (assert_close, assert_grad_close, assert_stored_sum, poisoned, random_rows, random_weight,
+                            reference64, reference_bwd64)
 from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
@@ -65,6 +67,36 @@ def test_in_place_and_strided_rows(kernel, seed, device, N):
     run_and_check(kernel, seed, device, 9, N, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, 0.0,
                   in_place=True)
     run_and_check(kernel, seed, device, 9, N, torch.float16, torch.float16, torch.float16, torch.float16, 0.0, stride_pad=8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [64, 1000, 2560, 8192])
+@pytest.mark.parametrize("h_dtype,with_dh,with_w", [(torch.float32, True, True), (torch.float32, False, True),
+                                                    (torch.float32, True, False), (torch.bfloat16, True, True)])
+def test_backward_matches_reference(seed, device, N, h_dtype, with_dh, with_w):
+    """The fused backward called directly: the grad into h against the fp64 closed form of the norm's
+    backward at h plus dh, dw against its fp64 sum over the rows (a grid of fewer programs than row
+    tiles, so programs loop and dw sums several programs' partials). Under the interpreter bf16 rounds
+    by truncation, within bf16's tolerance."""
+    from cutile_norms.triton.add_rmsnorm_bwd import add_rms_norm_bwd
+
+    M = 37
+    h = random_rows((M, N), h_dtype, device)
+    w = random_weight(N, torch.bfloat16, device) if with_w else None
+    dy = random_rows((M, N), h_dtype, device)
+    dh = random_rows((M, N), h_dtype, device) if with_dh else None
+    rstd = reference64(h, w, 1e-6, 0.0)[1].float()
+    g, dw = add_rms_norm_bwd(dy, dh, h, w, rstd, 0.0, True, 3, h_dtype)
+    eg, ew, sg, sw = reference_bwd64(h, w, dy, 1e-6, 0.0)
+    what = f"N={N} h={h_dtype} dh={with_dh} w={with_w}"
+    assert g.dtype == h_dtype
+    assert_grad_close(g, eg + (dh.double() if dh is not None else 0),
+                      sg + (dh.double().abs() if dh is not None else 0), h_dtype, f"{what} grad into h", seed)
+    if with_w:
+        assert dw.dtype == w.dtype
+        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+    else:
+        assert dw is None
 
 
 CHILD = r"""
