@@ -110,9 +110,27 @@ def fp8_fns() -> dict:
         s = fp8_scale(yg.abs().amax(-1, keepdim=True), torch.float8_e4m3fn)
         return fp8_quantize(yg, s, torch.float8_e4m3fn).flatten(-2), s.squeeze(-1)
     compiled = torch.compile(composite)
-    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128),
+    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128), **lean_fp8(),
             "torch.compile token": lambda x, w, eps: compiled(x, w, eps, x.shape[-1]),
             "torch.compile group128": lambda x, w, eps: compiled(x, w, eps, 128)}
+
+
+def lean_fp8() -> dict:
+    """The experimental lean FP8 kernel (experimental/triton_rmsnorm_fp8_lean.py), called directly on the
+    rows as the API calls the kernel: per token and 1 x 128 groups."""
+    try:
+        os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1"
+        from cutile_norms.experimental.triton_rmsnorm_fp8_lean import rms_norm_fp8 as lean
+    except Exception as exc:  # noqa: BLE001 -- report, never fake
+        print(f"cn lean fp8 skipped: {type(exc).__name__}: {exc}"[:200], flush=True)
+        return {}
+
+    def run(group):
+        def fn(x, w, eps):
+            q, s, _, _ = lean(x, None, w, eps, 0.0, torch.float8_e4m3fn, None, None, None, group, False)
+            return q, s.view(x.shape[0], -1)
+        return fn
+    return {"cn token lean": run(None), "cn group128 lean": run(128)}
 
 
 def timed_table(ns, dtype, runs, setup) -> list:

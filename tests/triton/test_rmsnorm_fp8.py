@@ -18,10 +18,18 @@ from tests.conftest import random_rows, random_weight
 from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
-@pytest.fixture
-def kernel():
-    from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8
-    return rms_norm_fp8
+@pytest.fixture(params=["stable", "lean"])
+def kernel(request, monkeypatch):
+    """The kernel, and its lean form (experimental/triton_rmsnorm_fp8_lean.py: no clamp before the
+    saturating conversion, one max.NaN reduction per amax), which must give the same bits."""
+    if request.param == "stable":
+        from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8
+        return rms_norm_fp8
+    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
+    import importlib
+
+    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental to the experimental/ folder)
+    return importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8_lean").rms_norm_fp8
 
 
 def same_bits_or_both_nan(a, b) -> bool:
@@ -30,7 +38,8 @@ def same_bits_or_both_nan(a, b) -> bool:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("out_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
-@pytest.mark.parametrize("kind", ["token", "group", "group_ue8m0", "static", "token_ub", "residual"])
+@pytest.mark.parametrize("kind", ["token", "group", "group_ue8m0", "static", "static_saturating", "token_ub",
+                                  "residual"])
 @pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 13312])  # 2560, 5120: two pieces; 13312: three
 def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, N):
     x = random_rows((7, N), torch.bfloat16, device)
@@ -39,7 +48,9 @@ def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, 
     x[3, 6] = float("nan")
     w = random_weight(N, torch.bfloat16, device)
     r = random_rows((7, N), torch.bfloat16, device) if kind == "residual" else None
-    scale = torch.tensor([0.01], device=device) if kind == "static" else None
+    # static_saturating: |y| / s past both formats' largest values, saturated to them
+    scale = torch.tensor([{"static": 0.01, "static_saturating": 1e-5}[kind]], device=device) if kind.startswith(
+        "static") else None
     ub = 2.0 if kind == "token_ub" else None
     group = 128 if kind.startswith("group") else None
     q, s, h, rstd = kernel(x, r, w, 1e-6, 0.0, out_dtype, torch.bfloat16 if r is not None else None, scale, ub, group,
@@ -76,8 +87,8 @@ from triton.compiler import ASTSource
 from cutile_norms.triton.rmsnorm_fp8_config import launch_config
 from cutile_norms.triton.rmsnorm_fp8_kernel import rms_norm_fp8_kernel
 out = {}
-for N, fp8, group, arch in json.loads(sys.argv[1]):
-    key = f"{N}-{fp8}-{group}-{arch}"
+for N, fp8, group, arch, lean in json.loads(sys.argv[1]):
+    key = f"{N}-{fp8}-{group}-{arch}-{lean}"
     try:
         K = rms_norm_fp8_kernel
         block, rows, warps, p1, p2 = launch_config(N, group or None)
@@ -85,20 +96,22 @@ for N, fp8, group, arch in json.loads(sys.argv[1]):
                "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
                "scale_ub": "fp32", "N": "i32"}
         consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, P1=p1, P2=p2, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
-                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False)
+                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False,
+                      LEAN=lean)
         sig.update({k: "constexpr" for k in consts})
         src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
         c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         ptx = c.asm["ptx"]
         cvt = "cvt.rn.satfinite.e4m3x2.f32" if fp8 == "fp8e4nv" else "cvt.rn.satfinite.e5m2x2.f32"
         out[key] = dict(cubin=len(c.asm["cubin"]), target=f".target sm_{arch}" in ptx, cvt=cvt in ptx,
-                        divs=ptx.count("div.rn.f32"), rows=rows)
+                        divs=ptx.count("div.rn.f32"), rows=rows, max_nan=ptx.count("max.NaN.f32"),
+                        mins=ptx.count("min.f32"))
     except Exception as exc:
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
-COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5") for g in (0, 128)
-                 for a in (90, 100)]
+COMPILE_CASES = [(N, f, g, a, lean) for N in (256, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5")
+                 for g in (0, 128) for a in (90, 100) for lean in (False, True) if not lean or N in (4096, 5120, 13312)]
 
 
 compiled = compile_fixture(CHILD, COMPILE_CASES)
@@ -114,6 +127,9 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     assert r["divs"] >= 2, "the scale or its reciprocal is not an IEEE division (div.rn)"
     if case[2] == 0:
         assert r["divs"] <= 2 * r["rows"], f"{r['divs']} div.rn for {r['rows']} rows: a division per element?"
+    if case[4]:  # lean: the amax by max.NaN, and no clamp per element (min.f32 only for the upper bound)
+        assert r["max_nan"] > 0, "the lean amax is not a NaN-propagating max (max.NaN.f32)"
+        assert r["mins"] <= r["divs"], f"{r['mins']} min.f32 against {r['divs']} scales: a clamp per element?"
 
 
 def test_every_width_is_one_block_or_three_pieces_padding_at_most_an_eighth():
