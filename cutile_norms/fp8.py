@@ -96,7 +96,7 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
     if N > FP8_KERNEL_MAX_N:
         return f"the FP8 kernel holds rows of up to {FP8_KERNEL_MAX_N} elements, N={N}"
     if dev.vendor == "cpu":  # Triton's interpreter converts to fp8 unlike the GPU (NaN became 384 in e4m3)
-        return "off the GPU the torch ops run (Triton's interpreter does not convert to fp8 as the GPU does)"
+        return "off the GPU (Triton's interpreter does not convert to fp8 as the GPU does)"
     if dev.vendor != "nvidia":  # (AMD's fp8 conversions differ: not run there)
         return f"the FP8 kernel runs on NVIDIA GPUs (sm_89 and newer), not on {dev.name}"
     if dev.arch < FP8_KERNEL_MIN_ARCH:
@@ -107,6 +107,20 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
 def kernel_unused(mode: str | None, x) -> str | None:
     """None where the FP8 kernel runs for x, else why the torch ops do."""
     return kernel_refusal(mode, x.shape[-1], device_info(x.device), toolchain())
+
+
+def describe(x, mode: str | None) -> str:
+    """explain()'s line for rms_norm_fp8 on x: the kernel and its launch (per-token scales), or the
+    torch ops and why."""
+    why = kernel_unused(mode, x)
+    if why is not None:
+        return f"fp8 output: the torch ops ({why})"
+    from .triton.rmsnorm_fp8_config import launch_config
+
+    block, rows, warps, p1, p2 = launch_config(x.shape[-1], None)
+    pieces = "+".join(str(p) for p in (block, p1, p2) if p)
+    return (f"fp8 output: {FP8_KERNEL} (per-token scales: {rows} row(s) x {pieces} columns in registers per "
+            f"program, {warps} warps)")
 
 
 @torch.library.custom_op("cutile_norms::rms_norm_fp8", mutates_args=())

@@ -339,9 +339,10 @@ def available_modes(device: torch.device | str | int | None = None) -> dict[str,
 
 def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | None = None,
             offset: float = 0.0, eps: float = 1e-6, residual: torch.Tensor | None = None,
-            residual_dtype: torch.dtype | None = None) -> str:
+            residual_dtype: torch.dtype | None = None, fp8: bool = False) -> str:
     """Which kernel and launch config `rms_norm` would run for these tensors, and why (with
-    `residual`: also how the add runs; the norm's lines are then about h = x + residual)."""
+    `residual`: also how the add runs; the norm's lines are then about h = x + residual; with `fp8`:
+    also whether `rms_norm_fp8` runs its kernel, with which launch, or the torch ops, and why)."""
     validate(x, weight, eps, offset)
     dev, M, choice = plan(x, mode)
     N = x.shape[-1]
@@ -361,6 +362,9 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
         from .residual import describe, validate_residual
         validate_residual(x, residual, residual_dtype)
         lines.append(describe(x, residual, residual_dtype, mode))
+    if fp8:
+        from .fp8 import describe as describe_fp8
+        lines.append(describe_fp8(x, mode))
     return "\n".join(lines)
 
 

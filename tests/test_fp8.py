@@ -189,3 +189,21 @@ def test_kernel_rule():
         os.environ.pop("CUTILE_NORMS_FUSED", None)
         if old is not None:
             os.environ["CUTILE_NORMS_FUSED"] = old
+
+
+def test_explain_says_how_the_fp8_output_runs(monkeypatch):
+    x = torch.randn(4, 256)
+    assert "fp8 output: the torch ops (off the GPU (Triton's interpreter" in cn.explain(x, fp8=True, mode="triton")
+    monkeypatch.setenv("CUTILE_NORMS_FUSED", "0")
+    assert "CUTILE_NORMS_FUSED=0" in cn.explain(x, fp8=True)
+    assert "fp8 output" not in cn.explain(x)
+
+
+@pytest.mark.gpu
+def test_explain_names_the_fp8_kernel():
+    from cutile_norms.fp8 import FP8_KERNEL
+
+    x = torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16)
+    text = cn.explain(x, fp8=True)
+    if torch.cuda.get_device_capability() >= (8, 9):
+        assert f"fp8 output: {FP8_KERNEL} (per-token scales: 1 row(s) x 4096+1024 columns" in text, text

@@ -44,6 +44,13 @@ The residual add (test_fuzz_residual_cpu / _gpu, 60 and 300 cases from the same 
 wider tensor, in place or differentiated in a random subset of x, the residual and the weight, with or
 without a grad flowing into h; h checked bit for bit (one ulp for bf16 under Triton's interpreter, which
 truncates), y and the grads by tests/test_residual.py's oracles.
+
+The FP8 output (test_fuzz_fp8_cpu / _gpu, 40 and 300 cases): mode None, "triton" (the kernel on the
+GPU) or another mode (the torch ops), x / weight dtypes, offset, a residual and h's dtype or none, e4m3 or
+e5m2, a given scale (saturating or not) or per-token (with an upper bound or not) or 1 x g group scales
+(g = 32, 64, 128; row- or column-major), UE8M0 or not, sliced rows, rows of zeros, large values, inf and
+NaN; q within one fp8 step of the fp64 norm divided by the returned scales (NaN exactly where that is),
+the scales against the fp64 amax, h bit for bit.
 """
 from __future__ import annotations
 
@@ -61,6 +68,7 @@ import torch
 import cutile_norms as cn
 from cutile_norms import dispatch
 from cutile_norms._platform import triton_interpreted
+from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
 from tests.conftest import TOLERANCES, random_rows, random_weight, reference64
 
 SEED_VAR = "CUTILE_NORMS_FUZZ_SEED"
@@ -761,3 +769,123 @@ def test_fuzz_residual_cpu(i):
 def test_fuzz_residual_gpu(i):
     fuzz_residual(residual_case(SEED, "test_fuzz_residual_gpu", i, "cuda", GPU_MODES + (None,), GPU_MAX_ELEMS),
                   "cuda", i, "test_fuzz_residual_gpu")
+
+
+# ================================================================================================
+# The FP8 output (rms_norm_fp8): cases from (seed, index) alone
+# ================================================================================================
+N_FP8_GPU, N_FP8_CPU = 300, 40
+FP8_MAX_ELEMS_GPU = 1 << 22
+
+
+def fp8_case(seed: int, test: str, index: int, modes: tuple, max_elems: int) -> dict:
+    """One case: mode, shape, x / weight dtypes, offset, a residual (and h's dtype) or none, the fp8
+    format, the scale (given, per token with or without an upper bound, 1 x g groups of a power of two
+    dividing N, UE8M0 or not, row- or column-major), x's layout, rows of zeros, huge values, inf, NaN."""
+    rng = random.Random(f"{seed}/{test}/{index}")
+    N = rng.choice([n for n in WIDTHS if n <= max_elems])
+    M = min(_log_uniform(rng, 1, 2048), max(1, max_elems // N))
+    x_dtype = rng.choice((torch.bfloat16, torch.float16, torch.float32))
+    groups = [g for g in (32, 64, 128) if N % g == 0]
+    kind = rng.choice(("token", "token", "token_ub", "static", "static_saturating") + (("group",) * 3 if groups else ()))
+    residual = rng.random() < 0.3
+    return dict(mode=modes[index % len(modes)], lead=(M,) if rng.random() < 0.7 else (1, M), N=N, x_dtype=x_dtype,
+                w_dtype=rng.choice((x_dtype, torch.float32, None)), offset=rng.choice((0.0, 0.0, 1.0)),
+                r_dtype=(x_dtype if rng.random() < 0.7 else torch.float32) if residual else None,
+                h_dtype=(None if rng.random() < 0.7 else torch.float32) if residual else None,
+                out_dtype=rng.choice((torch.float8_e4m3fn, torch.float8_e5m2)), kind=kind,
+                group=rng.choice(groups) if kind == "group" else None, ue8m0=kind.startswith(("group", "token")) and
+                rng.random() < 0.3, ub=rng.uniform(0.5, 3.0) if kind == "token_ub" else None,
+                column=kind == "group" and rng.random() < 0.4, layout=rng.choice(("contiguous", "contiguous", "rows")),
+                special=rng.random() < 0.3, torch_seed=rng.getrandbits(63))
+
+
+def _fp8_inputs(c: dict, device: str):
+    shape = c["lead"] + (c["N"],)
+
+    def make(dtype, layout):
+        if layout == "rows":  # a column slice of a wider tensor
+            return torch.randn(shape[:-1] + (c["N"] + 24,), device=device).to(dtype)[..., 8:8 + c["N"]]
+        return torch.randn(shape, device=device).to(dtype)
+    x = make(c["x_dtype"], c["layout"])
+    rows = x.view(-1, c["N"]) if x.is_contiguous() else None
+    if c["special"] and rows is not None and rows.shape[0] >= 4:  # a zero row, a huge one, an inf, a NaN
+        rows[0] = 0.0
+        rows[1] *= 1e4 if c["x_dtype"] != torch.float16 else 100.0
+        rows[2, c["N"] // 2] = float("inf")
+        rows[3, c["N"] - 1] = float("nan")
+    r = None if c["r_dtype"] is None else make(c["r_dtype"], "contiguous")
+    w = None if c["w_dtype"] is None else (1 + 0.5 * torch.randn(c["N"], device=device)).to(c["w_dtype"])
+    return x, r, w
+
+
+def fuzz_fp8(c: dict, device: str, index: int, test: str):
+    """q within one fp8 step of the fp64 norm divided by the returned scales (NaN exactly where that is
+    NaN: the contract's NaN and inf rows), the dynamic scales against the fp64 amax (UE8M0: the power of
+    two at or above it), h bit for bit the fp32 sum rounded once, every shape and layout as documented."""
+    from tests.test_fp8 import assert_fp8_close  # the FP8 tests' oracle
+    torch.manual_seed(c["torch_seed"])
+    where = f"{replay_line(f'{test}[{index}]')}  # {c}"
+    try:
+        x, r, w = _fp8_inputs(c, device)
+        offset = c["offset"] if w is not None else 0.0
+        scale = {"static": 0.01, "static_saturating": 1e-5}.get(c["kind"])
+        kw = dict(out_dtype=c["out_dtype"], scale=scale, scale_ub=c["ub"], group_size=c["group"],
+                  scale_ue8m0=c["ue8m0"], scale_layout="column" if c["column"] else "row", offset=offset,
+                  mode=c["mode"])
+        if r is not None:
+            q, s, h = cn.rms_norm_fp8(x, w, 1e-6, residual=r, residual_dtype=c["h_dtype"], **kw)
+            eh = (x.float() + r.float()).to(h.dtype)  # the fp32 sum rounded once (inf and NaN rows too)
+            assert h.dtype == (c["h_dtype"] or c["x_dtype"]) and h.shape == x.shape, where
+            assert torch.equal(torch.isnan(h), torch.isnan(eh)) and torch.equal(h[~torch.isnan(h)], eh[~torch.isnan(eh)]), \
+                f"{where}: h is not the fp32 sum rounded once"
+            src = h
+        else:
+            q, s = cn.rms_norm_fp8(x, w, 1e-6, **kw)
+            src = x
+        N, lead = c["N"], x.shape[:-1]
+        assert q.dtype == c["out_dtype"] and q.shape == x.shape and s.dtype == torch.float32, where
+        groups = N // c["group"] if c["group"] else 1
+        y = reference64(src, w, 1e-6, offset)[0].double().cpu()
+        yg = y.unflatten(-1, (groups, N // groups))
+        if scale is not None:
+            assert s.shape == (1,) and s.item() == torch.tensor(scale, dtype=torch.float32).item(), where
+            sg = torch.full(lead + (groups,), s.item(), dtype=torch.float64)
+        else:
+            assert s.shape == lead + (groups,), f"{where}: scales {tuple(s.shape)}"
+            if c["column"] and s.numel() > groups:
+                assert s.reshape(-1, groups).stride(0) == 1, f"{where}: column-major scales"
+            sg = s.double().cpu()
+            amax = yg.abs().amax(-1)
+            amax = torch.where(torch.isnan(yg).any(-1), float("nan"), amax)
+            if c["ub"] is not None:
+                amax = torch.where(torch.isnan(amax), amax, amax.clamp(max=c["ub"]))
+            s64 = amax.clamp(min=FP8_MIN_AMAX) / FP8_MAX[c["out_dtype"]]
+            assert torch.equal(torch.isnan(sg), torch.isnan(s64)), f"{where}: NaN scales in other places"
+            ok = ~torch.isnan(s64)
+            if c["ue8m0"]:
+                m, _ = torch.frexp(sg[ok])
+                assert (m == 0.5).all(), f"{where}: UE8M0 scales are powers of two"
+                assert (sg[ok] >= s64[ok] * (1 - 1e-6)).all() and (sg[ok] <= 2 * s64[ok] * (1 + 1e-6)).all(), \
+                    f"{where}: UE8M0 scales are the power of two at or above amax / max"
+            else:
+                assert torch.allclose(sg[ok], s64[ok], rtol=1e-6, atol=0), f"{where}: scales"
+        assert_fp8_close(q.cpu(), (yg / sg.unsqueeze(-1)).flatten(-2), c["out_dtype"], where)
+    except AssertionError as err:
+        pytest.fail(_one_line(err), pytrace=False)
+    except Exception as err:  # noqa: BLE001 -- one line that replays the case
+        pytest.fail(f"{where}: {_one_line(err)}", pytrace=False)
+
+
+@pytest.mark.parametrize("i", range(N_FP8_CPU))
+def test_fuzz_fp8_cpu(i):
+    fuzz_fp8(fp8_case(SEED, "test_fuzz_fp8_cpu", i, ("torch", None) + CPU_INTERPRETED, CPU_MAX_ELEMS), "cpu", i,
+             "test_fuzz_fp8_cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(N_FP8_GPU))
+def test_fuzz_fp8_gpu(i):
+    """mode None and "triton" run the kernel (rows up to 16384), a cuTile mode the torch ops."""
+    fuzz_fp8(fp8_case(SEED, "test_fuzz_fp8_gpu", i, (None, "triton", "multi_wave_cached"), FP8_MAX_ELEMS_GPU),
+             "cuda", i, "test_fuzz_fp8_gpu")
