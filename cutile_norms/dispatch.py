@@ -395,7 +395,6 @@ FUSED_ADD_BWD_KERNEL = "cutile_norms.triton.add_rmsnorm_bwd:add_rms_norm_bwd"
 # registers: rows of up to 8192 elements; wider rows take the norm's backward kernel and an add.
 FUSED_ADD_BWD_MAX_N = 8192
 FUSED_ADD_MAX_N = 16384
-FUSED_ADD_SPLIT_MAX_BYTES = 64 * 16384  # cutile/add_rmsnorm_fwd_config.MAX_ROW_BYTES (tests/test_dispatch.py)
 ENV_FUSED = "CUTILE_NORMS_FUSED"
 
 
@@ -426,8 +425,10 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
     if mode_name is not None and MODES[mode_name].dsl != "cutile":
         return None, (f"mode {mode_name!r}: rows past {FUSED_ADD_MAX_N} elements fuse in cuTile's split kernel "
                       "(mode None or a cuTile mode)")
-    if N * elem_bytes > FUSED_ADD_SPLIT_MAX_BYTES:
-        return None, (f"the split kernel holds rows of up to {FUSED_ADD_SPLIT_MAX_BYTES} bytes of its widest operand, "
+    from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES  # (pure Python; imported where rows are this wide)
+
+    if N * elem_bytes > MAX_ROW_BYTES:
+        return None, (f"the split kernel holds rows of up to {MAX_ROW_BYTES} bytes of its widest operand, "
                       f"N={N} of {elem_bytes}-byte elements")
     why = unavailable_reason(MODES["multi_wave_cached"], dev, tools)
     return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, f"cuTile, the row split over blocks (N > {FUSED_ADD_MAX_N})")
@@ -436,6 +437,7 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
 def residual_backward_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
                               tools: Toolchain) -> str | None:
     """None where the fused add + norm backward runs, else why the norm's backward and an add of dh do."""
+    # (the operands' width matters only past FUSED_ADD_MAX_N, where the backward is unfused anyway: 4 bytes)
     kernel, why = residual_add_kernel(mode_name, norm_mode, N, 4, dev, tools)
     if kernel is None:
         return why

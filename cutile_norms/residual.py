@@ -66,6 +66,12 @@ def _weight_for(weight, h_dtype):
     return weight.float()
 
 
+def _fused_forward(x, residual, h, mode, norm_mode, dev) -> tuple[str | None, str]:
+    """dispatch.residual_add_kernel for these tensors: (the fused forward kernel or None, why)."""
+    widest = max(x.element_size(), residual.element_size(), h.element_size())
+    return dispatch.residual_add_kernel(mode, norm_mode, x.shape[-1], widest, dev, toolchain())
+
+
 def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_place=False):
     """(y, h, rstd [M] fp32 or None) in x's shape; in place: y written into x, h into residual."""
     if in_place:
@@ -76,8 +82,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
         y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return (x if in_place else y.contiguous()), h, rstd.float()
     dev, M, choice = plan(h, mode)
-    widest = max(x.element_size(), residual.element_size(), h.element_size())
-    kernel, _ = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], widest, dev, toolchain())
+    kernel, _ = _fused_forward(x, residual, h, mode, choice.mode, dev)
     if kernel is not None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
@@ -275,8 +280,7 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     """explain()'s line for the add: fused or not, and why."""
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
     dev, M, choice = plan(h, mode)
-    widest = max(x.element_size(), residual.element_size(), h.element_size())
-    kernel, why = dispatch.residual_add_kernel(mode, choice.mode, x.shape[-1], widest, dev, toolchain())
+    kernel, why = _fused_forward(x, residual, h, mode, choice.mode, dev)
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     why_bwd = dispatch.residual_backward_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())

@@ -363,12 +363,6 @@ def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
     assert kernel is None and dispatch.ENV_FUSED in why
 
 
-def test_residual_split_bound_is_the_kernels():
-    from cutile_norms.cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES
-
-    assert dispatch.FUSED_ADD_SPLIT_MAX_BYTES == MAX_ROW_BYTES
-
-
 def test_fused_backward_only_behind_the_triton_forward(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
     assert dispatch.residual_backward_unfused(None, "multi_wave_cached", 8192, H100, ALL_TOOLS) is None
