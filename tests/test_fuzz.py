@@ -68,7 +68,6 @@ import torch
 import cutile_norms as cn
 from cutile_norms import dispatch
 from cutile_norms._platform import triton_interpreted
-from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
 from tests.conftest import TOLERANCES, random_rows, random_weight, reference64
 
 SEED_VAR = "CUTILE_NORMS_FUZZ_SEED"
@@ -823,7 +822,7 @@ def fuzz_fp8(c: dict, device: str, index: int, test: str):
     """q within one fp8 step of the fp64 norm divided by the returned scales (NaN exactly where that is
     NaN: the contract's NaN and inf rows), the dynamic scales against the fp64 amax (UE8M0: the power of
     two at or above it), h bit for bit the fp32 sum rounded once, every shape and layout as documented."""
-    from tests.test_fp8 import assert_fp8_close  # the FP8 tests' oracle
+    from tests.test_fp8 import assert_fp8_close, oracle  # the FP8 tests' oracle
     torch.manual_seed(c["torch_seed"])
     where = f"{replay_line(f'{test}[{index}]')}  # {c}"
     try:
@@ -856,11 +855,7 @@ def fuzz_fp8(c: dict, device: str, index: int, test: str):
             if c["column"] and s.numel() > groups:
                 assert s.reshape(-1, groups).stride(0) == 1, f"{where}: column-major scales"
             sg = s.double().cpu()
-            amax = yg.abs().amax(-1)
-            amax = torch.where(torch.isnan(yg).any(-1), float("nan"), amax)
-            if c["ub"] is not None:
-                amax = torch.where(torch.isnan(amax), amax, amax.clamp(max=c["ub"]))
-            s64 = amax.clamp(min=FP8_MIN_AMAX) / FP8_MAX[c["out_dtype"]]
+            s64 = oracle(src, w, 1e-6, offset, c["out_dtype"], None, c["ub"], c["group"])[1].cpu()
             assert torch.equal(torch.isnan(sg), torch.isnan(s64)), f"{where}: NaN scales in other places"
             ok = ~torch.isnan(s64)
             if c["ue8m0"]:
