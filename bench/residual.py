@@ -1,7 +1,7 @@
 """The residual add + RMSNorm (rms_norm(x, w, residual=r) -> (y, h)) against a same-run copy.
 
     python bench/residual.py [--ns 2048,4096,...] [--random 4] [--runs 3] [--dtype bfloat16]
-        [--parts forward,backward,fp8] [--out F]
+        [--parts forward,backward,fp8] [--modes multi_wave_cached,...] [--out F]
 
 Three tables, each a ratio to a same-run copy of x (bytes over the copy's x copy time / time), medians
 of --runs interleaved runs, every output checked (last 64 rows) before it is timed:
@@ -41,10 +41,10 @@ def gate(fused: bool) -> None:
     os.environ["CUTILE_NORMS_FUSED"] = "1" if fused else "0"
 
 
-def ours(fused: bool):
+def ours(fused: bool, mode: str | None = None):
     def run(x, r, w, eps):
         gate(fused)
-        return cn.rms_norm(x, w, eps, residual=r)
+        return cn.rms_norm(x, w, eps, residual=r, mode=mode)
     run.fused = fused
     return run
 
@@ -110,27 +110,9 @@ def fp8_fns() -> dict:
         s = fp8_scale(yg.abs().amax(-1, keepdim=True), torch.float8_e4m3fn)
         return fp8_quantize(yg, s, torch.float8_e4m3fn).flatten(-2), s.squeeze(-1)
     compiled = torch.compile(composite)
-    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128), **lean_fp8(),
+    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128),
             "torch.compile token": lambda x, w, eps: compiled(x, w, eps, x.shape[-1]),
             "torch.compile group128": lambda x, w, eps: compiled(x, w, eps, 128)}
-
-
-def lean_fp8() -> dict:
-    """The experimental lean FP8 kernel (experimental/triton_rmsnorm_fp8_lean.py), called directly on the
-    rows as the API calls the kernel: per token and 1 x 128 groups."""
-    try:
-        os.environ["CUTILE_NORMS_EXPERIMENTAL"] = "1"
-        from cutile_norms.experimental.triton_rmsnorm_fp8_lean import rms_norm_fp8 as lean
-    except Exception as exc:  # noqa: BLE001 -- report, never fake
-        print(f"cn lean fp8 skipped: {type(exc).__name__}: {exc}"[:200], flush=True)
-        return {}
-
-    def run(group):
-        def fn(x, w, eps):
-            q, s, _, _ = lean(x, None, w, eps, 0.0, torch.float8_e4m3fn, None, None, None, group, False)
-            return q, s.view(x.shape[0], -1)
-        return fn
-    return {"cn token lean": run(None), "cn group128 lean": run(128)}
 
 
 def timed_table(ns, dtype, runs, setup) -> list:
@@ -246,6 +228,8 @@ def main() -> int:
     p.add_argument("--block-n", type=int, default=4096)
     p.add_argument("--block-m", type=int, default=16384)
     p.add_argument("--parts", type=lambda v: v.split(","), default=["forward", "backward", "fp8"])
+    p.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=[],
+                   help="also time ours with these modes named (fused kernels on): 'cn <mode>'")
     p.add_argument("--fp8-max-n", type=int, default=16384, help="the FP8 kernel's widest row")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -257,7 +241,8 @@ def main() -> int:
     print(f"# {torch.cuda.get_device_name()} {args.dtype}, M = 2^27 / N, random widths seed {seed}", flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "command": "python bench/residual.py " + " ".join(sys.argv[1:]),
               "seed": seed}
-    impls = {"cn fused": ours(True), "cn unfused": ours(False), **anchors()}
+    impls = {"cn fused": ours(True), "cn unfused": ours(False), **{f"cn {m}": ours(True, m) for m in args.modes},
+             **anchors()}
     for part in args.parts:
         print(f"## {part}", flush=True)
         setup = {"forward": forward_setup(impls), "backward": backward_setup(impls),

@@ -41,6 +41,10 @@ class ForwardBackend(Protocol):
 
 @runtime_checkable
 class BackwardBackend(Protocol):
+    # True: a dh passed to `backward` is read with the row and added to dx inside the kernel (the
+    # residual add's backward in one pass); False: added after it, by torch
+    adds_dh: bool
+
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: Optional[torch.dtype] = None):
         """The launch config for rows of N `dtype` elements (with a `w_dtype` weight) on `dev`."""
 
@@ -50,5 +54,7 @@ class BackwardBackend(Protocol):
 
     def backward(self, dy2d: torch.Tensor, x2d: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor,
                  offset: float, need_dx: bool, need_dw: bool, dev: DeviceInfo, cfg=None,
-                 out: Optional[tuple] = None) -> tuple:
-        """(dx [M, N] in x's dtype or None, dw [N] in the weight's dtype or None)."""
+                 out: Optional[tuple] = None, dh2d: Optional[torch.Tensor] = None) -> tuple:
+        """(dx [M, N] in x's dtype or None, dw [N] in the weight's dtype or None). dh2d: [M, N] rows in
+        x's dtype with unit column stride, added to dx (x being h = x + r, dh the grad h gets from its
+        other uses), or None."""

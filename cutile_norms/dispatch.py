@@ -4,7 +4,7 @@
 that cannot run says why. `mode=None` picks the forward from the measured tables in
 `tuning/rmsnorm_fwd.json` (one per GPU model that was measured on its own, e.g. "sm_90/H200", else
 the arch's; written by `python bench/rmsnorm.py --write-table` by FORWARD_RULE below) and the backward
-from BACKWARD_TABLE and cute_backward_refusal, never an experimental or unbuilt kernel. A GPU with no
+from BACKWARD_TABLE (backward_table.py) and cute_backward_refusal, never an experimental or unbuilt kernel. A GPU with no
 table of its own borrows its arch's (or the nearest measured arch's) and warns once; where no table
 applies, Triton runs if it can, else (CPU) the reference. `explain()` prints the decision, the table
 and row used and their evidence.
@@ -23,6 +23,7 @@ import torch
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
 from ._platform import DeviceInfo, Toolchain, table_key, triton_interpreted
 from .backends import BackwardBackend, ForwardBackend
+from .backward_table import BACKWARD_TABLE, CUTE_BWD_MIN_BYTES, BackwardRow
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 
@@ -240,72 +241,6 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 FORWARD_BAND_EDGES = (48 * 1024, 64 * 1024)
 
 
-@dataclass(frozen=True)
-class BackwardRow:
-    """A band of row bytes where mode=None's backward is another mode's than the cuTile persistent
-    kernel (`table`: a measured table's key, as table_key gives it)."""
-    table: str
-    dtypes: tuple[str, ...]
-    bytes_min: int
-    bytes_max: int
-    mode: str
-    evidence: str
-
-
-# mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
-# ahead of it in the same run. The cuTile backward's configs are measured at the sweep's widths and
-# scaled to the nearest (cutile/rmsnorm_bwd.py), which holds at the powers of two (0.94-0.97 x copy)
-# and not between them (H100 bf16, N = 12288 / 20480 / 24576 / 28672: 0.849 / 0.561 / 0.838 / 0.865).
-# The CuTe DSL kernel exchanges a row's sum through a cluster's shared memory and holds from 24 KiB
-# rows: 0.89-0.97 at 12288-262144 where its slices tile the row exactly (the config takes such a
-# tiling where one exists: cute/rmsnorm_bwd_config.py, exact_tiling), 0.82-0.94 where the last slice
-# is part empty (its columns past the row are zeros in shared memory: no predicated loads), against
-# the cuTile kernel's 0.56-0.86 at those widths. One mode for the whole band: its worst case is the
-# better one (18112, where the cuTile kernel's scaled config happens to hold, 0.900 against 0.932).
-CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
-BACKWARD_TABLE = (
-    BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
-                "H100 80GB HBM3 2026-11-24/25, bf16, Triton's backward against the cuTile persistent kernel: "
-                "N=128 0.936 / 0.957, 512 0.937 / 0.945, 896 0.933 / 0.783, 1024 0.933 / 0.955, 1536 0.912 / "
-                "0.870 x copy: the better worst case (the cuTile kernel's configs hold at the powers of two "
-                "they were measured at, not between); python bench/probe/model_widths.py --only bwd, "
-                "python bench/rmsnorm.py --modes triton"),
-    BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
-                "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
-                "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
-    BackwardRow("sm_90", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
-                "H100 80GB HBM3 2026-11-25, bf16, the CuTe DSL backward against the cuTile persistent kernel: "
-                "N=12288 0.912 / 0.850, 14336 0.925 / 0.868, 16384 0.919 / 0.943, 18432 0.892 / 0.932, "
-                "20480 0.890 / 0.563, 24576 0.942 / 0.838, 28672 0.940 / 0.865, 40960 0.953 / 0.514, "
-                "49152 0.943 / 0.810, 65536 0.971 / 0.923, 131072 0.957 / 0.893, 262144 0.937 / 0.797 x copy; "
-                "rows whose last slice is part empty: N=19336 0.824 / 0.720, 36392 0.878 / 0.653, 58680 0.914 / "
-                "0.862, 135688 0.925 / 0.563, 193488 0.940 / 0.727 (18112 0.900 / 0.932): the better worst "
-                "case; python bench/probe/model_widths.py --only bwd"),
-    # An H200's own rows: the same bands as the H100's, each re-measured there (the cuTile kernel with
-    # the H200's config table, the CuTe one with its 3-slot ring: cute/rmsnorm_bwd_config.py, DEEP_RING)
-    # To 4 KiB rows (not the H100's 3 KiB): from 1537 columns Triton's 16 values per thread (its NARROW_16
-    # rule) kept it ahead of the cuTile kernel's configs, which hold at 2048 (a measured width) and not
-    # between 1024 and it.
-    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 1, 4094, "triton",
-                "NVIDIA H200 2026-11-26, bf16, Triton's backward against the cuTile persistent kernel (medians "
-                "of 3): N=768 0.830 / 0.727, 896 0.879 / 0.636, 1000 0.895 / 0.736, 1048 0.762 / 0.508, 1128 "
-                "0.787 / 0.515, 1280 0.827 / 0.737, 1400 0.841 / 0.686, 1536 0.870 / 0.792, 1664 0.858 / 0.710, "
-                "1816 0.872 / 0.837; at 2048 the cuTile kernel (0.975 / 0.912); python "
-                "bench/probe/model_widths.py --only bwd --random 0 --ns 768,...,1816 --kernels "
-                "None,triton,cutile,quack, python bench/tune/cutile_rmsnorm_bwd.py"),
-    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 12289, 16 * 1024, "triton",
-                "NVIDIA H200 2026-11-26, bf16 N=7168 / 8192: triton 0.887 / 0.914 x copy, the cuTile persistent "
-                "kernel 0.749 / 0.897 (its sweep's best 0.753 / 0.893), while at 6144 the cuTile kernel's H200 "
-                "config measured 0.901 against 0.842; same commands"),
-    BackwardRow("sm_90/H200", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
-                "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward with 3 ring slots against the cuTile "
-                "persistent kernel: N=12288 0.876 / 0.847 (the cuTile sweep's best), 18432 0.863 / 0.816, "
-                "24576 0.924 / 0.676, 28672 0.900 / 0.706, 42528 0.846 / 0.520, 65536 0.964 / 0.782 "
-                "(python bench/tune/cute_rmsnorm_bwd.py); with 2 slots, 20480-262144: 0.61-0.97 against "
-                "0.44-0.83 (probe, same seed)"),
-)
-
-
 def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
     """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment),
     or None. This is where tma_smem_cached's backward is decided, for mode=None and for the mode
@@ -384,15 +319,11 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 #     add_rmsnorm_fwd_config.MAX_ROW_BYTES of their widest operand would need wider parts;
 # everywhere else (CUTILE_NORMS_FUSED=0, another mode, a DSL that does not run here) the add runs as one
 # torch.add into h before the norm kernel `resolve` picks for h (5 M N e bytes: 0.81-0.83). The backward:
-# Triton's fused kernel where the forward's is Triton's and rows have up to FUSED_ADD_BWD_MAX_N elements,
-# else the norm's backward kernel on h, then the grad flowing into h from later layers added.
-# (`python bench/residual.py`, docs/performance.md 2.7 and 2.15.)
+# `residual_backward`. (`python bench/residual.py`, docs/performance.md 2.7, 2.15 and 2.16.)
 FUSED_ADD_KERNEL = "cutile_norms.triton.add_rmsnorm_fwd:add_rms_norm_fwd"
 FUSED_ADD_SPLIT_KERNEL = "cutile_norms.cutile.add_rmsnorm_fwd:add_rms_norm_fwd"
 FUSED_ADD_BWD_KERNEL = "cutile_norms.triton.add_rmsnorm_bwd:add_rms_norm_bwd"
-# The fused backward (the norm's grad plus dh in one pass: reads dy, h, dh, writes one grad, 4 M N e
-# bytes where the norm's backward then an add move 6) holds h, dy, dh and its dw accumulator in
-# registers: rows of up to 8192 elements; wider rows take the norm's backward kernel and an add.
+# Triton's fused backward holds h, dy, dh and its dw accumulator in registers: rows of up to 8192 elements
 FUSED_ADD_BWD_MAX_N = 8192
 FUSED_ADD_MAX_N = 16384
 ENV_FUSED = "CUTILE_NORMS_FUSED"
@@ -404,18 +335,24 @@ def fused_enabled() -> bool:
     return os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _fused_off(norm_mode: str, dev: DeviceInfo) -> str | None:
+    """Why no fused residual kernel runs at any width: mode torch, the switch, or the CPU (Triton's
+    interpreter rounds fp32 to bf16 by truncation: h would be off by an ulp)."""
+    return ("mode torch: the reference's ops" if norm_mode == "torch" else
+            f"the fused kernels are switched off ({ENV_FUSED}=0)" if not fused_enabled() else
+            "off the GPU the add runs unfused (Triton's interpreter does not round h as the GPU does)"
+            if dev.vendor == "cpu" else None)
+
+
 def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_bytes: int, dev: DeviceInfo,
                         tools: Toolchain) -> tuple[str | None, str]:
     """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
     for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements whose widest
     operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused
     before that mode's norm kernel)."""
-    if norm_mode == "torch":
-        return None, "mode torch: the reference's ops"
-    if not fused_enabled():
-        return None, f"the fused kernels are switched off ({ENV_FUSED}=0)"
-    if dev.vendor == "cpu":  # Triton's interpreter rounds fp32 to bf16 by truncation: h would be off by an ulp
-        return None, "off the GPU the add runs unfused (Triton's interpreter does not round h as the GPU does)"
+    off = _fused_off(norm_mode, dev)
+    if off:
+        return None, off
     if N <= FUSED_ADD_MAX_N:
         if mode_name not in (None, "triton"):
             return None, (f"mode {mode_name!r}: rows of up to {FUSED_ADD_MAX_N} elements fuse in Triton's kernel "
@@ -434,13 +371,46 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
     return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, f"cuTile, the row split over blocks (N > {FUSED_ADD_MAX_N})")
 
 
-def residual_backward_unfused(mode_name: str | None, norm_mode: str, N: int, dev: DeviceInfo,
-                              tools: Toolchain) -> str | None:
-    """None where the fused add + norm backward runs, else why the norm's backward and an add of dh do."""
-    # (the operands' width matters only past FUSED_ADD_MAX_N, where the backward is unfused anyway: 4 bytes)
-    kernel, why = residual_add_kernel(mode_name, norm_mode, N, 4, dev, tools)
-    if kernel is None:
-        return why
-    if N > FUSED_ADD_BWD_MAX_N:
-        return f"the fused backward holds rows of up to {FUSED_ADD_BWD_MAX_N} elements in registers, N={N}"
-    return None
+BWD_FUSED, BWD_DH_INSIDE, BWD_DH_AFTER = "fused", "inside", "after"  # residual_backward's answers
+
+
+# mode=None's residual backward by rows of h: Triton's fused kernel up to FUSED_ADD_BWD_TRITON_BYTES, the
+# norm's backward reading dh above (the cuTile persistent kernel where the norm's table runs Triton's, which
+# adds dh after). bf16, 4 M N e bytes over a same-run copy, medians of 3 (python bench/residual.py --parts
+# backward --modes multi_wave_cached, 2026-11-26), Triton's fused / the cuTile kernel with dh:
+#   H100: 896 0.947 / 0.824, 1024 0.957 / 0.866; 1152 0.822 / 0.828, 1536 0.898 / 0.997, 2560 0.887 / 0.992,
+#         3584 0.858 / 1.001, 5120 0.862 / 0.953, 6144 0.901 / 0.843, 7168 0.851 / 0.821, 8192 0.936 / 0.988;
+#   H200: 896 0.863 / 0.717, 1024 0.890 / 0.774; 1536 0.796 / 0.873, 2024 0.566 / 0.860, 2560 0.760 / 0.995,
+#         3584 0.745 / 0.699, 5120 0.734 / 0.919, 6144 0.785 / 0.763, 7168 0.749 / 0.873, 8192 0.858 / 0.955.
+# Narrow rows hold too few bytes per cuTile tile; from 2 KiB the cuTile kernel's worst case is the better
+# one on both GPUs (0.821 against 0.822 on the H100, 0.699 against 0.566 on the H200), as for the norm's
+# own backward its configs hold at the measured widths and less between them (3584, 6144-7168).
+FUSED_ADD_BWD_TRITON_BYTES = 2 * 1024
+
+
+def residual_backward(mode_name: str | None, norm_mode: str, bwd_mode: str, N: int, elem_bytes: int,
+                      dev: DeviceInfo, tools: Toolchain) -> tuple[str, str, str]:
+    """(how, the backward's mode, why) the residual add's backward runs for a call that asked for
+    `mode_name`, whose norm `resolve` gave as `norm_mode` with backward `bwd_mode`, rows of N elements of
+    h of elem_bytes. The grad into h is the norm's backward on h plus dh (the grad from h's later uses):
+    reading dy, h and dh once and writing one grad moves 4 M N e bytes, the norm's backward then an add
+    6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward kernel
+    reads dh with the row (the cuTile and CuTe DSL ones: BackwardBackend.adds_dh); BWD_DH_AFTER: an add
+    after it."""
+    off = _fused_off(norm_mode, dev)
+    if off or bwd_mode == "torch":
+        return BWD_DH_AFTER, bwd_mode, off or "the reference's backward"
+    triton_fits = (mode_name in (None, "triton") and N <= FUSED_ADD_BWD_MAX_N
+                   and not unavailable_reason(MODES["triton"], dev, tools))
+    why_triton = f"Triton, the row in registers (N <= {FUSED_ADD_BWD_MAX_N})"
+    if triton_fits and (mode_name == "triton" or N * elem_bytes <= FUSED_ADD_BWD_TRITON_BYTES):
+        return BWD_FUSED, bwd_mode, why_triton + (f", rows of up to {FUSED_ADD_BWD_TRITON_BYTES} bytes"
+                                                  if mode_name is None else "")
+    if (mode_name is None and not backward_backend(bwd_mode).adds_dh
+            and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)):
+        bwd_mode = "multi_wave_cached"  # the cuTile persistent backward, which reads dh (measured above)
+    if backward_backend(bwd_mode).adds_dh:
+        return BWD_DH_INSIDE, bwd_mode, f"{bwd_mode}'s backward kernel reads dh with the row"
+    if triton_fits:
+        return BWD_FUSED, bwd_mode, why_triton
+    return BWD_DH_AFTER, bwd_mode, f"{bwd_mode}'s backward kernel does not read dh"

@@ -15,11 +15,12 @@ Contract:
     (create_graph=True runs the norm's closed-form backward in torch ops).
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
-  * Kernels (dispatch.residual_add_kernel / residual_backward_unfused decide): the fused forward (Triton's
+  * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (Triton's
     for rows of up to 16384 elements, cuTile's split form past that) reads x and r once and writes h
-    and y once; the fused backward (Triton's, rows of up to 8192) adds dh inside the norm's backward;
-    elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it, and the
-    backward is that mode's backward kernel on h, then an add of dh.
+    and y once; elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.
+    The backward reads dy, h and dh once and writes one grad: Triton's fused kernel (rows of up to
+    8192, mode None or "triton"), else the norm's backward kernel for h with dh added inside (the
+    cuTile and CuTe DSL kernels); Triton's norm backward and torch's add dh after.
 """
 from __future__ import annotations
 
@@ -139,27 +140,31 @@ def grad_dtype(dy_dtype: torch.dtype, h_dtype: torch.dtype) -> torch.dtype:
 def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor | None,
             rstd: torch.Tensor, offset: float, mode: str, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(the grad into h in grad_dtype(dy, h), dw in the weight's dtype or an empty tensor): the norm's
-    backward on h plus dh, fused (Triton) or the mode's backward kernel then an add. The
-    autograd formula hands the first to x and the residual."""
+    backward on h plus dh, in one kernel (Triton's fused one, or the mode's backward kernel reading dh)
+    or the mode's backward kernel then an add (dispatch.residual_backward). The autograd formula hands
+    the first to x and the residual."""
     need_dw = need_dw and weight is not None
     g_dtype = grad_dtype(dy.dtype, h.dtype)
     if h.numel() == 0:
         return torch.zeros_like(h, dtype=g_dtype), torch.zeros_like(weight) if need_dw else h.new_empty(0)
     dev, M, choice = plan(h, mode or None)
-    if dispatch.residual_backward_unfused(mode or None, choice.mode, h.shape[-1], dev, toolchain()) is None:
+    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+    how, bwd_mode, _ = dispatch.residual_backward(mode or None, choice.mode, bwd_mode, h.shape[-1], h.element_size(),
+                                                  dev, toolchain())
+    if how == dispatch.BWD_FUSED:
         h2d = as_rows(h)
         g2d, dw = dispatch.load(dispatch.FUSED_ADD_BWD_KERNEL)(
             grad_rows(dy, h2d, keep_dtype=True), None if dh is None else grad_rows(dh, h2d, keep_dtype=True), h2d, weight, rstd.reshape(-1),
             offset, need_dw, 2 * max(dev.sm_count, 1), g_dtype)  # 2 per SM: the kernel's measured grid
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
-    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+    inside = how == dispatch.BWD_DH_INSIDE and dh is not None
     g2d, dw = backward_rows(dy, as_rows(rows), _weight_for(weight, rows.dtype), rstd.reshape(-1), offset, bwd_mode,
-                            True, need_dw, dev)
+                            True, need_dw, dev, dh=dh if inside else None)
     g = g2d.view(h.shape)
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
-    if dh is not None:
+    if dh is not None and not inside:
         g = g.add_(dh)  # in g's dtype, summed in fp32
     return g, dw if need_dw else h.new_empty(0)
 
@@ -283,7 +288,11 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     kernel, why = _fused_forward(x, residual, h, mode, choice.mode, dev)
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
-    why_bwd = dispatch.residual_backward_unfused(mode, choice.mode, x.shape[-1], dev, toolchain())
-    bwd = (f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL})"
-           if why_bwd is None else f"residual backward: the norm's backward on h, then dh added ({why_bwd})")
+    h_bytes = (residual_dtype or x.dtype).itemsize
+    how, bwd_mode, why_bwd = dispatch.residual_backward(mode, choice.mode, "torch" if choice.mode == "torch" else
+                                                        choice.backward_mode, x.shape[-1], h_bytes, dev, toolchain())
+    bwd = {dispatch.BWD_FUSED: f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}: "
+                               f"{why_bwd})",
+           dispatch.BWD_DH_INSIDE: f"residual backward: fused, dh added inside the norm's backward ({why_bwd})",
+           dispatch.BWD_DH_AFTER: f"residual backward: the norm's backward on h, then dh added ({why_bwd})"}[how]
     return fwd + "\n" + bwd

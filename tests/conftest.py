@@ -206,10 +206,12 @@ def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
                             f"{err.max().item():.3g} at {int(err.argmax())} [seed {seed}]")
 
 
-def check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True, eps=1e-6):
+def check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True, eps=1e-6, dh=None):
     """A backward's dx and dw (those asked for) against the fp64 closed form: the dtypes, then
-    assert_grad_close."""
+    assert_grad_close. `dh` (the residual add's backward): expected in dx, its magnitude in the scale."""
     ex, ew, sx, sw = reference_bwd64(x, w, dy, eps, offset)
+    if dh is not None:
+        ex, sx = ex + dh.double(), sx + dh.double().abs()
     if need_dx:
         assert dx.dtype == x.dtype
         assert_grad_close(dx, ex, sx, x.dtype, f"{what} dx", seed)

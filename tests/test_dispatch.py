@@ -363,8 +363,30 @@ def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
     assert kernel is None and dispatch.ENV_FUSED in why
 
 
-def test_fused_backward_only_behind_the_triton_forward(monkeypatch):
+@pytest.mark.parametrize("mode,norm_mode,bwd_mode,N,tools,expected,runs", [
+    (None, "triton", "triton", 1024, ALL_TOOLS, dispatch.BWD_FUSED, "triton"),  # rows of 2 KiB: Triton's kernel
+    (None, "multi_wave_cached", "triton", 1025, ALL_TOOLS, dispatch.BWD_DH_INSIDE, "multi_wave_cached"),
+    (None, "multi_wave_cached", "multi_wave_cached", 8192, ALL_TOOLS, dispatch.BWD_DH_INSIDE, "multi_wave_cached"),
+    (None, "multi_wave_cached", "tma_smem_cached", 24576, ALL_TOOLS, dispatch.BWD_DH_INSIDE, "tma_smem_cached"),
+    (None, "triton", "triton", 4096, NO_CUTILE, dispatch.BWD_FUSED, "triton"),  # no cuTile: Triton's to 8192
+    (None, "triton", "triton", 8200, NO_CUTILE, dispatch.BWD_DH_AFTER, "triton"),
+    ("triton", "triton", "triton", 8192, ALL_TOOLS, dispatch.BWD_FUSED, "triton"),  # asked for: to 8192
+    ("triton", "triton", "triton", 8200, ALL_TOOLS, dispatch.BWD_DH_AFTER, "triton"),  # its norm backward, then dh
+    ("multi_wave_cached", "multi_wave_cached", "multi_wave_cached", 512, ALL_TOOLS, dispatch.BWD_DH_INSIDE,
+     "multi_wave_cached"),
+    ("tma_smem_cached", "tma_smem_cached", "tma_smem_cached", 65536, ALL_TOOLS, dispatch.BWD_DH_INSIDE,
+     "tma_smem_cached"),
+    (None, "torch", "torch", 4096, ALL_TOOLS, dispatch.BWD_DH_AFTER, "torch")])
+def test_residual_backward_rule(monkeypatch, mode, norm_mode, bwd_mode, N, tools, expected, runs):
+    """mode None: Triton's fused backward for 16-bit rows of up to FUSED_ADD_BWD_TRITON_BYTES, the norm's
+    backward reading dh above (the cuTile kernel where the norm's table runs Triton's); mode "triton":
+    Triton's fused kernel up to FUSED_ADD_BWD_MAX_N, then its norm backward and an add; cuTile and CuTe
+    modes read dh in their kernels. The CPU and CUTILE_NORMS_FUSED=0 add dh after. Every answer has a
+    reason."""
     monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
-    assert dispatch.residual_backward_unfused(None, "multi_wave_cached", 8192, H100, ALL_TOOLS) is None
-    assert "8192" in dispatch.residual_backward_unfused(None, "multi_wave_cached", 8200, H100, ALL_TOOLS)
-    assert "mode torch" in dispatch.residual_backward_unfused(None, "torch", 4096, H100, ALL_TOOLS)
+    how, bwd, why = dispatch.residual_backward(mode, norm_mode, bwd_mode, N, 2, H100, tools)
+    assert (how, bwd) == (expected, runs) and why, (how, bwd, why)
+    assert dispatch.residual_backward(mode, norm_mode, bwd_mode, N, 2, CPU, tools)[0] == dispatch.BWD_DH_AFTER
+    monkeypatch.setenv(dispatch.ENV_FUSED, "0")
+    how, bwd, why = dispatch.residual_backward(mode, norm_mode, bwd_mode, N, 2, H100, tools)
+    assert how == dispatch.BWD_DH_AFTER and bwd == bwd_mode and why

@@ -24,7 +24,7 @@ from tests.conftest import (TOLERANCES, assert_close, assert_stored_sum, random_
 
 CPU_CASES = [pytest.param("cpu", m, False, id=f"cpu-{m}-unfused") for m in ("torch", None, "triton")]
 GPU_CASES = [pytest.param("cuda", m, f, marks=pytest.mark.gpu, id=f"cuda-{m}-{'fused' if f else 'unfused'}")
-             for m in [None] + dispatch.modes_of() for f in ((False, True) if m in (None, "triton") else (False,))]
+             for m in [None] + dispatch.modes_of() for f in ((False, True) if m != "torch" else (False,))]
 CASES = CPU_CASES + GPU_CASES
 
 
@@ -78,7 +78,9 @@ def check_grads(x, r, w, h, dy, dh, offset, s, what):
     ((4, 4096), torch.float16, torch.float16, None, None, 0.0),
     ((2, 9000), torch.float32, torch.float32, None, torch.float32, 1.0),
     ((5, 2048), torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, 1.0),
-    ((3, 300), torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, 0.0)])
+    ((3, 300), torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, 0.0),
+    ((67, 24576), torch.bfloat16, torch.bfloat16, None, torch.bfloat16, 0.0),  # the CuTe backward, dh inside
+    ((5, 12296), torch.bfloat16, torch.float32, torch.float32, torch.bfloat16, 1.0)])
 def test_forward_and_backward(fused_gate, seed, device, mode, fused, shape, x_dtype, r_dtype, h_dtype, w_dtype,
                               offset):
     fused_gate(fused)
@@ -216,12 +218,16 @@ def test_explain_names_the_fused_kernels(fused_gate):
     x = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
     text = cn.explain(x, residual=x.clone())
     assert f"fused into the norm ({dispatch.FUSED_ADD_KERNEL}" in text, text
-    assert f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL})" in text, text
+    narrow = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    text_narrow = cn.explain(narrow, residual=narrow.clone())
+    assert f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}" in text_narrow, text_narrow
+    if dispatch.unavailable_reason(dispatch.MODES["multi_wave_cached"], device_info(x.device), toolchain()) is None:
+        assert "residual backward: fused, dh added inside the norm's backward (multi_wave_cached" in text, text
     wide = torch.randn(2, 20480, device="cuda", dtype=torch.bfloat16)
     text = cn.explain(wide, residual=wide.clone())
     if dispatch.unavailable_reason(dispatch.MODES["multi_wave_cached"], device_info(wide.device), toolchain()) is None:
         assert f"fused into the norm ({dispatch.FUSED_ADD_SPLIT_KERNEL}" in text, text
-    assert "rows of up to 8192" in text, text
+        assert "residual backward: fused, dh added inside the norm's backward" in text, text
 
 
 @pytest.mark.parametrize("device,mode,fused", CASES)

@@ -5,7 +5,7 @@ docstrings give the numbers):
   fp8: rms_norm_fp8_kernel, per-token scales, rows x warps with the row in registers (q = y * (1/s));
   bwd: add_rms_norm_bwd_kernel (the fused residual backward, dw included), rows x warps x programs per SM.
 
-    python bench/tune/triton_fused.py --kernel fp8|bwd [--lean] [--ns 2048,4096,5120,8192,12288,16384]
+    python bench/tune/triton_fused.py --kernel fp8|bwd [--ns 2048,4096,5120,8192,12288,16384]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.reference import FP8_MIN_AMAX  # noqa: E402
 
 
-def candidates(N, M, x, w, kernel, sm, lean=False):
+def candidates(N, M, x, w, kernel, sm):
     """{name: fn} over the grid, and the bytes over the copy's (fp8: read 2, write 1 per element;
     bwd: read dy, dh, h, write the grad: twice the copy's)."""
     block, fns = pow2_ceil(N), {}
@@ -41,7 +41,7 @@ def candidates(N, M, x, w, kernel, sm, lean=False):
                 fns[f"r{rows} w{warps}"] = lambda rows=rows, warps=warps: K[(-(-M // rows),)](
                     x, x, w, q, q, s, rstd, rstd, M, N, N, 1e-6, 0.0, 0.0, N, BLOCK_N=block, ROWS=rows,
                     GROUP=0, P1=0, P2=0, STATIC=False, HAS_R=False, HAS_W=True, HAS_UB=False, UE8M0=False, TOP=448.0,
-                    MIN_AMAX=FP8_MIN_AMAX, INT64=False, LEAN=lean, num_warps=warps)
+                    MIN_AMAX=FP8_MIN_AMAX, INT64=False, num_warps=warps)
         return fns, 0.75
     K = importlib.import_module("cutile_norms.triton.add_rmsnorm_bwd_kernel").add_rms_norm_bwd_kernel
     dy, dh, g, rstd = torch.randn_like(x), torch.randn_like(x), torch.empty_like(x), torch.rand(M, device="cuda") + 0.5
@@ -58,7 +58,6 @@ def candidates(N, M, x, w, kernel, sm, lean=False):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", choices=["fp8", "bwd"], required=True)
-    p.add_argument("--lean", action="store_true", help="fp8: the kernel's LEAN form (experimental/triton_rmsnorm_fp8_lean.py)")
     p.add_argument("--ns", type=lambda v: [int(n) for n in v.split(",")], default=[2048, 4096, 5120, 8192, 12288, 16384])
     args = p.parse_args()
     if no_gpu("this sweep times kernels"):
@@ -66,7 +65,7 @@ def main() -> int:
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     for N in args.ns:
         M, x, w = width_inputs(N, torch.bfloat16)
-        fns, scale = candidates(N, M, x, w, args.kernel, sm, args.lean)
+        fns, scale = candidates(N, M, x, w, args.kernel, sm)
         ranked = sorted(((k, scale * statistics.median(v)) for k, v in ratios_to_copy(x, fns, 3).items()),
                         key=lambda kv: -kv[1])
         print(f"N={N} best " + "  ".join(f"{k} {v:.3f}" for k, v in ranked[:6])

@@ -30,16 +30,18 @@ CACHE = CompileCache()
 
 
 def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: BwdConfig, need_dx: bool,
-                     need_dw: bool, arch: str | None = None, keep_ptx: bool = False, has_offset: bool = True):
+                     need_dw: bool, arch: str | None = None, keep_ptx: bool = False, has_offset: bool = True,
+                     has_dh: bool = False):
     """The compiled backward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
     compiles for that target without a GPU; `keep_ptx`: the result's `__ptx__` holds the PTX;
-    `has_offset` False: a variant that takes offset as 0."""
-    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset)
+    `has_offset` False: a variant that takes offset as 0; `has_dh`: dh read and added to dx (a config
+    of 3 streams)."""
+    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset, has_dh)
     return CACHE.get(key, lambda: _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx,
-                                                  has_offset), arch=arch, persist=not keep_ptx)
+                                                  has_offset, has_dh), arch=arch, persist=not keep_ptx)
 
 
-def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset):
+def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset, has_dh):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -55,14 +57,14 @@ def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, 
         return make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol=stride_symbol), 1),
                                 assumed_align=16)
 
-    mX, mDY, mDX = rows("x_stride"), rows("dy_stride"), rows("dx_stride")
+    mX, mDY, mDH, mDX = rows("x_stride"), rows("dy_stride"), rows("dh_stride"), rows("dx_stride")
     mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
     mDW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
     mR = make_fake_tensor(cutlass.Float32, (M,), stride=(1,), assumed_align=4)
     mP = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="clusters"), N), stride=(N, 1), assumed_align=16)
     mT = make_fake_tensor(cutlass.Int32, (16,), stride=(1,), assumed_align=16)
-    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw, has_offset)
-    fn = cute.compile(kernel, mX, mDY, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
+    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw, has_offset, has_dh)
+    fn = cute.compile(kernel, mX, mDY, mDH, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
                       cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                       options=compile_options(arch, keep_ptx))
     return fn
@@ -71,19 +73,21 @@ def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, 
 # ================================================================================================
 # What the kernel takes
 # ================================================================================================
-def unsupported(x2d: torch.Tensor, dy2d: torch.Tensor) -> str | None:
-    """None when the kernel takes these rows, else why not."""
+def unsupported(x2d: torch.Tensor, dy2d: torch.Tensor, dh2d: torch.Tensor | None = None) -> str | None:
+    """None when the kernel takes these rows (and dh's, the residual add's backward), else why not."""
     M, N = x2d.shape
     eb = x2d.element_size()
     vec = 16 // eb
+    rows = (x2d, dy2d) if dh2d is None else (x2d, dy2d, dh2d)
     if N % vec:
         return f"N={N} is not a multiple of {vec} (16-byte bulk copies)"
-    if M > 1 and (x2d.stride(0) % vec or dy2d.stride(0) % vec):
-        return f"row strides {x2d.stride(0)}, {dy2d.stride(0)} are not multiples of {vec} elements (16 bytes)"
-    if x2d.data_ptr() % 16 or dy2d.data_ptr() % 16:
-        return "x or dy does not start 16-byte aligned"
-    if analytic_config(N, eb) is None:
-        return f"N={N} is too long for a ring of two slices per CTA"
+    if M > 1 and any(t.stride(0) % vec for t in rows):
+        return (f"row strides {', '.join(str(t.stride(0)) for t in rows)} are not all multiples of {vec} "
+                f"elements (16 bytes)")
+    if any(t.data_ptr() % 16 for t in rows):
+        return "x, dy or dh does not start 16-byte aligned"
+    if analytic_config(N, eb, streams=len(rows)) is None:
+        return f"N={N} is too long for a ring of two slices per CTA of its {len(rows)} rows"
     return None
 
 
@@ -117,17 +121,20 @@ def max_clusters(device_index: int, cluster_n: int, sm_count: int) -> int:
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
            rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
-           out: tuple | None = None, reducers: int | None = None):
+           out: tuple | None = None, reducers: int | None = None, dh2d: torch.Tensor | None = None):
     """(dx [M, N] contiguous in x's dtype or None, dw [N] in the weight's dtype or None) for rows
     `unsupported` accepts, M >= 1; rstd [M] fp32 contiguous. `out`: (dx, dw) to write into.
-    `reducers`: the CTAs that sum dw's partials (probes; default: the heuristic below)."""
+    `reducers`: the CTAs that sum dw's partials (probes; default: the heuristic below). `dh2d`: rows
+    in x's dtype added to dx (cfg of 3 streams), or None."""
     M, N = x2d.shape
     device = x2d.device
     has_w = weight is not None
     need_dw = need_dw and has_w
+    has_dh = dh2d is not None and need_dx
     if M == 1:  # one row: any stride is as good as N (the kernel reads one row)
         x2d = x2d.as_strided((1, N), (N, 1))
         dy2d = dy2d.as_strided((1, N), (N, 1))
+        dh2d = dh2d.as_strided((1, N), (N, 1)) if has_dh else None
     if has_w and weight.data_ptr() % 16:
         weight = weight.clone()
     dx, dw = grad_outputs(x2d, weight, need_dx, need_dw, out)
@@ -136,11 +143,11 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     part = workspace("cute_bwd_partials", (clusters if need_dw else 1) * N, torch.float32, device, stream, zero=False)
     tickets = workspace("cute_bwd_tickets", 16, torch.int32, device, stream, zero=True)
     fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw,
-                          has_offset=has_w and offset != 0.0)
+                          has_offset=has_w and offset != 0.0, has_dh=has_dh)
     w_arg = weight if has_w else x2d[0]
     ctas = clusters * cfg.cluster_n
     reducers = min(ctas, reducers or min(max(1, sm_count // 2), -(-N // (4 * cfg.threads * RED_ROUNDS))))
-    fn(x2d, dy2d, w_arg, rstd, dx if need_dx else x2d, dw if need_dw else w_arg,
+    fn(x2d, dy2d, dh2d if has_dh else dy2d, w_arg, rstd, dx if need_dx else x2d, dw if need_dw else w_arg,
        part[:(clusters if need_dw else 1) * N].view(-1, N), tickets, offset, clusters, reducers)
     return dx, dw
 
@@ -154,8 +161,11 @@ class TmaSmemBackward:
     dispatch.cute_backward_refusal (the cuTile persistent backward runs the others); here only a call's
     tensors can send it there: rows `unsupported` refuses (alignment, strides), M = 0."""
 
-    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None) -> BwdConfig | None:
-        return analytic_config(N, dtype.itemsize, small_ring=ring_stages(dev))
+    adds_dh = True  # dh (the residual add's backward) comes into a third ring and is added in the kernel
+
+    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None, w_dtype=None,
+               has_dh: bool = False) -> BwdConfig | None:
+        return analytic_config(N, dtype.itemsize, small_ring=ring_stages(dev), streams=3 if has_dh else 2)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
         cfg = self.config(N, dtype, dev)
@@ -166,14 +176,16 @@ class TmaSmemBackward:
                 f"{cfg.short()}; config: analytic (N, dtype; the ring's slots by GPU model)")
 
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
-                 cfg: BwdConfig | None = None, out: tuple | None = None):
+                 cfg: BwdConfig | None = None, out: tuple | None = None, dh2d=None):
         """`cfg`: run the CuTe kernel with it (tests, probes)."""
         M, N = x2d.shape
-        if M == 0 or unsupported(x2d, dy2d) is not None or rstd.stride(0) != 1:
+        dh2d = dh2d if need_dx else None
+        if M == 0 or unsupported(x2d, dy2d, dh2d) is not None or rstd.stride(0) != 1:
             from ..cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
-            return PERSISTENT_BACKWARD.backward(dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev, out=out)
-        return launch(cfg or self.config(N, x2d.dtype, dev), dy2d, x2d, weight, rstd, offset, need_dx, need_dw,
-                      dev.sm_count, out)
+            return PERSISTENT_BACKWARD.backward(dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev, out=out,
+                                                dh2d=dh2d)
+        return launch(cfg or self.config(N, x2d.dtype, dev, has_dh=dh2d is not None), dy2d, x2d, weight, rstd,
+                      offset, need_dx, need_dw, dev.sm_count, out, dh2d=dh2d)
 
 
 TMA_SMEM_BACKWARD = TmaSmemBackward()

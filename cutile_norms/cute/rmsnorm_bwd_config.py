@@ -16,6 +16,7 @@ class BwdConfig:
     nvb: int         # 16-byte vectors of x per thread
     stages: int      # row slices of x and dy in flight in shared memory (TMA ring)
     vec: int         # elements per 16-byte vector
+    streams: int = 2  # rows read into the ring: x and dy, and dh for the residual add's backward (3)
 
     @property
     def warps(self) -> int:
@@ -28,7 +29,7 @@ class BwdConfig:
 
     def smem_bytes(self, elem_bytes: int) -> int:
         ring = -(-self.stages * self.slice_cols * elem_bytes // 128) * 128
-        return 2 * ring + 8 * (self.stages + 2) + 4 * self.warps + 8 * self.cluster_n + 16 + 256
+        return self.streams * ring + 8 * (self.stages + 2) + 4 * self.warps + 8 * self.cluster_n + 16 + 256
 
     def short(self) -> str:
         return (f"cluster={self.cluster_n} threads={self.threads} vectors/thread={self.nvb} "
@@ -100,10 +101,11 @@ def ring_stages(dev: DeviceInfo | None) -> int:
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None,
-                    exact: bool = True, small_ring: int = MIN_STAGES) -> BwdConfig | None:
+                    exact: bool = True, small_ring: int = MIN_STAGES, streams: int = 2) -> BwdConfig | None:
     """The config for rows of N elements of `elem_bytes` (`stages`: that many ring slots instead of the
     rule's; `exact=False`: the padded rule even where an exact tiling exists, for probes; `small_ring`:
-    the slots of clusters of up to SMALL_CLUSTER CTAs, ring_stages(dev)); None where no config fits (a
+    the slots of clusters of up to SMALL_CLUSTER CTAs, ring_stages(dev); `streams` 3: a ring for dh too,
+    the residual add's backward, whose slots are the same slices); None where no config fits (a
     slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared memory)."""
     vec = 16 // elem_bytes
     cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
@@ -113,13 +115,13 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
     if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:
         cluster_n, threads, nvb = exact_tiling(N, elem_bytes, slice_bytes) or (cluster_n, threads, nvb)
-    cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec)
-    room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + 2 * -(-cfg.slice_cols * elem_bytes // 128) * 128
-    fit = min(MAX_STAGES, room // (2 * cfg.slice_cols * elem_bytes))
+    cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec, streams=streams)
+    room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + streams * -(-cfg.slice_cols * elem_bytes // 128) * 128
+    fit = min(MAX_STAGES, room // (streams * cfg.slice_cols * elem_bytes))
     if stages is not None:  # asked for (probes, tests): as long as it fits
         fit = stages if stages <= fit else 0
     elif cluster_n <= SMALL_CLUSTER:
         fit = min(fit, small_ring)
     if fit < MIN_STAGES:
         return None
-    return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec)
+    return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec, streams=streams)

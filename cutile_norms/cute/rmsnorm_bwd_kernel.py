@@ -8,8 +8,12 @@ last `reducers` CTAs of the grid to arrive (an atomic ticket) each sum a share o
 the partials in cluster order: dw is deterministic (no float atomics).
 
     x^ = x * rstd,  g = w' * dy (w' = offset + w; g = dy without a weight)
-    dx = rstd * (g - x^ * mean(x^ * g)) = rstd * g - x * rstd^3 * sum(x * g) / N
+    dx = rstd * (g - x^ * mean(x^ * g)) = rstd * g - x * rstd^3 * sum(x * g) / N   [+ dh]
     dw = sum over rows of dy * x^
+
+With `has_dh` (the residual add's backward, x being h = x + r) a third ring of the same slots brings
+the row's dh, the grad h receives from later layers, which is added to dx before it is rounded: one
+pass over dy, h and dh writing one grad (4 M N e bytes, where the norm's backward then an add move 6).
 
 Names follow CuTe's convention: m* whole tensors in global memory, g* a CTA's tile of them, s* shared
 memory, t?r?/t?s?/t?g? a thread's partition (in registers, shared, global).
@@ -34,22 +38,26 @@ from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
 
 
-def _fill_slot(mbar, mbar_addr, sx_addr, sdy_addr, x_addr, dy_addr, nbytes):
-    """(One thread) a row's x and dy slices, `nbytes` each, into a ring slot, completing on its mbarrier."""
-    cute.arch.mbarrier_arrive_and_expect_tx(mbar, 2 * nbytes)
-    bulk_copy_g2s(sx_addr, x_addr, nbytes, mbar_addr)
-    bulk_copy_g2s(sdy_addr, dy_addr, nbytes, mbar_addr)
+def _fill_slot(mbar, mbar_addr, rings, s, row, slot_bytes, nbytes):
+    """(One thread) row `row`'s slices, `nbytes` each, into slot s of each ring ((shared base, global
+    base, global row stride) of x's, dy's, and dh's where it is read), completing on the slot's mbarrier."""
+    cute.arch.mbarrier_arrive_and_expect_tx(mbar, len(rings) * nbytes)
+    for s_base, g_base, g_stride in rings:
+        bulk_copy_g2s(s_base + s * slot_bytes, g_base + row * g_stride, nbytes, mbar_addr)
 
 
 class RMSNormBwdTmaSmem:
     """dx and dw of y = x * rstd * (offset + w) over rows of N. Compile-time: dtypes, N, the config,
-    weight or not, dx and dw wanted or not, offset zero or not; runtime: M, the row strides of x and dy, offset, the number
-    of clusters."""
+    weight or not, dx and dw wanted or not, offset zero or not, dh added or not; runtime: M, the row
+    strides of x, dy and dh, offset, the number of clusters."""
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: BwdConfig, has_weight: bool, need_dx: bool,
-                 need_dw: bool, has_offset: bool = True):
+                 need_dw: bool, has_offset: bool = True, has_dh: bool = False):
         self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
         self.has_weight, self.need_dx = has_weight, need_dx
+        self.has_dh = has_dh and need_dx
+        if cfg.streams != 2 + int(self.has_dh):  # the ring's slots are sized for its streams
+            raise ValueError(f"a config for {cfg.streams} streams, the kernel reads {2 + int(self.has_dh)}")
         # offset == 0 compiled without the add (one instruction per element and pass, of ~15 in all)
         self.has_offset = has_offset
         self.need_dw = need_dw and has_weight
@@ -64,11 +72,11 @@ class RMSNormBwdTmaSmem:
         return cute.make_layout(((c.threads, 1), (self.vec, c.nvb)), stride=((self.vec, 1), (1, self.vec * c.threads)))
 
     @cute.jit
-    def __call__(self, mX: cute.Tensor, mDY: cute.Tensor, mW, mRstd: cute.Tensor, mDX: cute.Tensor, mDW,
-                 mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, clusters: Int32, reducers: Int32,
-                 stream):
+    def __call__(self, mX: cute.Tensor, mDY: cute.Tensor, mDH: cute.Tensor, mW, mRstd: cute.Tensor,
+                 mDX: cute.Tensor, mDW, mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, clusters: Int32,
+                 reducers: Int32, stream):
         c = self.cfg
-        self.kernel(mX, mDY, mW, mRstd, mDX, mDW, mPart, mTicket, offset, reducers, self._tv_layout()).launch(
+        self.kernel(mX, mDY, mDH, mW, mRstd, mDX, mDW, mPart, mTicket, offset, reducers, self._tv_layout()).launch(
             grid=[clusters * c.cluster_n, 1, 1], block=[c.threads, 1, 1],
             cluster=[c.cluster_n, 1, 1] if cutlass.const_expr(c.cluster_n > 1) else None,
             smem=c.smem_bytes(self.elem_bytes), stream=stream)
@@ -83,8 +91,9 @@ class RMSNormBwdTmaSmem:
         return w
 
     @cute.kernel
-    def kernel(self, mX: cute.Tensor, mDY: cute.Tensor, mW, mRstd: cute.Tensor, mDX: cute.Tensor, mDW,
-               mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, reducers: Int32, tv_layout: cute.Layout):
+    def kernel(self, mX: cute.Tensor, mDY: cute.Tensor, mDH: cute.Tensor, mW, mRstd: cute.Tensor, mDX: cute.Tensor,
+               mDW, mPart: cute.Tensor, mTicket: cute.Tensor, offset: Float32, reducers: Int32,
+               tv_layout: cute.Layout):
         c = self.cfg
         N, vec, eb = self.N, self.vec, self.elem_bytes
         cn, S = c.cluster_n, c.stages
@@ -101,11 +110,12 @@ class RMSNormBwdTmaSmem:
         even = cn * width == N  # every slice full: no column predicates
         n_rows = (M - cid + clusters - 1) // clusters  # rows cid, cid + clusters, ... (grid <= M clusters)
 
-        # ---- shared memory: the x and dy rings, their barriers, the reduction and exchange slots ----
+        # ---- shared memory: the x and dy (and dh) rings, their barriers, the reduction and exchange slots ----
         smem = SmemAllocator()
         ring = cute.make_layout((S, width), stride=(width, 1))
         sX = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
         sDY = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
+        sDH = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128) if cutlass.const_expr(self.has_dh) else None
         mbar_full = smem.allocate_array(Int64, num_elems=S, byte_alignment=8)
         mbar_peer = smem.allocate_array(Int64, num_elems=2, byte_alignment=8)
         sRed = smem.allocate_tensor(Float32, cute.make_layout((c.warps,)), byte_alignment=16)
@@ -133,6 +143,8 @@ class RMSNormBwdTmaSmem:
             for s in cutlass.range_constexpr(S):
                 cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(sX, tiler, (s, 0))), pred=tXpT)
                 cute.copy(copy_x, tXrDY, thr_x.partition_D(cute.local_tile(sDY, tiler, (s, 0))), pred=tXpT)
+                if cutlass.const_expr(self.has_dh):  # dh's tail too: dx = 0 there keeps x's slot tail zero
+                    cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(sDH, tiler, (s, 0))), pred=tXpT)
 
         init_mbarriers_and_sync(tidx, mbar_full, S, mbar_peer, 2, cn)
 
@@ -144,14 +156,16 @@ class RMSNormBwdTmaSmem:
         slot_bytes = width * eb
         sx_base = sX.iterator.toint()
         sdy_base = sDY.iterator.toint()
+        rings = [(sx_base, x_base, x_stride), (sdy_base, dy_base, dy_stride)]
+        if cutlass.const_expr(self.has_dh):
+            rings.append((sDH.iterator.toint(), mDH.iterator.toint() + Int64(col0) * eb, Int64(mDH.stride[0]) * eb))
         full_base = mbar_full.toint()
-        nbytes = cols_valid * eb  # of x, and of dy, per row and CTA
+        nbytes = cols_valid * eb  # of x, and of dy (and dh), per row and CTA
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 if s < n_rows:
-                    row = Int64(cid + s * clusters)
-                    _fill_slot(mbar_full + s, full_base + s * 8, sx_base + s * slot_bytes, sdy_base + s * slot_bytes,
-                               x_base + row * x_stride, dy_base + row * dy_stride, nbytes)
+                    _fill_slot(mbar_full + s, full_base + s * 8, rings, s, Int64(cid + s * clusters), slot_bytes,
+                               nbytes)
 
         # the weight in registers for the whole launch, loaded while the first rows fly
         if cutlass.const_expr(self.has_weight):
@@ -219,6 +233,14 @@ class RMSNormBwdTmaSmem:
                     g = dy * self.weight(tXrW, offset)
                 dx = g * rstd - x * coef
                 tXrDX = cute.make_fragment_like(tXrX)
+                if cutlass.const_expr(self.has_dh):
+                    # dw first, so x and dy are dead before dh comes in (after the store, as without dh,
+                    # N = 20480 over 2 x 128 x 10 spilled 372 bytes per thread: ptxas); then dh into dx's
+                    # registers, added in fp32, rounded once
+                    if cutlass.const_expr(self.need_dw):
+                        dw_acc.store(dw_acc.load() + dy * x * rstd)
+                    cute.copy(copy_x, thr_x.partition_S(cute.local_tile(sDH, tiler, (s, 0))), tXrDX)
+                    dx = dx + tXrDX.load().to(Float32)
                 tXrDX.store(dx.to(self.x_dtype))
                 tXgDX = thr_x.partition_D(cute.local_tile(mDX, tiler, (row, rank)))
                 if cutlass.const_expr(even):
@@ -230,11 +252,11 @@ class RMSNormBwdTmaSmem:
                     # before the first (bf16 N = 19336 over 3 x 128 x 7: 255 registers, 148 bytes of
                     # spills); from shared memory each branch loads its own vector
                     cute.copy(copy_x, tXrDX, tXsX)
-                    if cutlass.const_expr(self.need_dw):  # x and dy are dead through the branches
+                    if cutlass.const_expr(self.need_dw and not self.has_dh):  # x, dy dead through the branches
                         dw_acc.store(dw_acc.load() + dy * x * rstd)
                     cute.copy(copy_x, tXsX, tXgDX, pred=tXpX)
                     cute.arch.fence_proxy("async.shared", space="cta")  # before the bulk copy refills the slot
-                if cutlass.const_expr(self.need_dw and even):
+                if cutlass.const_expr(self.need_dw and even and not self.has_dh):
                     dw_acc.store(dw_acc.load() + dy * x * rstd)
             else:
                 cute.copy(copy_x, tXsX, tXrX)
@@ -244,9 +266,8 @@ class RMSNormBwdTmaSmem:
             cute.arch.barrier()
             if tidx == 0:
                 if i + S < n_rows:
-                    nxt = Int64(row + S * clusters)
-                    _fill_slot(mbar_full + s, full_base + s * 8, sx_base + s * slot_bytes, sdy_base + s * slot_bytes,
-                               x_base + nxt * x_stride, dy_base + nxt * dy_stride, nbytes)
+                    _fill_slot(mbar_full + s, full_base + s * 8, rings, s, Int64(row + S * clusters), slot_bytes,
+                               nbytes)
 
         if cutlass.const_expr(self.need_dw):
             # ---- dw: one cluster writes it; else each cluster's partial row, and the last `reducers`

@@ -17,10 +17,10 @@ from .rmsnorm_bwd_kernel import rms_norm_bwd_kernel
 
 
 def constants(cfg: BwdConfig, N: int, x_align: int, dy_align: int, has_w: bool, need_dx: bool, need_dw: bool,
-              sm_count: int) -> tuple:
+              sm_count: int, dh_align: int = 1, has_dh: bool = False) -> tuple:
     part = part_of(cfg, N)
-    return (N, cfg.tile_m, cfg.split, part, piece_min(cfg, N), x_align, dy_align, has_w, need_dx, need_dw,
-            *red_tile(N, sm_count), cfg.latency, dx_2d(cfg, N), cfg.prefetch)
+    return (N, cfg.tile_m, cfg.split, part, piece_min(cfg, N), x_align, dy_align, dh_align, has_w, need_dx, need_dw,
+            has_dh, *red_tile(N, sm_count), cfg.latency, dx_2d(cfg, N), cfg.prefetch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,7 +29,7 @@ def kernel_for(hints: tuple) -> ct.kernel:
 
 
 def export_signature(cfg: BwdConfig, N: int, x_dtype, w_dtype, has_w: bool = True, need_dx: bool = True,
-                     need_dw: bool = True, sm_count: int = 132):
+                     need_dw: bool = True, sm_count: int = 132, has_dh: bool = False):
     """The KernelSignature a launch on contiguous, well-aligned tensors compiles (for the CI checks)."""
     from cuda.tile.compilation import ScalarConstraint
 
@@ -38,13 +38,14 @@ def export_signature(cfg: BwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
     # dx 2-D: rows padded to 16, row stride N (as a launch specialises it)
     dx = padded_rows(x_dtype, N, elem) if dx_2d(cfg, N) else flat_array(x_dtype, True)
     div16 = N % 16 == 0
-    params = [flat_array(x_dtype, div16), flat_array(x_dtype, div16), flat_array(wd, div16),
-              flat_array(ct.float32, True), dx, flat_array(wd, div16), flat_array(ct.float32, True),
-              flat_array(ct.int32, True), flat_array(ct.int64, True)]
-    params += [ScalarConstraint(ct.int32)] * 3 + [ScalarConstraint(ct.float32)] + [ScalarConstraint(ct.int32)] * 2
+    params = [flat_array(x_dtype, div16), flat_array(x_dtype, div16), flat_array(x_dtype, div16),
+              flat_array(wd, div16), flat_array(ct.float32, True), dx, flat_array(wd, div16),
+              flat_array(ct.float32, True), flat_array(ct.int32, True), flat_array(ct.int64, True)]
+    params += [ScalarConstraint(ct.int32)] * 4 + [ScalarConstraint(ct.float32)] + [ScalarConstraint(ct.int32)] * 2
     align = align_elems(N, elem)
     return (kernel_for(tuple(sorted(cfg.hints().items()))),
-            signature(params, constants(cfg, N, align, align, has_w, need_dx, need_dw, sm_count)))
+            signature(params, constants(cfg, N, align, align, has_w, need_dx, need_dw, sm_count,
+                                        align if has_dh else 1, has_dh)))
 
 
 # ================================================================================================
@@ -55,11 +56,12 @@ _MAX_FLAT = (1 << 31) - 1  # int32 indexing: longer inputs are launched in row c
 
 @functools.lru_cache(maxsize=4096)
 def prepared(cfg: BwdConfig, N: int, x_align: int, dy_align: int, has_w: bool, need_dx: bool, need_dw: bool,
-              sm_count: int):
+             sm_count: int, dh_align: int = 1, has_dh: bool = False):
     """(2-D dx?, kernel, compile-time constants, dw partial row length) of one launch signature: worked
     out once, not per call (host time at small M)."""
     return (dx_2d(cfg, N), kernel_for(tuple(sorted(cfg.hints().items()))),
-            constants(cfg, N, x_align, dy_align, has_w, need_dx, need_dw, sm_count), cfg.split * part_of(cfg, N))
+            constants(cfg, N, x_align, dy_align, has_w, need_dx, need_dw, sm_count, dh_align, has_dh),
+            cfg.split * part_of(cfg, N))
 
 
 def grid_rows(cfg: BwdConfig, M: int, sm_count: int) -> int:
@@ -80,12 +82,13 @@ def dx_buffer(cfg: BwdConfig, M: int, N: int, dtype: torch.dtype, device) -> tor
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
            rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
-           out: tuple | None = None):
+           out: tuple | None = None, dh2d: torch.Tensor | None = None):
     """(dx [M, N] contiguous in x's dtype or None, dw [N] in the weight's dtype or None).
 
     The API layer has validated everything: x2d and dy2d [M, N] with unit column stride, M >= 1,
     rstd [M] fp32 contiguous (the forward's), weight [N] or None. `out`: (dx, dw) to write into
-    (the tests poison them first); dx must have room for round16(M * N) elements.
+    (the tests poison them first); dx must have room for round16(M * N) elements. `dh2d` [M, N] in
+    x's dtype with unit column stride, or None: added to dx in the kernel (the residual add's backward).
     """
     M, N = x2d.shape
     has_w = weight is not None
@@ -93,6 +96,8 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     device = x2d.device
     sx = x2d.stride(0) if M > 1 else N
     sdy = dy2d.stride(0) if M > 1 else N
+    has_dh = dh2d is not None and need_dx
+    sdh = (dh2d.stride(0) if M > 1 else N) if has_dh else 0
     e = x2d.element_size()
     stream = current_raw_stream(device.index)
     pad = dx_row_pad(cfg)
@@ -104,7 +109,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         dx = dx_buffer(cfg, M, N, x2d.dtype, device) if need_dx else None
         dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
     two_d, kernel, consts, npad = prepared(cfg, N, align_elems(sx, e), align_elems(sdy, e), has_w, need_dx,
-                                            need_dw, sm_count)
+                                           need_dw, sm_count, align_elems(sdh, e) if has_dh else 1, has_dh)
     tickets = workspace("tickets", 16, torch.int32, device, stream, zero=True)
     w_arg = weight if has_w else rstd  # never read without HAS_W
 
@@ -112,6 +117,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         R = grid_rows(cfg, m, sm_count)
         x_flat = flat(x2d, (m - 1) * sx + N, r0 * sx)
         dy_flat = flat(dy2d, (m - 1) * sdy + N, r0 * sdy)
+        dh_flat = flat(dh2d, (m - 1) * sdh + N, r0 * sdh) if has_dh else dy_flat  # never read without HAS_DH
         if not need_dx:
             dx_arg = x_flat  # never written without NEED_DX
         elif two_d:
@@ -125,18 +131,18 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
                 if cfg.split > 1 and need_dx else workspace("sync1", 16, torch.int64, device, stream, zero=True))
         nred = min(R * cfg.split, reducers(sm_count))
         ct.launch(stream, (R * cfg.split,), kernel,
-                  (x_flat, dy_flat, w_arg, rstd_flat, dx_arg, dw_out if dw_out is not None else w_arg, partials,
-                   tickets, sync, m, sx, sdy, offset, R, nred) + consts)
+                  (x_flat, dy_flat, dh_flat, w_arg, rstd_flat, dx_arg, dw_out if dw_out is not None else w_arg,
+                   partials, tickets, sync, m, sx, sdy, sdh, offset, R, nred) + consts)
 
-    span = max((M - 1) * sx, (M - 1) * sdy) + N
+    span = max((M - 1) * sx, (M - 1) * sdy, (M - 1) * sdh) + N
     if span <= _MAX_FLAT and round_up(M, pad) * N <= _MAX_FLAT:
         one(0, M, dw)
         return dx, dw
     # beyond int32 indexing: row chunks below 2^31 elements, each chunk's dw summed here in fp32 in
     # chunk order (deterministic)
-    rows = (_MAX_FLAT - pad * N) // max(sx, sdy, N) // pad * pad  # whole padded tiles: only the last chunk
+    rows = (_MAX_FLAT - pad * N) // max(sx, sdy, sdh, N) // pad * pad  # whole padded tiles: only the last chunk
     if rows < pad:  # writes past its own rows (into the allocation's padding)
-        raise ValueError(f"a row of {N} elements (strides {sx}, {sdy}) is too long for int32 indexing; "
+        raise ValueError(f"a row of {N} elements (strides {sx}, {sdy}, {sdh}) is too long for int32 indexing; "
                          f"use mode='torch'")
     starts = list(range(0, M, rows))
     dw_chunks = torch.empty(len(starts), N, dtype=torch.float32, device=device) if need_dw else None
@@ -164,10 +170,12 @@ class CuTileBackward:
         return (f"cuTile rms_norm_bwd_kernel (persistent), grid ({R * cfg.split},) = {R} row groups x {cfg.split} "
                 f"parts, {cfg.short()}; config: {source}")
 
+    adds_dh = True  # dh (the residual add's backward) is read with the row and added in the kernel
+
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
-                 cfg: BwdConfig | None = None, out: tuple | None = None):
+                 cfg: BwdConfig | None = None, out: tuple | None = None, dh2d=None):
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev, weight.dtype if weight is not None else None)
-        return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev.sm_count, out)
+        return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev.sm_count, out, dh2d)
 
 
 PERSISTENT_BACKWARD = CuTileBackward()

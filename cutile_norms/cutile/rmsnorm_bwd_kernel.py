@@ -2,7 +2,12 @@
 rmsnorm_bwd_config.py, the launch wrapper and the backend in rmsnorm_bwd.py).
 
 The math, all in fp32 (w' = offset + w, xhat = x * rstd with rstd saved by the forward):
-    g = dy * w'        dx = rstd * (g - xhat * mean(g * xhat))        dw = sum over rows of dy * xhat
+    g = dy * w'        dx = rstd * (g - xhat * mean(g * xhat)) [+ dh]        dw = sum over rows of dy * xhat
+
+With HAS_DH (the residual add's backward: h = x + r feeds both this norm and later layers) the grad
+h receives from those layers, dh, is read with the row and added to dx before it is rounded: the
+grad into h in one pass (dy, x = h and dh read once, one grad written), where the norm's backward
+then an add of dh move 6 M N e bytes instead of 4.
 
 One launch, a persistent grid of R row groups x SPLIT column parts (block b: part b % SPLIT of the rows
 b // SPLIT, b // SPLIT + R, ...):
@@ -101,26 +106,33 @@ def _reduce_dw(mDWp, mDW, j, R, NRED, N, NPAD, RED_ROWS, RED_COLS):
             ct.scatter(mDW, cols, dw, check_bounds=False)
 
 
-def _load_part(mX, mDY, t, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN, LATENCY):
-    """Row t's x and dy over this block's part (columns c0 + [0, lim)), as tuples of its pieces."""
+def _load_part(mX, mDY, mDH, t, sx, sdy, sdh, c0, lim, X_ALIGN, DY_ALIGN, DH_ALIGN, MASK_N, PART, PIECE_MIN,
+               LATENCY, HAS_DH):
+    """Row t's x, dy (and dh with HAS_DH) over this block's part (columns c0 + [0, lim)), as tuples of
+    its pieces."""
     xbase = ct.assume_divisible_by(t * sx + c0, X_ALIGN)
     dybase = ct.assume_divisible_by(t * sdy + c0, DY_ALIGN)
+    dhbase = ct.assume_divisible_by(t * sdh + c0, DH_ALIGN)
     tX = ()
     tDY = ()
+    tDH = ()
     for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
         masked = ct.static_eval(MASK_N or off + size > PART)
         tX += (gather_masked(mX, xbase, off, size, lim, masked, LATENCY),)
         tDY += (gather_masked(mDY, dybase, off, size, lim, masked, LATENCY),)
-    return tX, tDY
+        if HAS_DH:
+            tDH += (gather_masked(mDH, dhbase, off, size, lim, masked, LATENCY),)
+    return tX, tDY, tDH
 
 
 @ct.kernel
 def rms_norm_bwd_kernel(
-        mX, mDY, mW, mRstd, mDX, mDW, mDWp, mTicket, mSync,
-        M: int, stride_x: int, stride_dy: int, offset: float, R: int, NRED: int,
+        mX, mDY, mDH, mW, mRstd, mDX, mDW, mDWp, mTicket, mSync,
+        M: int, stride_x: int, stride_dy: int, stride_dh: int, offset: float, R: int, NRED: int,
         N: ConstInt, TILE_M: ConstInt, SPLIT: ConstInt, PART: ConstInt, PIECE_MIN: ConstInt,
-        X_ALIGN: ConstInt, DY_ALIGN: ConstInt, HAS_W: ConstBool, NEED_DX: ConstBool, NEED_DW: ConstBool,
-        RED_ROWS: ConstInt, RED_COLS: ConstInt, LATENCY: ConstInt, DX_2D: ConstBool, PREFETCH: ConstBool):
+        X_ALIGN: ConstInt, DY_ALIGN: ConstInt, DH_ALIGN: ConstInt, HAS_W: ConstBool, NEED_DX: ConstBool,
+        NEED_DW: ConstBool, HAS_DH: ConstBool, RED_ROWS: ConstInt, RED_COLS: ConstInt, LATENCY: ConstInt,
+        DX_2D: ConstBool, PREFETCH: ConstBool):
     """Block b owns column part s = b % SPLIT (PART columns from s * PART) of the row tiles
     r = b // SPLIT, r + R, ... (TILE_M rows each; SPLIT > 1 only with TILE_M == 1). The part is held
     in power-of-two pieces (`row_pieces`: 2880 = 2048 + 1024 with the last piece masked) so no
@@ -128,11 +140,14 @@ def rms_norm_bwd_kernel(
     2-D with its rows padded to a multiple of max(16, TILE_M), stored with ct.store at the loop's tile
     index (every piece's offset, s * PART included, a multiple of its size): cuTile then knows no two
     iterations write the same elements, where a ct.scatter in the loop had a block barrier before and
-    after every store (sm_90 PTX, N = 4096). mDW is dw [N]
+    after every store (sm_90 PTX, N = 4096). mDH (HAS_DH, NEED_DX): the grad from h's other uses,
+    rows at stride_dh in x's dtype, read with x and dy and added to dx. mDW is dw [N]
     in the weight's dtype (fp32 for a launch over a row chunk, summed by the caller); mDWp holds the
     R fp32 partial rows of NPAD = SPLIT * PART columns; mTicket the two counters (0 between launches); mSync the int64 slots of the exchange (SPLIT > 1)."""
     sx = ct.assume_divisible_by(stride_x, X_ALIGN)
     sdy = ct.assume_divisible_by(stride_dy, DY_ALIGN)
+    sdh = ct.assume_divisible_by(stride_dh, DH_ALIGN)
+    ADD_DH = ct.static_eval(HAS_DH and NEED_DX)
     bid = ct.bid(0)
     r = bid // SPLIT
     s = bid - r * SPLIT
@@ -155,11 +170,12 @@ def rms_norm_bwd_kernel(
 
     ntiles = ct.cdiv(M, TILE_M)
     if PREFETCH:  # the first row's x, dy and rstd (r < ntiles: the grid has at most one block per row tile)
-        tPX, tPDY = _load_part(mX, mDY, r, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN, LATENCY)
+        tPX, tPDY, tPDH = _load_part(mX, mDY, mDH, r, sx, sdy, sdh, c0, lim, X_ALIGN, DY_ALIGN, DH_ALIGN, MASK_N,
+                                     PART, PIECE_MIN, LATENCY, ADD_DH)
         tPR = ct.gather(mRstd, r, check_bounds=False)
         tPS = ct.gather(mSync, r * SPLIT + s, check_bounds=False) if SPLIT > 1 else 0  # the row's slot
     else:
-        tPX, tPDY, tPR, tPS = (), (), 0.0, 0
+        tPX, tPDY, tPDH, tPR, tPS = (), (), (), 0.0, 0
     for t in range(r, ntiles, R):
         if TILE_M == 1:
             dxbase = t * N + c0
@@ -168,27 +184,29 @@ def rms_norm_bwd_kernel(
                 # are in flight through all three (a block's last iteration re-reads the last row: an L2
                 # hit, not a branch around the loads)
                 tn = ct.minimum(t + R, ntiles - 1)
-                tNX, tNDY = _load_part(mX, mDY, tn, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN,
-                                       LATENCY)
+                tNX, tNDY, tNDH = _load_part(mX, mDY, mDH, tn, sx, sdy, sdh, c0, lim, X_ALIGN, DY_ALIGN, DH_ALIGN,
+                                             MASK_N, PART, PIECE_MIN, LATENCY, ADD_DH)
                 tNR = ct.gather(mRstd, tn, check_bounds=False)
                 # the exchange slot's last value too, off the exchange's path (a load's round trip)
                 tNS = ct.gather(mSync, tn * SPLIT + s, check_bounds=False) if SPLIT > 1 else 0
-                tRX, tRDY, rstd, slot = tPX, tPDY, tPR, tPS
-                tPX, tPDY, tPR, tPS = tNX, tNDY, tNR, tNS
+                tRX, tRDY, tRDH, rstd, slot = tPX, tPDY, tPDH, tPR, tPS
+                tPX, tPDY, tPDH, tPR, tPS = tNX, tNDY, tNDH, tNR, tNS
             else:
-                tRX, tRDY = _load_part(mX, mDY, t, sx, sdy, c0, lim, X_ALIGN, DY_ALIGN, MASK_N, PART, PIECE_MIN,
-                                       LATENCY)
+                tRX, tRDY, tRDH = _load_part(mX, mDY, mDH, t, sx, sdy, sdh, c0, lim, X_ALIGN, DY_ALIGN, DH_ALIGN,
+                                             MASK_N, PART, PIECE_MIN, LATENCY, ADD_DH)
                 rstd = ct.gather(mRstd, t, check_bounds=False)
         else:
             rows = t * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
             row_ok = ct.reshape(rows < M, (TILE_M, 1))
             xbase = ct.reshape(rows * sx, (TILE_M, 1))
             dybase = ct.reshape(rows * sdy, (TILE_M, 1))
+            dhbase = ct.reshape(rows * sdh, (TILE_M, 1))
             dxbase = ct.reshape(rows * N, (TILE_M, 1))
             rstd = ct.reshape(ct.gather(mRstd, rows, mask=rows < M, check_bounds=False), (TILE_M, 1))
         tXh = ()
         tG = ()
         tDWn = ()
+        tMDH = ()  # multi-row tiles: dh, loaded with x and dy
         dot = 0.0 if TILE_M == 1 else ct.zeros((TILE_M, 1), dtype=ct.float32)
         i = 0
         for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
@@ -200,6 +218,8 @@ def rms_norm_bwd_kernel(
                 mask = row_ok & (rcols < N) if ct.static_eval(off + size > N) else row_ok
                 x = ct.gather(mX, xbase + rcols, mask=mask, check_bounds=False, latency=LATENCY)
                 dy = ct.gather(mDY, dybase + rcols, mask=mask, check_bounds=False, latency=LATENCY)
+                if ADD_DH:
+                    tMDH += (ct.gather(mDH, dhbase + rcols, mask=mask, check_bounds=False, latency=LATENCY),)
             xh = ct.astype(x, ct.float32) * rstd
             dyf = ct.astype(dy, ct.float32)
             if HAS_W:
@@ -226,7 +246,13 @@ def rms_norm_bwd_kernel(
             c = dot * ct.static_eval(1.0 / N)
             i = 0
             for off, size in ct.static_iter(row_pieces(PART, PIECE_MIN)):
-                dx = ct.astype((tG[i] - tXh[i] * c) * rstd, mDX.dtype)
+                gx = (tG[i] - tXh[i] * c) * rstd
+                if ADD_DH:  # in fp32, rounded once with dx
+                    if TILE_M == 1:
+                        gx = gx + ct.astype(tRDH[i], ct.float32)
+                    else:
+                        gx = gx + ct.astype(tMDH[i], ct.float32)
+                dx = ct.astype(gx, mDX.dtype)
                 if DX_2D:  # at the loop's own tile index: no block barrier per store (see the docstring)
                     ct.store(mDX, (t, s * ct.static_eval(PART // size) + ct.static_eval(off // size)),
                              ct.reshape(dx, (TILE_M, size)), check_bounds=ct.static_eval(MASK_N or off + size > N),

@@ -121,11 +121,18 @@ class TritonBackward:
                 f"parts, {cfg.short()}" + (", then dw_reduce_kernel over the R partial rows" if R > 1 else "")
                 + f"; config: analytic (N, dtype, {dev.vendor})")
 
+    # dh (the residual add's backward) is added after the kernel, by torch: the fused form for rows that
+    # fit registers is add_rmsnorm_bwd.py's kernel, which dispatch.residual_backward picks first
+    adds_dh = False
+
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
-                 cfg: BwdConfig | None = None, out: tuple | None = None):
+                 cfg: BwdConfig | None = None, out: tuple | None = None, dh2d=None):
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
-        return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, max(1, dev.sm_count), out,
-                      has_tma(dev))
+        dx, dw = launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, max(1, dev.sm_count), out,
+                        has_tma(dev))
+        if dh2d is not None and dx is not None:
+            dx.add_(dh2d)
+        return dx, dw
 
 
 TRITON_BACKWARD = TritonBackward()

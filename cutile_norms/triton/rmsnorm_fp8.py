@@ -11,11 +11,10 @@ from .rmsnorm_fp8_kernel import rms_norm_fp8_kernel
 
 def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
                  offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
-                 scale_ub: float | None, group_size: int | None, ue8m0: bool, lean: bool = False):
+                 scale_ub: float | None, group_size: int | None, ue8m0: bool):
     """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows of up to
     fp8.FP8_KERNEL_MAX_N elements with unit column stride, M >= 1, N a multiple of group_size (the API
-    validates). scales: `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32.
-    lean: the kernel's LEAN form (experimental/triton_rmsnorm_fp8_lean.py calls it)."""
+    validates). scales: `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
     M, N = x2d.shape
     device = x2d.device
     block, rows, warps, p1, p2 = launch_config(N, group_size)
@@ -39,5 +38,5 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, P1=p1, P2=p2, STATIC=scale is not None,
         HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0,
         TOP=FP8_MAX[out_dtype],
-        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, LEAN=lean, num_warps=warps)
+        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)
     return q, scales, h, rstd

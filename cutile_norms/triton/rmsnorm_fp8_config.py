@@ -24,20 +24,26 @@ def pieces(N: int, group_size: int | None) -> tuple[int, int, int]:
 
 
 def launch_config(N: int, group_size: int | None) -> tuple[int, int, int, int, int]:
-    """(BLOCK_N, ROWS, num_warps, P1, P2). Measured on an H100, bf16, per-token scales, 2^27 elements,
-    ratio to a copy of the bytes moved (`python bench/tune/triton_fused.py --kernel fp8`,
-    2026-11-25): 32 values per thread and about 4096 elements per program were best at every power of
-    two (2048: 2 rows x 4 warps 0.970; 4096: 4 warps 0.957; 8192: 8 warps 0.913; 16384: 16 warps
-    0.835), 8 or 64 values per thread 0.39-0.86. A width a power-of-two block pads by more than 1/8 ran
-    0.68 (5120) and 0.71 (12288) at its best padded config, and in chunks re-read from L2 per-token
-    0.54-0.70 at 2560-12288 and 1 x 128 groups 0.68-0.84 (`python bench/residual.py --parts fp8`).
-    Those rows stay in registers as up to three power-of-two pieces (5120 = 4096 + 1024, 12288 = 8192
-    + 4096), warps sized by the first piece at 32 values per thread: predicted near the powers of two
-    of the first piece (0.91-0.96), not yet measured.
+    """(BLOCK_N, ROWS, num_warps, P1, P2): bf16, per-token scales, 2^27 elements, the ratio to a copy of
+    the bytes moved, medians of 3 (`python bench/tune/triton_fused.py --kernel fp8`, 2026-11-26).
+      * Power-of-two blocks up to 4096: two rows (at least 4096 elements) per program, 64 values per
+        thread. An H200 moves 1.43x an H100's bytes per second with the same SMs, so a thread must
+        have more bytes in flight: 2048 r2 w2 0.977 (H200) / 0.985 (H100), r2 w4 (32 values) 0.961 /
+        0.988; 4096 r2 w4 0.972 / 0.988, r1 w4 0.893 / 0.997; 1664 (a 2048 block) r2 w2 0.917 / 0.996,
+        r2 w4 0.862 / 1.006. Narrower blocks keep the 4096-element tile at 64 values.
+      * From 8192 one row per program at 32 values per thread: 8192 r1 w8 0.877 / 0.995, r1 w4 (64)
+        0.864 / 0.978; 16384 r1 w16 0.770 / 0.954, r1 w8 0.762 / 0.933.
+    A width a power-of-two block pads by more than 1/8 (and past 2048) is held as up to three
+    power-of-two pieces (5120 = 4096 + 1024, 12288 = 8192 + 4096), warps sized by the first piece at 32
+    values per thread: 0.70-0.90 on an H100 and 0.57-0.71 on an H200 at 2560-13312, and below the
+    padded block at 2560, 12288 and 13312 (docs/performance.md 2.16, not met).
     """
     block = max(pow2_ceil(N), group_size or 1)
     if 8 * N < 7 * block and N > 2048:
         p0, p1, p2 = pieces(N, group_size)
         return p0, 1, max(1, min(16, p0 // 1024)), p1, p2
-    rows = max(1, min(MAX_ROWS, 4096 // block))
-    return block, rows, max(1, min(16, block * rows // 1024)), 0, 0
+    if block <= 4096:
+        rows = max(2, 4096 // block) if block <= 2048 else 2
+        rows = min(MAX_ROWS, rows)
+        return block, rows, max(1, min(16, block * rows // (32 * 64))), 0, 0
+    return block, 1, max(1, min(16, block // 1024)), 0, 0

@@ -2,15 +2,21 @@
 rule in rmsnorm_fp8_config.py, the wrapper in rmsnorm_fp8.py).
 
     h = x + r (optional; stored)     y = h * rstd * (offset + w)   (fp32, never rounded to 16 bits)
-    q = fp8(clamp(y * (1 / s)))      s: a given per-tensor scale, or per row, or per 1 x GROUP columns
+    q = fp8(y * (1 / s))             s: a given per-tensor scale, or per row, or per 1 x GROUP columns
 
 The dynamic scales follow `reference.fp8_scale` op for op (max(min(amax, ub), 1e-12) / the format's
 largest value, IEEE division; UE8M0 rounded up to a power of two from the bits), and q follows
 `reference.fp8_quantize` (1 / s with IEEE division once per scale, one multiply per element, clamp
 keeping NaN, round to nearest even), so on the GPU the kernel and the reference agree bit for bit
-given the kernel's rstd. A division per element (div.rn is a multi-instruction sequence) made the
-kernel instruction bound: 0.35-0.75 of a copy of its bytes against 0.84-0.97 with the reciprocal
-(H100, bf16, 2048-16384). Rows of up to fp8.FP8_KERNEL_MAX_N elements (the rule that picks this
+given the kernel's rstd. The kernel is instruction bound at the H200's copy rate, so every instruction
+per element counts (sm_90 SASS per element per thread, `python bench/probe/fp8_sass.py`):
+  * the reciprocal once per scale: a division per element (div.rn is a multi-instruction sequence)
+    ran 0.35-0.75 of a copy of its bytes against 0.84-0.97 (H100, bf16, 2048-16384);
+  * no clamp before the conversion: cvt.rn.satfinite rounds, saturates to the format's largest value
+    and keeps NaN, which is the reference's clamp; and each amax one NaN-propagating max (max.NaN)
+    instead of a max and a count of NaN: 18.8-20.8 instructions against 25.5-27.8, and 0.88-0.96
+    against 0.70-0.77 of a copy at 2048 / 4096 / 8192 on an H200, 0.99-1.00 against 0.93-0.99 on an
+    H100 (`python bench/residual.py --parts fp8`, docs/performance.md 2.16), the same bits. Rows of up to fp8.FP8_KERNEL_MAX_N elements (the rule that picks this
 kernel holds the bound), in registers as one block or up to three pieces (`launch_config`): x (and r)
 read from memory once, q (and h) written once.
 """
@@ -37,16 +43,6 @@ def _scale_of(amax, nan, scale_ub, HAS_UB: tl.constexpr, UE8M0: tl.constexpr, TO
 
 
 @triton.jit
-def _quantize(y, inv, TOP: tl.constexpr, LEAN: tl.constexpr):
-    """y * inv, clamped to the format's range keeping NaN; LEAN: unclamped, since the conversion after
-    it (cvt.rn.satfinite on the GPU) saturates to the same largest value and keeps NaN."""
-    q = y * inv
-    if not LEAN:
-        q = tl.where(q != q, q, tl.minimum(tl.maximum(q, -TOP), TOP))
-    return q
-
-
-@triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
@@ -63,25 +59,21 @@ def _normed(hf, rstd, w, HAS_W: tl.constexpr):
 @triton.jit
 def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.constexpr, SIZE: tl.constexpr,
           G_OFF: tl.constexpr, GROUP: tl.constexpr, STATIC: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
-          TOP: tl.constexpr, MIN_AMAX: tl.constexpr, LEAN: tl.constexpr):
+          TOP: tl.constexpr, MIN_AMAX: tl.constexpr):
     """q of SIZE columns `cols` (and, with 1 x GROUP scales, the scales of their groups, from group
-    G_OFF of the row) stored."""
+    G_OFF of the row) stored. q is y * (1 / s) unclamped: its conversion (cvt.rn.satfinite) saturates to
+    the format's largest value and keeps NaN, as the reference's clamp does."""
     if GROUP == 0 or STATIC:
-        q = _quantize(y, inv_row[:, None], TOP, LEAN)
+        q = y * inv_row[:, None]
     else:  # one scale per 1 x GROUP columns: a piece holds whole groups
         G: tl.constexpr = SIZE // GROUP
         yg = tl.reshape(y, (ROWS, G, GROUP))
-        if LEAN:  # one reduction: max.NaN carries a NaN of the group into its amax
-            amax_g = tl.reduce(tl.abs(yg), 2, _max_nan)
-            nan_g = amax_g != amax_g
-        else:
-            amax_g = tl.max(tl.abs(yg), axis=2)
-            nan_g = tl.sum((yg != yg).to(tl.int32), axis=2) > 0
-        s = _scale_of(amax_g, nan_g, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
+        amax_g = tl.reduce(tl.abs(yg), 2, _max_nan)  # max.NaN: a NaN of the group is its amax
+        s = _scale_of(amax_g, amax_g != amax_g, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
         gcols = G_OFF + tl.arange(0, G)
         tl.store(S + rows[:, None] * (N // GROUP) + gcols[None, :], s,
                  mask=row_ok[:, None] & (gcols < N // GROUP)[None, :])
-        q = tl.reshape(_quantize(yg, tl.math.div_rn(1.0, s)[:, :, None], TOP, LEAN), (ROWS, SIZE))
+        q = tl.reshape(yg * tl.math.div_rn(1.0, s)[:, :, None], (ROWS, SIZE))
     tl.store(Q + rows[:, None] * N + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
 
 
@@ -104,13 +96,9 @@ def _piece(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R:
 
 
 @triton.jit
-def _amax_nans(y, LEAN: tl.constexpr):
-    """Per row: the largest |y| and how many NaN (the hardware max drops NaN); LEAN: one max.NaN
-    reduction, NaN in the amax where the row holds one, and 1 for it."""
-    if LEAN:
-        a = tl.reduce(tl.abs(y), 1, _max_nan)
-        return a, (a != a).to(tl.int32)
-    return tl.max(tl.abs(y), axis=1), tl.sum((y != y).to(tl.int32), axis=1)
+def _amax(y):
+    """Per row: the largest |y|, NaN where the row holds one (one max.NaN reduction)."""
+    return tl.reduce(tl.abs(y), 1, _max_nan)
 
 
 @triton.jit
@@ -118,12 +106,9 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
                         P1: tl.constexpr, P2: tl.constexpr,
                         STATIC: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_UB: tl.constexpr,
-                        UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr,
-                        LEAN: tl.constexpr = False):
+                        UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr):
     """ROWS rows in registers, read once, as power-of-two pieces of BLOCK_N, P1 and P2 columns (P1, P2:
-    0 where absent; the last piece masked past N). LEAN (experimental/triton_rmsnorm_fp8_lean.py, not yet
-    run on a GPU): no clamp before the saturating conversion and one max.NaN reduction per amax, the
-    same q and scales in 18.8-20.8 SASS instructions per element per thread instead of 25.5-27.8."""
+    0 where absent; the last piece masked past N)."""
     rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     H_DTYPE: tl.constexpr = H.dtype.element_ty
     cols0 = tl.arange(0, BLOCK_N)
@@ -149,23 +134,21 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
     if STATIC:
         inv_row = tl.zeros([ROWS], dtype=tl.float32) + tl.math.div_rn(1.0, tl.load(SCALE))
     elif GROUP == 0:  # one scale per row, from the amax over the row
-        amax, nan = _amax_nans(y0, LEAN)
+        amax = _amax(y0)
         if P1 > 0:
-            a1, n1 = _amax_nans(y1, LEAN)
-            amax, nan = tl.maximum(amax, a1), nan + n1
+            amax = _max_nan(amax, _amax(y1))
         if P2 > 0:
-            a2, n2 = _amax_nans(y2, LEAN)
-            amax, nan = tl.maximum(amax, a2), nan + n2
-        s = _scale_of(amax, nan > 0, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
+            amax = _max_nan(amax, _amax(y2))
+        s = _scale_of(amax, amax != amax, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
         tl.store(S + rows, s, mask=row_ok)
         inv_row = tl.math.div_rn(1.0, s)
     else:  # (per-group scales: each group's own reciprocal, in _emit)
         inv_row = tl.zeros([ROWS], dtype=tl.float32)
     _emit(Q, S, rows, row_ok, cols0, y0, mask0, inv_row, scale_ub, N, ROWS, BLOCK_N, 0, GROUP, STATIC, HAS_UB,
-          UE8M0, TOP, MIN_AMAX, LEAN)
+          UE8M0, TOP, MIN_AMAX)
     if P1 > 0:
         _emit(Q, S, rows, row_ok, cols1, y1, mask1, inv_row, scale_ub, N, ROWS, P1, BLOCK_N // max(GROUP, 1), GROUP,
-              STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX, LEAN)
+              STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
     if P2 > 0:
         _emit(Q, S, rows, row_ok, cols2, y2, mask2, inv_row, scale_ub, N, ROWS, P2, (BLOCK_N + P1) // max(GROUP, 1),
-              GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX, LEAN)
+              GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)

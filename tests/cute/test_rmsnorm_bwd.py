@@ -77,24 +77,25 @@ def _rstd(x, w, offset):
     return dispatch.backend("multi_wave_cached").forward(x, w, EPS, offset, True, _dev())[1]
 
 
-def _run(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
+def _run(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True, dh=None):
     """rstd from the library's forward, then the CuTe backward (the heuristic's config, or `cfg`,
-    at any width it takes) on poisoned dx / dw."""
+    at any width it takes) on poisoned dx / dw; `dh` added to dx in the kernel (a 3-stream config)."""
     from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
     M, N = x.shape
-    cfg = cfg or analytic_config(N, x.element_size())
+    cfg = cfg or analytic_config(N, x.element_size(), streams=3 if dh is not None else 2)
     rstd = _rstd(x, w, offset)
     dx = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device)) if need_dx else None
     dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
-    out = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, _dev(), cfg=cfg, out=(dx, dw))
+    out = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, _dev(), cfg=cfg, out=(dx, dw),
+                                     dh2d=dh)
     torch.cuda.synchronize()
     return out
 
 
-def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
-    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS)
+def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True, dh=None):
+    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS, dh=dh)
 
 
 @pytest.mark.gpu
@@ -234,6 +235,43 @@ def test_autograd_through_rms_norm(seed, x_dtype, w_dtype, N):
     rdx, rdw, dxs, dws = reference_bwd64(x.detach(), w.detach(), dy, EPS, 1.0)
     assert_grad_close(x.grad, rdx, dxs, DT[x_dtype], "dx", seed)
     assert_grad_close(w.grad, rdw, dws, w.dtype, "dw", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 65536, 262144])
+@pytest.mark.parametrize("ring", [2, 3])
+@pytest.mark.parametrize("M,case", [(1, "bf16"), (7, "fp16"), (600, "bf16"), (600, "no_weight"), (600, "dx_only")])
+def test_dh_added_inside(seed, N, ring, M, case):
+    """The residual add's backward: dh comes into a third ring and is added to dx before it is rounded
+    (exact and part-empty slices, both ring depths, many rows per cluster); dw unchanged by it."""
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    dtype = torch.float16 if case == "fp16" else torch.bfloat16
+    cfg = analytic_config(N, 2, small_ring=ring, streams=3)
+    assert cfg is not None and cfg.streams == 3
+    x, dy, dh = (random_rows((M, N), dtype, "cuda") for _ in range(3))
+    w = None if case == "no_weight" else random_weight(N, dtype, "cuda")
+    need_dw = case != "dx_only"
+    dx, dw = _run(x, w, dy, 0.0, cfg=cfg, need_dw=need_dw, dh=dh)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} M={M} {case} {cfg.short()} + dh", seed, need_dw=need_dw, dh=dh)
+
+
+@pytest.mark.gpu
+def test_dh_strided_expanded_and_refused(seed):
+    """dh as autograd may hand it: strided rows, expanded (row stride 0); rows the ring cannot take (a
+    start off 16 bytes) go to the cuTile backward with dh, right all the same."""
+    from cutile_norms.cute.rmsnorm_bwd import unsupported
+
+    M, N = 64, 24576
+    x, dy = random_rows((M, N), torch.bfloat16, "cuda"), random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dhs = {"strided": random_rows((M, N + 64), torch.bfloat16, "cuda")[:, 64:],
+           "expanded": random_rows((1, N), torch.bfloat16, "cuda").expand(M, N),
+           "misaligned": random_rows((M, N + 1), torch.bfloat16, "cuda")[:, 1:]}
+    for name, dh in dhs.items():
+        assert (unsupported(x, dy, dh) is None) == (name != "misaligned"), name
+        dx, dw = _run(x, w, dy, 0.0, dh=dh)
+        _check(x, w, dy, 0.0, dx, dw, f"dh {name}", seed, dh=dh)
 
 
 @pytest.mark.gpu

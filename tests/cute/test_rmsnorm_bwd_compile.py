@@ -49,6 +49,20 @@ def test_compiles_with_the_deep_ring(N, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("ring", [2, 3])
+@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 65536, 262144])
+def test_compiles_with_dh(N, ring, arch):
+    """The residual add's backward: a third ring of dh slices, added to dx (exact and part-empty
+    slices, the H100's and the H200's ring). dw is summed before dh comes in, so x's and dy's fp32
+    values are dead by then: without that order N = 20480 spilled 372 bytes per thread (ptxas)."""
+    cfg = analytic_config(N, 2, small_ring=ring, streams=3)
+    fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch, keep_ptx=True, has_dh=True)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=8)
+    # three bulk copies per slot fill (x's, dy's and dh's): the prologue's `stages` fills, the loop's refill
+    assert fn.__ptx__.count("cp.async.bulk.shared::cluster.global") == 3 * (cfg.stages + 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("has_w,need_dx,need_dw", [(False, True, False), (True, True, False), (True, False, True)])
 @pytest.mark.parametrize("N", [4096, 65536, 262144])
 def test_compiles_one_grad_and_no_weight_variants(N, has_w, need_dx, need_dw, arch):

@@ -127,9 +127,9 @@ def _device_info():
     return device_info("cuda")
 
 
-def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
+def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True, dh=None):
     """rstd from the library's forward, then the backward backend (its own config, or `cfg`) on
-    poisoned dx / dw buffers. Returns (dx, dw)."""
+    poisoned dx / dw buffers, `dh` added to dx in the kernel. Returns (dx, dw)."""
     from cutile_norms import dispatch
     from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD, dx_buffer
 
@@ -139,13 +139,14 @@ def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True):
     cfg = cfg or PERSISTENT_BACKWARD.config(N, x.dtype, dev, w.dtype if w is not None else None)
     dx = poisoned(dx_buffer(cfg, M, N, x.dtype, x.device)) if need_dx else None
     dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
-    out = PERSISTENT_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, dev, cfg=cfg, out=(dx, dw))
+    out = PERSISTENT_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, dev, cfg=cfg, out=(dx, dw),
+                                       dh2d=dh)
     torch.cuda.synchronize()
     return out
 
 
-def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True):
-    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS)
+def _check(x, w, dy, offset, dx, dw, what, seed, need_dx=True, need_dw=True, dh=None):
+    check_backward(x, w, dy, offset, dx, dw, what, seed, need_dx, need_dw, eps=EPS, dh=dh)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,6 +242,33 @@ def test_strided_x_and_non_contiguous_dy(seed, N):
     for name, dy in dys.items():
         dx, dw = _run_bwd(x, w, grad_rows(dy, x), 0.0)
         _check(x, w, dy, 0.0, dx, dw, f"dy {name}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [128, 1000, 2880, 4096, 8200, 10240, 12288, 20480, 65536])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32"),
+                                             ("float16", "float32")])
+@pytest.mark.parametrize("M", [1, 300])
+def test_dh_added_inside(seed, N, x_dtype, w_dtype, M):
+    """The residual add's backward: dh read with the row (multi-row tiles, one row with the next one
+    prefetched, split rows) and added to dx before it is rounded; dw unchanged by it."""
+    x, dy, dh = (random_rows((M, N), DT[x_dtype], "cuda") for _ in range(3))
+    w = random_weight(N, DT[w_dtype], "cuda")
+    dx, dw = _run_bwd(x, w, dy, 1.0, dh=dh)
+    _check(x, w, dy, 1.0, dx, dw, f"N={N} M={M} {x_dtype}/{w_dtype} + dh", seed, dh=dh)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [1000, 4096, 20480])
+def test_dh_strided_and_expanded(seed, N):
+    """dh as autograd may hand it: rows strided at an odd offset, expanded (row stride 0); dx alone."""
+    M = 48
+    x, dy = random_rows((M, N), torch.bfloat16, "cuda"), random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    for name, dh in (("strided", random_rows((M, N + 24), torch.bfloat16, "cuda")[:, 3:3 + N]),
+                     ("expanded", random_rows((1, N), torch.bfloat16, "cuda").expand(M, N))):
+        dx, _ = _run_bwd(x, w, dy, 0.0, need_dw=False, dh=dh)
+        _check(x, w, dy, 0.0, dx, None, f"N={N} dh {name}", seed, need_dw=False, dh=dh)
 
 
 @pytest.mark.gpu

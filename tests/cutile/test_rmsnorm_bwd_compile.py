@@ -97,6 +97,28 @@ def test_fp32_configs_measured_between_the_powers_of_two_fit_without_spilling(N)
 H200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132)
 
 
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("N", [128, 1000, 4096, 8200, 10240, 12288, 20480, 65536])
+def test_compiles_with_dh(N, arch):
+    """The residual add's backward (dh read with the row, added to dx) for every arch."""
+    cubin = compile_bwd(_config(N, "bfloat16", arch), N, "bfloat16", "bfloat16", arch, has_dh=True)
+    assert cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("dev", ["H100", "H200"])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32")])
+@pytest.mark.parametrize("N", [1000, 4096, 8192, 10240, 12288, 16384, 20480, 32768])
+def test_dh_fits_without_spilling(N, x_dtype, w_dtype, dev):
+    """With dh the next row's dh waits in registers beside its x and dy (prefetch): the picked configs
+    still fit their blocks per SM, with at most a few bytes of spills (N = 12288 on the H200, 3 blocks
+    per SM at 80 registers: 20 bytes)."""
+    info = H200 if dev == "H200" else ARCHS["sm_90"]
+    cfg = rmsnorm_bwd_config.default_config(N, ELEM[x_dtype], info, x_dtype, w_dtype == "float32")
+    report = ptxas_report(compile_bwd(cfg, N, x_dtype, w_dtype, has_dh=True))
+    assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
+    assert report["spill_stores"] <= 32, f"N={N} {x_dtype}/{w_dtype} {cfg.short()} + dh: {report}"
+
+
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
 @pytest.mark.parametrize("N", [896, 1536, 1816, 3584, 6144, 6264, 10240, 12288, 65536])
 def test_h200_configs_fit_without_spilling(N, x_dtype, w_dtype):

@@ -18,18 +18,10 @@ from tests.conftest import random_rows, random_weight
 from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
-@pytest.fixture(params=["stable", "lean"])
-def kernel(request, monkeypatch):
-    """The kernel, and its lean form (experimental/triton_rmsnorm_fp8_lean.py: no clamp before the
-    saturating conversion, one max.NaN reduction per amax), which must give the same bits."""
-    if request.param == "stable":
-        from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8
-        return rms_norm_fp8
-    monkeypatch.setenv("CUTILE_NORMS_EXPERIMENTAL", "1")
-    import importlib
-
-    import cutile_norms  # noqa: F401  (maps cutile_norms.experimental to the experimental/ folder)
-    return importlib.import_module("cutile_norms.experimental.triton_rmsnorm_fp8_lean").rms_norm_fp8
+@pytest.fixture
+def kernel():
+    from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8
+    return rms_norm_fp8
 
 
 def same_bits_or_both_nan(a, b) -> bool:
@@ -87,8 +79,8 @@ from triton.compiler import ASTSource
 from cutile_norms.triton.rmsnorm_fp8_config import launch_config
 from cutile_norms.triton.rmsnorm_fp8_kernel import rms_norm_fp8_kernel
 out = {}
-for N, fp8, group, arch, lean in json.loads(sys.argv[1]):
-    key = f"{N}-{fp8}-{group}-{arch}-{lean}"
+for N, fp8, group, arch in json.loads(sys.argv[1]):
+    key = f"{N}-{fp8}-{group}-{arch}"
     try:
         K = rms_norm_fp8_kernel
         block, rows, warps, p1, p2 = launch_config(N, group or None)
@@ -96,8 +88,7 @@ for N, fp8, group, arch, lean in json.loads(sys.argv[1]):
                "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
                "scale_ub": "fp32", "N": "i32"}
         consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, P1=p1, P2=p2, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
-                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False,
-                      LEAN=lean)
+                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False)
         sig.update({k: "constexpr" for k in consts})
         src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
         c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
@@ -110,8 +101,8 @@ for N, fp8, group, arch, lean in json.loads(sys.argv[1]):
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
-COMPILE_CASES = [(N, f, g, a, lean) for N in (256, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5")
-                 for g in (0, 128) for a in (90, 100) for lean in (False, True) if not lean or N in (4096, 5120, 13312)]
+COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5")
+                 for g in (0, 128) for a in (90, 100)]
 
 
 compiled = compile_fixture(CHILD, COMPILE_CASES)
@@ -127,9 +118,10 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     assert r["divs"] >= 2, "the scale or its reciprocal is not an IEEE division (div.rn)"
     if case[2] == 0:
         assert r["divs"] <= 2 * r["rows"], f"{r['divs']} div.rn for {r['rows']} rows: a division per element?"
-    if case[4]:  # lean: the amax by max.NaN, and no clamp per element (min.f32 only for the upper bound)
-        assert r["max_nan"] > 0, "the lean amax is not a NaN-propagating max (max.NaN.f32)"
-        assert r["mins"] <= r["divs"], f"{r['mins']} min.f32 against {r['divs']} scales: a clamp per element?"
+    # the amax by max.NaN (NaN carried, no count of NaN), and no clamp per element (the conversion
+    # saturates; min.f32 only for the upper bound, once per scale)
+    assert r["max_nan"] > 0, "the amax is not a NaN-propagating max (max.NaN.f32)"
+    assert r["mins"] <= r["divs"], f"{r['mins']} min.f32 against {r['divs']} scales: a clamp per element?"
 
 
 def test_every_width_is_one_block_or_three_pieces_padding_at_most_an_eighth():
