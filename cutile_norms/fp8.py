@@ -117,9 +117,8 @@ def describe(x, mode: str | None) -> str:
         return f"fp8 output: the torch ops ({why})"
     from .triton.rmsnorm_fp8_config import launch_config
 
-    block, rows, warps, p1, p2 = launch_config(x.shape[-1], None)
-    pieces = "+".join(str(p) for p in (block, p1, p2) if p)
-    return (f"fp8 output: {FP8_KERNEL} (per-token scales: {rows} row(s) x {pieces} columns in registers per "
+    block, rows, warps = launch_config(x.shape[-1], None)
+    return (f"fp8 output: {FP8_KERNEL} (per-token scales: {rows} row(s) x {block} columns in registers per "
             f"program, {warps} warps)")
 
 

@@ -30,11 +30,11 @@ ALIGNED = ("X", "R", "W", "Q", "H", "S", "SCALE", "RSTD", "stride_x", "stride_r"
 
 def sass(N: int, group: int) -> tuple[list[str], int]:
     """(the SASS opcodes, elements per thread) of one launch config (per-token or 1 x group scales)."""
-    block, rows, warps, p1, p2 = launch_config(N, group or None)
+    block, rows, warps = launch_config(N, group or None)
     sig = {"X": "*bf16", "R": "*bf16", "W": "*bf16", "Q": "*fp8e4nv", "H": "*bf16", "S": "*fp32", "SCALE": "*fp32",
            "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
            "scale_ub": "fp32", "N": "i32"}
-    consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, P1=p1, P2=p2, STATIC=False, HAS_R=False, HAS_W=True,
+    consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, STATIC=False, HAS_R=False, HAS_W=True,
                   HAS_UB=False, UE8M0=False, TOP=448.0, MIN_AMAX=1e-12, INT64=False)
     sig.update({k: "constexpr" for k in consts})
     attrs = {(K.arg_names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED}
@@ -47,7 +47,7 @@ def sass(N: int, group: int) -> tuple[list[str], int]:
         nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
         text = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
     ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text)]
-    return ops, (block + p1 + p2) * rows // (32 * warps)
+    return ops, block * rows // (32 * warps)
 
 
 def main() -> int:

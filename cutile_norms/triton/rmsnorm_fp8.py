@@ -17,7 +17,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     validates). scales: `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
     M, N = x2d.shape
     device = x2d.device
-    block, rows, warps, p1, p2 = launch_config(N, group_size)
+    block, rows, warps = launch_config(N, group_size)
     q = torch.empty(M, N, dtype=out_dtype, device=device)
     h = torch.empty(M, N, dtype=h_dtype, device=device) if r2d is not None else None
     rstd = torch.empty(M, dtype=torch.float32, device=device)
@@ -35,7 +35,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         x2d, r2d if r2d is not None else x2d, weight if weight is not None else rstd, q,
         h if h is not None else q, scales, scale if scale is not None else rstd, rstd, M, sx, sr, eps, offset,
         float(scale_ub) if scale_ub is not None else 0.0, N,
-        BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, P1=p1, P2=p2, STATIC=scale is not None,
+        BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, STATIC=scale is not None,
         HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0,
         TOP=FP8_MAX[out_dtype],
         MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)

@@ -16,9 +16,10 @@ per element counts (sm_90 SASS per element per thread, `python bench/probe/fp8_s
     and keeps NaN, which is the reference's clamp; and each amax one NaN-propagating max (max.NaN)
     instead of a max and a count of NaN: 18.8-20.8 instructions against 25.5-27.8, and 0.88-0.96
     against 0.70-0.77 of a copy at 2048 / 4096 / 8192 on an H200, 0.99-1.00 against 0.93-0.99 on an
-    H100 (`python bench/residual.py --parts fp8`, docs/performance.md 2.16), the same bits. Rows of up to fp8.FP8_KERNEL_MAX_N elements (the rule that picks this
-kernel holds the bound), in registers as one block or up to three pieces (`launch_config`): x (and r)
-read from memory once, q (and h) written once.
+        H100 (`python bench/residual.py --parts fp8`, docs/performance.md 2.16), the same bits.
+Rows of up to fp8.FP8_KERNEL_MAX_N elements (the rule that picks this kernel holds the bound), in
+registers as one power-of-two block (`launch_config`): x (and r) read from memory once, q (and h)
+written once.
 """
 from __future__ import annotations
 
@@ -58,19 +59,19 @@ def _normed(hf, rstd, w, HAS_W: tl.constexpr):
 
 @triton.jit
 def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.constexpr, SIZE: tl.constexpr,
-          G_OFF: tl.constexpr, GROUP: tl.constexpr, STATIC: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
+          GROUP: tl.constexpr, STATIC: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
           TOP: tl.constexpr, MIN_AMAX: tl.constexpr):
-    """q of SIZE columns `cols` (and, with 1 x GROUP scales, the scales of their groups, from group
-    G_OFF of the row) stored. q is y * (1 / s) unclamped: its conversion (cvt.rn.satfinite) saturates to
+    """q of SIZE columns `cols` (and, with 1 x GROUP scales, the scales of their groups; the groups past
+    N, all zeros, are not stored) stored. q is y * (1 / s) unclamped: its conversion (cvt.rn.satfinite) saturates to
     the format's largest value and keeps NaN, as the reference's clamp does."""
     if GROUP == 0 or STATIC:
         q = y * inv_row[:, None]
-    else:  # one scale per 1 x GROUP columns: a piece holds whole groups
+    else:  # one scale per 1 x GROUP columns: the block holds whole groups
         G: tl.constexpr = SIZE // GROUP
         yg = tl.reshape(y, (ROWS, G, GROUP))
         amax_g = tl.reduce(tl.abs(yg), 2, _max_nan)  # max.NaN: a NaN of the group is its amax
         s = _scale_of(amax_g, amax_g != amax_g, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
-        gcols = G_OFF + tl.arange(0, G)
+        gcols = tl.arange(0, G)
         tl.store(S + rows[:, None] * (N // GROUP) + gcols[None, :], s,
                  mask=row_ok[:, None] & (gcols < N // GROUP)[None, :])
         q = tl.reshape(yg * tl.math.div_rn(1.0, s)[:, :, None], (ROWS, SIZE))
@@ -78,10 +79,10 @@ def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.cons
 
 
 @triton.jit
-def _piece(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr, HAS_W: tl.constexpr,
-           H_DTYPE: tl.constexpr):
-    """One piece (`cols`) of `rows`: (h as stored in fp32, the weight (+ offset) in fp32 (without one:
-    `offset`, unused), the mask, the piece's sum of squares of h); h stored."""
+def _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr,
+               HAS_W: tl.constexpr, H_DTYPE: tl.constexpr):
+    """`rows` over `cols`: (h as stored in fp32, the weight (+ offset) in fp32 (without one: `offset`,
+    unused), the mask, each row's sum of squares of h); h stored."""
     ok = cols < N
     mask = row_ok[:, None] & ok[None, :]
     hf = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -104,51 +105,24 @@ def _amax(y):
 @triton.jit
 def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, eps, offset, scale_ub, N,
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
-                        P1: tl.constexpr, P2: tl.constexpr,
                         STATIC: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_UB: tl.constexpr,
                         UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr):
-    """ROWS rows in registers, read once, as power-of-two pieces of BLOCK_N, P1 and P2 columns (P1, P2:
-    0 where absent; the last piece masked past N)."""
+    """ROWS rows in registers, read once, as one power-of-two block of BLOCK_N columns masked past N."""
     rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     H_DTYPE: tl.constexpr = H.dtype.element_ty
-    cols0 = tl.arange(0, BLOCK_N)
-    hf0, w0, mask0, sumsq = _piece(X, R, W, H, rows, row_ok, cols0, stride_x, stride_r, N, offset, HAS_R, HAS_W,
-                                   H_DTYPE)
-    if P1 > 0:
-        cols1 = BLOCK_N + tl.arange(0, P1)
-        hf1, w1, mask1, ss1 = _piece(X, R, W, H, rows, row_ok, cols1, stride_x, stride_r, N, offset, HAS_R, HAS_W,
-                                     H_DTYPE)
-        sumsq += ss1
-    if P2 > 0:
-        cols2 = BLOCK_N + P1 + tl.arange(0, P2)
-        hf2, w2, mask2, ss2 = _piece(X, R, W, H, rows, row_ok, cols2, stride_x, stride_r, N, offset, HAS_R, HAS_W,
-                                     H_DTYPE)
-        sumsq += ss2
+    cols = tl.arange(0, BLOCK_N)
+    hf, w, mask, sumsq = _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R, HAS_W, H_DTYPE)
     rstd = tl.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
-    y0 = _normed(hf0, rstd, w0, HAS_W)
-    if P1 > 0:
-        y1 = _normed(hf1, rstd, w1, HAS_W)
-    if P2 > 0:
-        y2 = _normed(hf2, rstd, w2, HAS_W)
+    y = _normed(hf, rstd, w, HAS_W)
     if STATIC:
         inv_row = tl.zeros([ROWS], dtype=tl.float32) + tl.math.div_rn(1.0, tl.load(SCALE))
     elif GROUP == 0:  # one scale per row, from the amax over the row
-        amax = _amax(y0)
-        if P1 > 0:
-            amax = _max_nan(amax, _amax(y1))
-        if P2 > 0:
-            amax = _max_nan(amax, _amax(y2))
+        amax = _amax(y)
         s = _scale_of(amax, amax != amax, scale_ub, HAS_UB, UE8M0, TOP, MIN_AMAX)
         tl.store(S + rows, s, mask=row_ok)
         inv_row = tl.math.div_rn(1.0, s)
     else:  # (per-group scales: each group's own reciprocal, in _emit)
         inv_row = tl.zeros([ROWS], dtype=tl.float32)
-    _emit(Q, S, rows, row_ok, cols0, y0, mask0, inv_row, scale_ub, N, ROWS, BLOCK_N, 0, GROUP, STATIC, HAS_UB,
+    _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS, BLOCK_N, GROUP, STATIC, HAS_UB,
           UE8M0, TOP, MIN_AMAX)
-    if P1 > 0:
-        _emit(Q, S, rows, row_ok, cols1, y1, mask1, inv_row, scale_ub, N, ROWS, P1, BLOCK_N // max(GROUP, 1), GROUP,
-              STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
-    if P2 > 0:
-        _emit(Q, S, rows, row_ok, cols2, y2, mask2, inv_row, scale_ub, N, ROWS, P2, (BLOCK_N + P1) // max(GROUP, 1),
-              GROUP, STATIC, HAS_UB, UE8M0, TOP, MIN_AMAX)
