@@ -160,8 +160,10 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
 class CuTileBackward:
     """The persistent backward, shared by every cuTile mode (the forward's mode picks the forward)."""
 
-    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> BwdConfig:
-        return default_config(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."), w_dtype == torch.float32)
+    def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
+               has_dh: bool = False) -> BwdConfig:
+        return default_config(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."), w_dtype == torch.float32,
+                              has_dh)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
         cfg, source = config_and_source(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."),
@@ -174,7 +176,8 @@ class CuTileBackward:
 
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
                  cfg: BwdConfig | None = None, out: tuple | None = None, dh2d=None):
-        cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev, weight.dtype if weight is not None else None)
+        cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev, weight.dtype if weight is not None else None,
+                                 dh2d is not None and need_dx)
         return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev.sm_count, out, dh2d)
 
 

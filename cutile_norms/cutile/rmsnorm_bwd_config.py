@@ -117,11 +117,12 @@ def _scaled(cfg: BwdConfig, measured_n: int, N: int) -> BwdConfig:
 
 
 @functools.lru_cache(maxsize=4096)
-def default_config(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False) -> BwdConfig:
+def default_config(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False,
+                   has_dh: bool = False) -> BwdConfig:
     """The backward's config for rows of N elements of `dtype` on `dev`: the config measured best at
     the nearest measured width of this GPU model's (else this arch's) table and dtype, scaled to N,
-    else the analytical rule."""
-    return config_and_source(N, elem_bytes, dev, dtype, fp32_weight)[0]
+    else the analytical rule; `has_dh`: for the residual add's backward (`_dh_fit`)."""
+    return config_and_source(N, elem_bytes, dev, dtype, fp32_weight, has_dh)[0]
 
 
 def _same_width(tables: dict, elem_bytes: int) -> list:
@@ -129,7 +130,7 @@ def _same_width(tables: dict, elem_bytes: int) -> list:
 
 
 def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
-                      fp32_weight: bool = False) -> tuple[BwdConfig, str]:
+                      fp32_weight: bool = False, has_dh: bool = False) -> tuple[BwdConfig, str]:
     by_key = measured_configs()
     key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
     if key and "/" in key and dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes):
@@ -152,13 +153,48 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
-    if cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
+    if has_dh:
+        cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
+        source += why
+    elif cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
         cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
         source += why
     return cfg, source
 
 
-def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | None) -> tuple[BwdConfig, str]:
+def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,
+            measured_n: int | None) -> tuple[BwdConfig, str]:
+    """The config of a launch that also reads dh (the residual add's backward): always prefetching,
+    since dh is a fourth row whose latency the prefetch hides (H100, bf16, 4 M N e bytes over a copy:
+    the next row's dh loaded with its x and dy 0.99-1.01 at 3584-10240, this row's dh loaded at the
+    row's start 0.72-0.92), with the next row's dh counted in `_prefetch_fit`'s estimate. Where it does
+    not fit the config's blocks per SM, fewer blocks, down to one, rather than no prefetch: N = 6144 /
+    7168 (their table configs do not prefetch) 0.860 / 0.834 as measured, 0.852 / 0.618 prefetching at
+    2 blocks per SM (spills), 0.943 / 0.986 at 1; narrow rows, N = 1048 / 1344 at 3 blocks, 0.708 / 0.852
+    without it, 0.840 / 0.898 with it (python bench/residual.py --parts backward --modes
+    multi_wave_cached; docs/performance.md 2.16). Multi-row tiles (no prefetch) load dh with x and dy:
+    fewer blocks per SM where the estimate exceeds a block's share (the H200's N = 1344 at 4 blocks per
+    SM and 64 registers spilled 304 bytes per thread, at 3 and 80 140, at 2 none: ptxas; 12 registers
+    a piece past the first, as `_prefetch_fit` counts them)."""
+    if cfg.tile_m > 1:
+        warps = cfg.num_worker_warps or 4
+        pieces = len(row_pieces(part_of(cfg, N), piece_min(cfg, N)))
+        need = (4.5 + elem_bytes / 4) * cfg.tile_m * N / (32 * warps) + 20 + 12 * (pieces - 1)
+        blocks = cfg.blocks_per_sm
+        while blocks > 1 and need > min(255, 65536 // (32 * warps * blocks)):
+            blocks -= 1
+        return (dataclasses.replace(cfg, blocks_per_sm=blocks),
+                f"; {blocks} blocks per SM (dh's registers)" if blocks != cfg.blocks_per_sm else "")
+    pf = dataclasses.replace(cfg, prefetch=True)
+    fit, why = _prefetch_fit(pf, N, fp32_weight, measured_n, extra_per_elem=elem_bytes / 4)
+    if fit.prefetch:
+        return fit, why.replace("the next row's registers", "the next row's registers, dh's too") + (
+            "; prefetching (dh)" if not cfg.prefetch else "")
+    return dataclasses.replace(pf, blocks_per_sm=1), "; prefetching (dh) at 1 block per SM (the next row's registers)"
+
+
+def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | None,
+                  extra_per_elem: float = 0.0) -> tuple[BwdConfig, str]:
     """A prefetching config where its registers were not measured (an fp32 weight beside 16-bit x, or
     a wider row than the config's): the next row's x and dy wait in registers beside this row's fp32
     temporaries. Estimate (a fit of ptxas's counts on sm_90, bf16 x): 4.5 registers per element of
@@ -176,7 +212,7 @@ def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | N
     if measured_n is not None and N > measured_n:
         extra = len(row_pieces(part_of(cfg, N), piece_min(cfg, N))) - len(
             row_pieces(part_of(cfg, measured_n), piece_min(cfg, measured_n)))
-    need = (5.5 if fp32_weight else 4.5) * per_thread + 20 + 12 * max(0, extra)
+    need = ((5.5 if fp32_weight else 4.5) + extra_per_elem) * per_thread + 20 + 12 * max(0, extra)
 
     def budget(blocks):
         return min(255, 65536 // (32 * warps * blocks))

@@ -98,6 +98,29 @@ def test_the_sweep_writer_keeps_the_commands_of_earlier_sweeps(tmp_path, monkeyp
     assert command.startswith("first --ns 12288,16384 (") and command.endswith("; then second --ns 12288"), command
 
 
+def test_dh_configs_prefetch_and_fit():
+    """The residual add's backward (has_dh): one-row tiles always prefetch, at fewer blocks per SM where
+    the next row's x, dy and dh do not fit (the H100's 6144 and 7168, whose table configs do not
+    prefetch, at 1: measured 0.943 / 0.986 against 0.860 / 0.834); multi-row tiles keep to the blocks
+    their registers fit; without dh the configs are the table's."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cutile import rmsnorm_bwd_config
+
+    h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    for dev in (h100, h200):
+        for N in (1048, 1344, 2048, 3584, 5120, 6144, 7168, 8192, 12288, 20480, 65536):
+            plain = rmsnorm_bwd_config.default_config(N, 2, dev, "bfloat16")
+            cfg = rmsnorm_bwd_config.default_config(N, 2, dev, "bfloat16", has_dh=True)
+            assert cfg.blocks_per_sm <= plain.blocks_per_sm and (cfg.tile_m, cfg.split) == (plain.tile_m, plain.split)
+            assert cfg.prefetch or cfg.tile_m > 1, (dev.name, N, cfg.short())
+    for N in (6144, 7168):
+        cfg = rmsnorm_bwd_config.default_config(N, 2, h100, "bfloat16", has_dh=True)
+        assert cfg.prefetch and cfg.blocks_per_sm == 1, cfg.short()
+    assert rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16", has_dh=True).blocks_per_sm < \
+        rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16").blocks_per_sm
+
+
 def test_prefetch_is_kept_where_its_registers_fit():
     """A prefetching config used where its registers were not measured: kept at 1 block per SM (N =
     10728 from 10240's), dropped where the estimate exceeds 2 blocks' share (6264 from 6144's), 2 blocks
