@@ -186,7 +186,10 @@ def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,
         return (dataclasses.replace(cfg, blocks_per_sm=blocks),
                 f"; {blocks} blocks per SM (dh's registers)" if blocks != cfg.blocks_per_sm else "")
     pf = dataclasses.replace(cfg, prefetch=True)
-    fit, why = _prefetch_fit(pf, N, fp32_weight, measured_n, extra_per_elem=elem_bytes / 4)
+    # per element beside the estimate's (bf16 x): half a register for 16-bit dh; for fp32 rows one for dh
+    # and two for the next row's x and dy at twice the width (N = 8192 / 16384, fp32, prefetching at 2
+    # blocks per SM: 160-192 bytes of spills where the 16-bit count said it fit; ptxas)
+    fit, why = _prefetch_fit(pf, N, fp32_weight, measured_n, extra_per_elem=0.5 if elem_bytes == 2 else 3.0)
     if fit.prefetch:
         return fit, why.replace("the next row's registers", "the next row's registers, dh's too") + (
             "; prefetching (dh)" if not cfg.prefetch else "")
