@@ -18,9 +18,10 @@ Contract:
   * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (Triton's
     for rows of up to 16384 elements, cuTile's split form past that) reads x and r once and writes h
     and y once; elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.
-    The backward reads dy, h and dh once and writes one grad: Triton's fused kernel (rows of up to
-    8192, mode None or "triton"), else the norm's backward kernel for h with dh added inside (the
-    cuTile and CuTe DSL kernels); Triton's norm backward and torch's add dh after.
+    The backward reads dy, h and dh once and writes one grad: Triton's fused kernel (mode None: rows
+    of up to 2 KiB, or up to 8192 elements without cuTile; mode "triton": up to 8192), else the norm's
+    backward kernel for h with dh added inside (the cuTile and CuTe DSL kernels); Triton's norm backward,
+    torch's, and every kernel under CUTILE_NORMS_FUSED=0 add dh after.
 """
 from __future__ import annotations
 

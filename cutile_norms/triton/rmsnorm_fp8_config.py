@@ -10,11 +10,12 @@ def launch_config(N: int, group_size: int | None) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS, num_warps): the row in registers as one power-of-two block, masked past N. bf16,
     per-token scales, 2^27 elements, the ratio to a copy of the bytes moved, medians of 3 rounds
     (`python bench/tune/triton_fused.py --kernel fp8`, 2026-11-26; H200 / H100):
-      * Blocks up to 4096: two rows (at least 4096 elements) per program, 64 values per thread. An
+      * Blocks from 256 to 4096: two rows (at least 4096 elements) per program, 64 values per thread. An
         H200 moves 1.43x an H100's bytes per second with the same SMs, so a thread must have more bytes
         in flight: 2048 r2 w2 0.977 / 0.985, r2 w4 (32 values) 0.961 / 0.988; 4096 r2 w4 0.972 / 0.988,
         r1 w4 0.893 / 0.997; padded, 1664 (a 2048 block) r2 w2 0.917 / 0.996, r2 w4 0.862 / 1.006; 2560
-        (4096) r2 w4 0.756 / 0.935, r1 w4 0.663 / 0.863. Narrower blocks keep the 4096-element tile.
+        (4096) r2 w4 0.756 / 0.935, r1 w4 0.663 / 0.863. Narrower blocks keep the 4096-element tile
+        down to 256 (16 rows, MAX_ROWS); below that fewer values a thread, one warp.
       * Wider blocks: one row per program at 32 values per thread: 8192 r1 w8 0.877 / 0.995, r1 w4 (64)
         0.864 / 0.978; 16384 r1 w16 0.770 / 0.954; padded, 5120 / 12288 / 13312 0.638 / 0.641 / 0.684
         (H200), 0.850 / 0.842 / 0.877 (H100).

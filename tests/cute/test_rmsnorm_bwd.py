@@ -238,7 +238,7 @@ def test_autograd_through_rms_norm(seed, x_dtype, w_dtype, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 65536, 262144])
+@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 65536, 204800, 262144])
 @pytest.mark.parametrize("ring", [2, 3])
 @pytest.mark.parametrize("M,case", [(1, "bf16"), (7, "fp16"), (600, "bf16"), (600, "no_weight"), (600, "dx_only")])
 def test_dh_added_inside(seed, N, ring, M, case):

@@ -159,7 +159,8 @@ def _run_bwd(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True, dh=None):
     dev = _device_info()
     M, N = x.shape
     _, rstd = dispatch.backend("multi_wave_cached").forward(x, w, EPS, offset, True, dev)
-    cfg = cfg or PERSISTENT_BACKWARD.config(N, x.dtype, dev, w.dtype if w is not None else None)
+    cfg = cfg or PERSISTENT_BACKWARD.config(N, x.dtype, dev, w.dtype if w is not None else None,
+                                            has_dh=dh is not None and need_dx)  # as the backend picks it
     dx = poisoned(dx_buffer(cfg, M, N, x.dtype, x.device)) if need_dx else None
     dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
     out = PERSISTENT_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, dev, cfg=cfg, out=(dx, dw),
@@ -268,13 +269,14 @@ def test_strided_x_and_non_contiguous_dy(seed, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [128, 1000, 2880, 4096, 8200, 10240, 12288, 20480, 65536])
+@pytest.mark.parametrize("N", [128, 1000, 1344, 2880, 4096, 6144, 7168, 8200, 10240, 12288, 16384, 20480, 65536])
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32"),
                                              ("float16", "float32")])
 @pytest.mark.parametrize("M", [1, 300])
 def test_dh_added_inside(seed, N, x_dtype, w_dtype, M):
     """The residual add's backward: dh read with the row (multi-row tiles, one row with the next one
-    prefetched, split rows) and added to dx before it is rounded; dw unchanged by it."""
+    prefetched, split rows; the configs `_dh_fit` picks, 1 block per SM at 6144 / 7168 on an H100) and
+    added to dx before it is rounded; dw unchanged by it."""
     x, dy, dh = (random_rows((M, N), DT[x_dtype], "cuda") for _ in range(3))
     w = random_weight(N, DT[w_dtype], "cuda")
     dx, dw = _run_bwd(x, w, dy, 1.0, dh=dh)

@@ -98,10 +98,12 @@ H200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("N", [128, 1000, 4096, 8200, 10240, 12288, 20480, 65536])
+@pytest.mark.parametrize("N", [128, 1000, 1344, 4096, 6144, 7168, 8200, 10240, 12288, 20480, 65536])
 def test_compiles_with_dh(N, arch):
-    """The residual add's backward (dh read with the row, added to dx) for every arch."""
-    cubin = compile_bwd(_config(N, "bfloat16", arch), N, "bfloat16", "bfloat16", arch, has_dh=True)
+    """The residual add's backward (dh read with the row, added to dx) for every arch, at the configs
+    picked for it (rmsnorm_bwd_config._dh_fit)."""
+    cfg = rmsnorm_bwd_config.default_config(N, 2, ARCHS[arch], "bfloat16", has_dh=True)
+    cubin = compile_bwd(cfg, N, "bfloat16", "bfloat16", arch, has_dh=True)
     assert cubin[:4] == b"\x7fELF"
 
 
