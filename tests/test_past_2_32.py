@@ -118,7 +118,9 @@ def test_forward_and_backward_past_2_32_elements(big_inputs, mode, seed):
 def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
     """rms_norm(x, w, residual=r) -> (y, h) and its backward (dx = dr, dw), the fused kernels (Triton's,
     or cuTile's split forward for rows past dispatch.FUSED_ADD_MAX_N) and the unfused path; r is the
-    fixture's dy, the grad of y its x (no grad into h)."""
+    fixture's dy, the grad of y its x, the grad into h from later uses r again (the backward reads dh
+    inside the norm's backward kernel: past 2^31 elements the cuTile kernel's row chunks, the CuTe
+    DSL kernel's 64-bit addresses)."""
     monkeypatch.setenv("CUTILE_NORMS_FUSED", "1" if fused else "0")
     x, r, w, _, _, rows = big_inputs
     M, N = x.shape
@@ -128,13 +130,14 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
     torch.cuda.synchronize()
     assert_stored_sum(h[rows], x[rows], r[rows], f"{tag} h rows {rows.tolist()}", seed)
     _check_rows(y.detach(), h.detach(), w, rows, f"{tag} y", seed)
-    dy = x  # any random rows
-    y.backward(dy)
+    dy, dh = x, r  # any random rows
+    torch.autograd.backward((y, h), (dy, dh))
     torch.cuda.synchronize()
     del y
     dx, dr, dw = xg.grad, rg.grad, wg.grad
     hr = h.detach()[rows]
     ex, _, sx, _ = reference_bwd64(hr, w, dy[rows], EPS, 0.0)
+    ex, sx = ex + dh[rows].double(), sx + dh[rows].double().abs()
     assert_grad_close(dx[rows], ex, sx, x.dtype, f"{tag} dx rows {rows.tolist()}", seed)
     assert_grad_close(dr[rows], ex, sx, r.dtype, f"{tag} dr rows {rows.tolist()}", seed)
     ew, sw = torch.zeros(N, dtype=torch.float64, device="cuda"), torch.zeros(N, dtype=torch.float64, device="cuda")
