@@ -55,6 +55,6 @@ class BackwardBackend(Protocol):
     def backward(self, dy2d: torch.Tensor, x2d: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor,
                  offset: float, need_dx: bool, need_dw: bool, dev: DeviceInfo, cfg=None,
                  out: Optional[tuple] = None, dh2d: Optional[torch.Tensor] = None) -> tuple:
-        """(dx [M, N] in x's dtype or None, dw [N] in the weight's dtype or None). dh2d: [M, N] rows in
-        x's dtype with unit column stride, added to dx (x being h = x + r, dh the grad h gets from its
-        other uses), or None."""
+        """(dx [M, N] in x's dtype or None, dw [N] in the weight's dtype or None). dh2d (given only where
+        adds_dh, else always None): [M, N] rows in x's dtype with unit column stride, added to dx (x
+        being h = x + r, dh the grad h gets from its other uses), or None."""

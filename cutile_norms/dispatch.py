@@ -388,16 +388,16 @@ BWD_FUSED, BWD_DH_INSIDE, BWD_DH_AFTER = "fused", "inside", "after"  # residual_
 FUSED_ADD_BWD_TRITON_BYTES = 2 * 1024
 
 
-def residual_backward(mode_name: str | None, norm_mode: str, bwd_mode: str, N: int, elem_bytes: int,
-                      dev: DeviceInfo, tools: Toolchain) -> tuple[str, str, str]:
+def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes: int, dev: DeviceInfo,
+                      tools: Toolchain) -> tuple[str, str, str]:
     """(how, the backward's mode, why) the residual add's backward runs for a call that asked for
-    `mode_name`, whose norm `resolve` gave as `norm_mode` with backward `bwd_mode`, rows of N elements of
-    h of elem_bytes. The grad into h is the norm's backward on h plus dh (the grad from h's later uses):
+    `mode_name`, whose norm `resolve` gave as `choice`, rows of N elements of h of elem_bytes. The grad into h is the norm's backward on h plus dh (the grad from h's later uses):
     reading dy, h and dh once and writing one grad moves 4 M N e bytes, the norm's backward then an add
     6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward kernel
     reads dh with the row (the cuTile and CuTe DSL ones: BackwardBackend.adds_dh); BWD_DH_AFTER: an add
     after it."""
-    off = _fused_off(norm_mode, dev)
+    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+    off = _fused_off(choice.mode, dev)
     if off or bwd_mode == "torch":
         return BWD_DH_AFTER, bwd_mode, off or "the reference's backward"
     triton_fits = (mode_name in (None, "triton") and N <= FUSED_ADD_BWD_MAX_N

@@ -149,9 +149,8 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
     if h.numel() == 0:
         return torch.zeros_like(h, dtype=g_dtype), torch.zeros_like(weight) if need_dw else h.new_empty(0)
     dev, M, choice = plan(h, mode or None)
-    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
-    how, bwd_mode, _ = dispatch.residual_backward(mode or None, choice.mode, bwd_mode, h.shape[-1], h.element_size(),
-                                                  dev, toolchain())
+    how, bwd_mode, _ = dispatch.residual_backward(mode or None, choice, h.shape[-1], h.element_size(), dev,
+                                                  toolchain())
     if how == dispatch.BWD_FUSED:
         h2d = as_rows(h)
         g2d, dw = dispatch.load(dispatch.FUSED_ADD_BWD_KERNEL)(
@@ -290,8 +289,7 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     h_bytes = (residual_dtype or x.dtype).itemsize
-    how, bwd_mode, why_bwd = dispatch.residual_backward(mode, choice.mode, "torch" if choice.mode == "torch" else
-                                                        choice.backward_mode, x.shape[-1], h_bytes, dev, toolchain())
+    how, _, why_bwd = dispatch.residual_backward(mode, choice, x.shape[-1], h_bytes, dev, toolchain())
     bwd = {dispatch.BWD_FUSED: f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}: "
                                f"{why_bwd})",
            dispatch.BWD_DH_INSIDE: f"residual backward: fused, dh added inside the norm's backward ({why_bwd})",

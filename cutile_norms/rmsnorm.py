@@ -117,12 +117,14 @@ def forward_rows(x2d, weight, eps, offset, store_rstd, mode, dev, out_shape, run
 def backward_rows(dy, x2d, weight, rstd, offset, bwd_mode, need_dx, need_dw, dev, dh=None):
     """(dx [M, N] or None, dw [N] or None) from the backward kernel of `bwd_mode`; mode "torch" and
     empty x take the reference's closed form. `dh` (x's shape, the residual add's backward): added to
-    dx, inside the kernel where its backend reads it (BackwardBackend.adds_dh)."""
+    dx inside the kernel, for a backend that reads it (BackwardBackend.adds_dh; the caller adds it
+    after the others: residual._bwd_op)."""
     dy2d = grad_rows(dy, x2d)
     dh2d = grad_rows(dh, x2d) if dh is not None and need_dx else None
+    if dh2d is not None and (bwd_mode == "torch" or not dispatch.backward_backend(bwd_mode).adds_dh):
+        raise ValueError(f"mode {bwd_mode!r}'s backward does not read dh: add it to dx after the backward")
     if bwd_mode == "torch" or x2d.numel() == 0:
-        dx, dw = rms_norm_backward(dy2d, x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
-        return (dx if dh2d is None else dx + dh2d), dw
+        return rms_norm_backward(dy2d, x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
     return dispatch.backward_backend(bwd_mode).backward(dy2d, x2d, _unit_stride(weight), rstd, offset,
                                                         need_dx, need_dw, dev, dh2d=dh2d)
 

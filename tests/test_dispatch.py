@@ -384,9 +384,10 @@ def test_residual_backward_rule(monkeypatch, mode, norm_mode, bwd_mode, N, tools
     modes read dh in their kernels. The CPU and CUTILE_NORMS_FUSED=0 add dh after. Every answer has a
     reason."""
     monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
-    how, bwd, why = dispatch.residual_backward(mode, norm_mode, bwd_mode, N, 2, H100, tools)
+    choice = dispatch.Choice(norm_mode, "the norm's", bwd_mode=bwd_mode)
+    how, bwd, why = dispatch.residual_backward(mode, choice, N, 2, H100, tools)
     assert (how, bwd) == (expected, runs) and why, (how, bwd, why)
-    assert dispatch.residual_backward(mode, norm_mode, bwd_mode, N, 2, CPU, tools)[0] == dispatch.BWD_DH_AFTER
+    assert dispatch.residual_backward(mode, choice, N, 2, CPU, tools)[0] == dispatch.BWD_DH_AFTER
     monkeypatch.setenv(dispatch.ENV_FUSED, "0")
-    how, bwd, why = dispatch.residual_backward(mode, norm_mode, bwd_mode, N, 2, H100, tools)
+    how, bwd, why = dispatch.residual_backward(mode, choice, N, 2, H100, tools)
     assert how == dispatch.BWD_DH_AFTER and bwd == bwd_mode and why

@@ -260,3 +260,16 @@ def test_module_residual_shape_and_in_place_memory():
     cn.add_rms_norm_(buf[0], buf[1], mode="torch")  # two rows of one buffer: separate memory, accepted
     with pytest.raises(ValueError, match="overlap"):
         cn.add_rms_norm_(buf[:, :40], buf[:, 24:], mode="torch")
+
+
+def test_backward_rows_refuses_dh_for_a_backward_that_does_not_read_it():
+    """dh goes into a backward kernel only where its backend reads it (adds_dh); the others' callers add
+    it after (residual._bwd_op), so a dh handed to them is refused, never dropped."""
+    from cutile_norms._platform import CPU
+    from cutile_norms.rmsnorm import backward_rows
+
+    x, dy, dh = (torch.randn(3, 64) for _ in range(3))
+    rstd = torch.rsqrt(x.square().mean(-1) + 1e-6)
+    for mode in ("torch", "triton"):
+        with pytest.raises(ValueError, match="does not read dh"):
+            backward_rows(dy, x, None, rstd, 0.0, mode, True, False, CPU, dh=dh)

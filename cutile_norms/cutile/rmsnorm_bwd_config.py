@@ -177,11 +177,10 @@ def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,
     SM and 64 registers spilled 304 bytes per thread, at 3 and 80 140, at 2 none: ptxas; 12 registers
     a piece past the first, as `_prefetch_fit` counts them)."""
     if cfg.tile_m > 1:
-        warps = cfg.num_worker_warps or 4
         pieces = len(row_pieces(part_of(cfg, N), piece_min(cfg, N)))
-        need = (4.5 + elem_bytes / 4) * cfg.tile_m * N / (32 * warps) + 20 + 12 * (pieces - 1)
+        need = _registers_needed(cfg, N, 4.5 + elem_bytes / 4, pieces - 1)
         blocks = cfg.blocks_per_sm
-        while blocks > 1 and need > min(255, 65536 // (32 * warps * blocks)):
+        while blocks > 1 and need > _register_budget(cfg, blocks):
             blocks -= 1
         return (dataclasses.replace(cfg, blocks_per_sm=blocks),
                 f"; {blocks} blocks per SM (dh's registers)" if blocks != cfg.blocks_per_sm else "")
@@ -189,15 +188,26 @@ def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,
     # per element beside the estimate's (bf16 x): half a register for 16-bit dh; for fp32 rows one for dh
     # and two for the next row's x and dy at twice the width (N = 8192 / 16384, fp32, prefetching at 2
     # blocks per SM: 160-192 bytes of spills where the 16-bit count said it fit; ptxas)
-    fit, why = _prefetch_fit(pf, N, fp32_weight, measured_n, extra_per_elem=0.5 if elem_bytes == 2 else 3.0)
+    fit, why = _prefetch_fit(pf, N, fp32_weight, measured_n, extra_per_elem=0.5 if elem_bytes == 2 else 3.0,
+                             registers="the next row's registers, dh's too")
     if fit.prefetch:
-        return fit, why.replace("the next row's registers", "the next row's registers, dh's too") + (
-            "; prefetching (dh)" if not cfg.prefetch else "")
+        return fit, why + ("; prefetching (dh)" if not cfg.prefetch else "")
     return dataclasses.replace(pf, blocks_per_sm=1), "; prefetching (dh) at 1 block per SM (the next row's registers)"
 
 
+def _register_budget(cfg: BwdConfig, blocks: int) -> int:
+    """A thread's share of an SM's 65536 registers at `blocks` blocks of cfg's warps (at most 255)."""
+    return min(255, 65536 // (32 * (cfg.num_worker_warps or 4) * blocks))
+
+
+def _registers_needed(cfg: BwdConfig, N: int, per_elem: float, pieces_past: int) -> float:
+    """`_prefetch_fit`'s estimate of a thread's registers: per_elem per element of its tile (tile_m rows
+    of its part), plus 20, plus 12 per piece past the count it was measured with."""
+    return per_elem * cfg.tile_m * part_of(cfg, N) / (32 * (cfg.num_worker_warps or 4)) + 20 + 12 * max(0, pieces_past)
+
+
 def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | None,
-                  extra_per_elem: float = 0.0) -> tuple[BwdConfig, str]:
+                  extra_per_elem: float = 0.0, registers: str = "the next row's registers") -> tuple[BwdConfig, str]:
     """A prefetching config where its registers were not measured (an fp32 weight beside 16-bit x, or
     a wider row than the config's): the next row's x and dy wait in registers beside this row's fp32
     temporaries. Estimate (a fit of ptxas's counts on sm_90, bf16 x): 4.5 registers per element of
@@ -209,22 +219,16 @@ def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | N
     the estimate exceeds a block's share of the register file: 2 blocks per SM if that fits, else no
     prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides a row's latency
     (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
-    warps = cfg.num_worker_warps or 4
-    per_thread = part_of(cfg, N) / (32 * warps)
     extra = 0
     if measured_n is not None and N > measured_n:
         extra = len(row_pieces(part_of(cfg, N), piece_min(cfg, N))) - len(
             row_pieces(part_of(cfg, measured_n), piece_min(cfg, measured_n)))
-    need = ((5.5 if fp32_weight else 4.5) + extra_per_elem) * per_thread + 20 + 12 * max(0, extra)
-
-    def budget(blocks):
-        return min(255, 65536 // (32 * warps * blocks))
-
-    if need <= budget(cfg.blocks_per_sm):
+    need = _registers_needed(cfg, N, (5.5 if fp32_weight else 4.5) + extra_per_elem, extra)
+    if need <= _register_budget(cfg, cfg.blocks_per_sm):
         return cfg, ""
-    if cfg.blocks_per_sm > 2 and need <= budget(2):
-        return dataclasses.replace(cfg, blocks_per_sm=2), "; 2 blocks per SM (the next row's registers)"
-    return dataclasses.replace(cfg, prefetch=False), "; no prefetch (the next row's registers)"
+    if cfg.blocks_per_sm > 2 and need <= _register_budget(cfg, 2):
+        return dataclasses.replace(cfg, blocks_per_sm=2), f"; 2 blocks per SM ({registers})"
+    return dataclasses.replace(cfg, prefetch=False), f"; no prefetch ({registers})"
 
 
 def part_of(cfg: BwdConfig, N: int) -> int:

@@ -121,18 +121,16 @@ class TritonBackward:
                 f"parts, {cfg.short()}" + (", then dw_reduce_kernel over the R partial rows" if R > 1 else "")
                 + f"; config: analytic (N, dtype, {dev.vendor})")
 
-    # dh (the residual add's backward) is added after the kernel, by torch: the fused form for rows that
-    # fit registers is add_rmsnorm_bwd.py's kernel, which dispatch.residual_backward picks first
+    # dh (the residual add's backward) is not read here: the caller adds it after (residual._bwd_op); the
+    # fused form for rows that fit registers is add_rmsnorm_bwd.py's kernel (dispatch.residual_backward)
     adds_dh = False
 
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
                  cfg: BwdConfig | None = None, out: tuple | None = None, dh2d=None):
+        """(dh2d: the interface's; always None here, rmsnorm.backward_rows gives dh only where adds_dh)"""
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev)
-        dx, dw = launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, max(1, dev.sm_count), out,
-                        has_tma(dev))
-        if dh2d is not None and dx is not None:
-            dx.add_(dh2d)
-        return dx, dw
+        return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, max(1, dev.sm_count), out,
+                      has_tma(dev))
 
 
 TRITON_BACKWARD = TritonBackward()
