@@ -98,12 +98,13 @@ def wrong_grad(grads, x, r, w, dy, dh, eps) -> str | None:
     return None
 
 
-def fp8_fns() -> dict:
-    """name: fn(x, w, eps) -> (q, scales): ours (the Triton kernel) and the composite compiled."""
-    def ours_fp8(**kw):
+def fp8_fns(modes=()) -> dict:
+    """name: fn(x, w, eps) -> (q, scales): ours (mode=None's FP8 kernel, and each of `modes` named) and
+    the composite compiled."""
+    def ours_fp8(mode=None, **kw):
         def run(x, w, eps):
             gate(True)
-            return cn.rms_norm_fp8(x, w, eps, **kw)
+            return cn.rms_norm_fp8(x, w, eps, mode=mode, **kw)
         return run
 
     def composite(x, w, eps, group):
@@ -112,7 +113,9 @@ def fp8_fns() -> dict:
         s = fp8_scale(yg.abs().amax(-1, keepdim=True), torch.float8_e4m3fn)
         return fp8_quantize(yg, s, torch.float8_e4m3fn).flatten(-2), s.squeeze(-1)
     compiled = torch.compile(composite)
-    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128),
+    named = {f"cn {m} {tag}": ours_fp8(m, **kw) for m in modes for tag, kw in (("token", {}),
+                                                                               ("group128", {"group_size": 128}))}
+    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128), **named,
             "torch.compile token": lambda x, w, eps: compiled(x, w, eps, x.shape[-1]),
             "torch.compile group128": lambda x, w, eps: compiled(x, w, eps, 128)}
 
@@ -178,15 +181,17 @@ def backward_setup(impls):
     return setup
 
 
-def fp8_setup(x, r, w):
+def fp8_setup(modes):
     """Bytes: read x, write q (one byte an element) and the fp32 scales, over the copy's 2 e per element."""
-    e, (M, N) = x.element_size(), x.shape
-    out = {}
-    for k, f in fp8_fns().items():
-        groups = N // 128 if "group" in k else 1
-        factor = (M * N * (e + 1) + 4 * M * groups) / (2 * e * M * N)
-        out[k] = (checked(lambda f=f: f(x, w, 1e-6), wrong_fp8, x, w), factor)
-    return out
+    def setup(x, r, w):
+        e, (M, N) = x.element_size(), x.shape
+        out = {}
+        for k, f in fp8_fns(modes).items():
+            groups = N // 128 if "group" in k else 1
+            factor = (M * N * (e + 1) + 4 * M * groups) / (2 * e * M * N)
+            out[k] = (checked(lambda f=f: f(x, w, 1e-6), wrong_fp8, x, w), factor)
+        return out
+    return setup
 
 
 def wrong_fp8(out, x, w) -> str | None:
@@ -231,7 +236,8 @@ def main() -> int:
     p.add_argument("--block-m", type=int, default=16384)
     p.add_argument("--parts", type=lambda v: v.split(","), default=["forward", "backward", "fp8"])
     p.add_argument("--modes", type=lambda v: [m for m in v.split(",") if m], default=[],
-                   help="also time ours with these modes named (fused kernels on): 'cn <mode>'")
+                   help="also time ours with these modes named (fused kernels on): 'cn <mode>' (fp8: 'triton', "
+                        "'tma_smem_cached', each FP8 kernel)")
     p.add_argument("--fp8-max-n", type=int, default=16384, help="the FP8 kernel's widest row")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -248,7 +254,7 @@ def main() -> int:
     for part in args.parts:
         print(f"## {part}", flush=True)
         setup = {"forward": forward_setup(impls), "backward": backward_setup(impls),
-                 "fp8": fp8_setup}[part]
+                 "fp8": fp8_setup(args.modes)}[part]
         result[part] = timed_table([n for n in ns if part != "fp8" or n <= args.fp8_max_n], dtype, args.runs, setup)
     result["block"] = block(args.block_m, args.block_n, dtype, args.runs)
     b = result["block"]

@@ -40,7 +40,9 @@ from .reference import FP8_MAX, fp8_quantize, fp8_scale, residual_sum_reference,
 from .residual import validate_residual
 from .rmsnorm import TORCH_DEFAULT_EPS, as_rows, validate
 
-FP8_KERNEL = "cutile_norms.triton.rmsnorm_fp8:rms_norm_fp8"
+# The FP8 kernels by the mode that names them; mode=None picks by `pick_kernel`'s rule.
+FP8_KERNELS = {"triton": "cutile_norms.triton.rmsnorm_fp8:rms_norm_fp8",
+               "tma_smem_cached": "cutile_norms.cute.rmsnorm_fp8:rms_norm_fp8"}
 FP8_KERNEL_MAX_N = 16384  # a row in registers
 
 
@@ -88,38 +90,101 @@ FP8_KERNEL_MIN_ARCH = (8, 9)
 
 
 def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
-    """None where the FP8 kernel runs for rows of N elements on `dev`, else why the torch ops do."""
+    """None where an FP8 kernel may run for rows of N elements on `dev` under `mode`, else why the torch
+    ops do (what both kernels need; `pick_kernel` then chooses between them)."""
     if not dispatch.fused_enabled():
         return f"the fused kernels are switched off ({dispatch.ENV_FUSED}=0)"
-    if mode not in (None, "triton"):
-        return f"mode {mode!r} has no FP8 kernel (Triton's is the only one)"
+    if mode is not None and mode not in FP8_KERNELS:
+        return f"mode {mode!r} has no FP8 kernel (Triton's and the CuTe DSL one are: 'triton', 'tma_smem_cached')"
     if N > FP8_KERNEL_MAX_N:
-        return f"the FP8 kernel holds rows of up to {FP8_KERNEL_MAX_N} elements, N={N}"
+        return f"the FP8 kernels hold rows of up to {FP8_KERNEL_MAX_N} elements, N={N}"
     if dev.vendor == "cpu":  # Triton's interpreter converts to fp8 unlike the GPU (NaN became 384 in e4m3)
         return "off the GPU (Triton's interpreter does not convert to fp8 as the GPU does)"
     if dev.vendor != "nvidia":  # (AMD's fp8 conversions differ: not run there)
-        return f"the FP8 kernel runs on NVIDIA GPUs (sm_89 and newer), not on {dev.name}"
+        return f"the FP8 kernels run on NVIDIA GPUs (sm_89 and newer), not on {dev.name}"
     if dev.arch < FP8_KERNEL_MIN_ARCH:
-        return f"the FP8 kernel needs sm_89 or newer (its saturating fp8 conversion), this GPU is {dev.arch_name}"
-    return dispatch.unavailable_reason(dispatch.MODES["triton"], dev, tools)
+        return f"the FP8 kernels need sm_89 or newer (their saturating fp8 conversion), this GPU is {dev.arch_name}"
+    if mode is not None:
+        return dispatch.unavailable_reason(dispatch.MODES[mode], dev, tools)
+    return None
+
+
+def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
+    """mode=None's rule between the two FP8 kernels (both bit for bit the same): the CuTe DSL kernel
+    where Triton's power-of-two block idles too many lanes or holds too few bytes in flight, Triton's
+    elsewhere. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3; `python
+    bench/residual.py --parts fp8 --modes triton,tma_smem_cached`, docs/performance.md 2.17):
+      * per-token and per-tensor scales: the CuTe DSL kernel past 8 KiB rows (4096 16-bit columns), and
+        past 2048 columns where more than an eighth of Triton's block would idle. Triton's block holds the row in registers:
+        past 4096 (8 KiB of 16-bit x) a thread's loads no longer keep enough bytes in flight on an H200
+        (8192 0.867 against 0.914), and a padded block's idle lanes cost their share (10240 in a
+        16384 block 0.568 against 0.946). At 2048 columns and below Triton's block is small and its
+        rows many per program (2048 0.973 against 0.933), and unpadded up to 4096 it stays ahead
+        (4096 0.966 against 0.954, H200).
+      * 1 x group scales: the CuTe DSL kernel past 4096 columns where more than a sixth of Triton's
+        block would idle. Its group scale costs ~6 more instructions per element than its per-token scale (a
+        scale and its reciprocal per 16-byte vector), so it wins only where Triton idles more than a
+        sixth of its lanes: 5120 / 10240 / 13312 0.868 / 0.764 / 0.813 against 0.645 / 0.588 / 0.712,
+        but 14336 (an eighth padded) 0.696 against 0.746 and 16384 0.660 against 0.814 (H200).
+    """
+    from .triton.rmsnorm_fp8_config import launch_config
+
+    block = launch_config(N, group_size)[0]
+    if group_size:  # more than a sixth of the block idle
+        return N > 4096 and 6 * (block - N) > block
+    return N * elem_bytes > 8192 or (N > 2048 and 8 * (block - N) > block)  # more than an eighth idle
+
+
+def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,
+                group_size: int | None) -> tuple[str | None, str]:
+    """(the FP8 kernel's mode, "triton" or "tma_smem_cached", or None for the torch ops; why)."""
+    dev, tools = device_info(x2d.device), toolchain()
+    why = kernel_refusal(mode, x2d.shape[1], dev, tools)
+    if why is not None:
+        return None, why
+    from .cute.rmsnorm_fp8 import unsupported
+
+    cute_why = (dispatch.unavailable_reason(dispatch.MODES["tma_smem_cached"], dev, tools)
+                or unsupported(x2d, r2d, h_dtype, group_size))
+    if mode == "tma_smem_cached":
+        return (None, cute_why) if cute_why else ("tma_smem_cached", "named")
+    if mode == "triton":
+        return "triton", "named"
+    if cute_why is None and cute_wins(x2d.shape[1], x2d.element_size(), group_size):
+        return "tma_smem_cached", "mode=None: the CuTe DSL kernel at this width (fp8.cute_wins)"
+    triton_why = dispatch.unavailable_reason(dispatch.MODES["triton"], dev, tools)
+    if triton_why is None:
+        return "triton", ("mode=None: Triton's kernel at this width (fp8.cute_wins)" if cute_why is None
+                          else f"mode=None: Triton's kernel ({cute_why})")
+    return None, triton_why
 
 
 def kernel_unused(mode: str | None, x) -> str | None:
-    """None where the FP8 kernel runs for x, else why the torch ops do."""
-    return kernel_refusal(mode, x.shape[-1], device_info(x.device), toolchain())
+    """None where an FP8 kernel runs for x (per-token scales, no residual), else why the torch ops do."""
+    which, why = pick_kernel(mode, as_rows(x), None, None, None)
+    return None if which else why
 
 
-def describe(x, mode: str | None) -> str:
-    """explain()'s line for rms_norm_fp8 on x: the kernel and its launch (per-token scales), or the
-    torch ops and why."""
-    why = kernel_unused(mode, x)
-    if why is not None:
+def describe(x, mode: str | None, group_size: int | None = None) -> str:
+    """explain()'s line for rms_norm_fp8 on x: the kernel and its launch, or the torch ops and why."""
+    x2d = as_rows(x)
+    which, why = pick_kernel(mode, x2d, None, None, group_size)
+    scales = f"1 x {group_size} group scales" if group_size else "per-token scales"
+    if which is None:
         return f"fp8 output: the torch ops ({why})"
-    from .triton.rmsnorm_fp8_config import launch_config
+    N = x2d.shape[1]
+    if which == "triton":
+        from .triton.rmsnorm_fp8_config import launch_config
 
-    block, rows, warps = launch_config(x.shape[-1], None)
-    return (f"fp8 output: {FP8_KERNEL} (per-token scales: {rows} row(s) x {block} columns in registers per "
-            f"program, {warps} warps)")
+        block, rows, warps = launch_config(N, group_size)
+        how = f"{rows} row(s) x {block} columns in registers per program, {warps} warps"
+    else:
+        from .cute.rmsnorm_fp8_config import fp8_config, keeps_y
+
+        cfg = fp8_config(N, x2d.element_size(), group_size)
+        how = (f"row tiles in shared memory by TMA bulk copies, {cfg.short()}"
+               + ("; y kept in registers" if not group_size and keeps_y(cfg) else ""))
+    return f"fp8 output: {FP8_KERNELS[which]} ({scales}: {how}; {why})"
 
 
 @torch.library.custom_op("cutile_norms::rms_norm_fp8", mutates_args=())
@@ -128,9 +193,12 @@ def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             scale_ub: float | None, group_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, scales, h or an empty tensor without a residual)."""
     group = group_size or None
-    if x.numel() and kernel_unused(mode or None, x) is None:
-        q, s, h, _ = dispatch.load(FP8_KERNEL)(as_rows(x), None if residual is None else as_rows(residual), weight, eps, offset,
-                            out_dtype, h_dtype, scale, scale_ub, group, ue8m0)
+    x2d = as_rows(x) if x.numel() else None
+    r2d = None if residual is None or x2d is None else as_rows(residual)
+    which = pick_kernel(mode or None, x2d, r2d, h_dtype if residual is not None else None, group)[0] if x2d is not None else None
+    if which is not None:
+        q, s, h, _ = dispatch.load(FP8_KERNELS[which])(x2d, r2d, weight, eps, offset, out_dtype, h_dtype, scale,
+                                                        scale_ub, group, ue8m0)
         lead = x.shape[:-1]
         s = s.clone() if scale is not None else s.view(*lead, -1)
         return q.view(x.shape), s, h.view(x.shape) if h is not None else x.new_empty(0)

@@ -18,11 +18,12 @@ from tests.conftest import random_rows, random_weight
 
 MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
 SUBNORMAL_STEP = {torch.float8_e4m3fn: 2.0 ** -9, torch.float8_e5m2: 2.0 ** -16}  # the spacing below the normals
-# CPU: the torch ops (the kernel never runs under Triton's interpreter: fp8.kernel_unused); the GPU: the kernel
+# CPU: the torch ops (no FP8 kernel runs off the GPU: fp8.kernel_refusal); the GPU: the kernels, each by name
 CASES = [pytest.param("cpu", "torch", id="cpu-torch"), pytest.param("cpu", None, id="cpu-None"),
          pytest.param("cpu", "triton", id="cpu-triton"),
          pytest.param("cuda", None, marks=pytest.mark.gpu, id="cuda-None"),
-         pytest.param("cuda", "triton", marks=pytest.mark.gpu, id="cuda-triton")]
+         pytest.param("cuda", "triton", marks=pytest.mark.gpu, id="cuda-triton"),
+         pytest.param("cuda", "tma_smem_cached", marks=pytest.mark.gpu, id="cuda-tma_smem_cached")]
 
 
 def oracle(x, w, eps, offset, out_dtype, scale=None, scale_ub=None, group=None):
@@ -162,9 +163,11 @@ def test_column_major_scales(device, mode):
 
 
 def test_kernel_rule():
-    """The kernel runs for mode None / "triton" on NVIDIA GPUs from sm_89, rows up to FP8_KERNEL_MAX_N,
-    the fused kernels on; else the torch ops, with a reason (A100: no fp8e4nv in Triton; the CPU: the
-    interpreter's fp8 conversion is not the GPU's)."""
+    """A kernel runs for mode None / "triton" / "tma_smem_cached" on NVIDIA GPUs from sm_89, rows up to
+    FP8_KERNEL_MAX_N, the fused kernels on; else the torch ops, with a reason (A100: no fp8e4nv in
+    Triton; the CPU: the interpreter's fp8 conversion is not the GPU's). mode=None's choice between
+    the two (fp8.cute_wins): CuTe DSL past 4096 columns and past 2048 where more than an eighth of
+    Triton's block would idle (per-token); groups past 4096 where more than a sixth would."""
     import os
 
     from cutile_norms import fp8
@@ -180,6 +183,10 @@ def test_kernel_rule():
         assert fp8.kernel_refusal("triton", fp8.FP8_KERNEL_MAX_N, h100, tools) is None
         assert "up to" in fp8.kernel_refusal(None, fp8.FP8_KERNEL_MAX_N + 1, h100, tools)
         assert "no FP8 kernel" in fp8.kernel_refusal("multi_wave_cached", 4096, h100, tools)
+        assert [N for N in (1024, 1664, 2048, 2560, 3072, 3584, 4096, 4608, 8192, 16384)
+                if fp8.cute_wins(N, 2, None)] == [2560, 3072, 4608, 8192, 16384]
+        assert [N for N in (2048, 2560, 4096, 5120, 6144, 8192, 10240, 13312, 14336, 16384)
+                if fp8.cute_wins(N, 2, 128)] == [5120, 6144, 10240, 13312]
         assert "sm_89" in fp8.kernel_refusal(None, 4096, a100, tools)
         assert "NVIDIA" in fp8.kernel_refusal(None, 4096, mi300, tools)
         assert "interpreter" in fp8.kernel_refusal("triton", 4096, CPU, tools)
@@ -201,9 +208,14 @@ def test_explain_says_how_the_fp8_output_runs(monkeypatch):
 
 @pytest.mark.gpu
 def test_explain_names_the_fp8_kernel():
-    from cutile_norms.fp8 import FP8_KERNEL
+    from cutile_norms.fp8 import FP8_KERNELS
 
     x = torch.randn(4, 5120, device="cuda", dtype=torch.bfloat16)
-    text = cn.explain(x, fp8=True)
     if torch.cuda.get_device_capability() >= (8, 9):
-        assert f"fp8 output: {FP8_KERNEL} (per-token scales: 1 row(s) x 8192 columns" in text, text
+        text = cn.explain(x, fp8=True, mode="triton")
+        assert f"fp8 output: {FP8_KERNELS['triton']} (per-token scales: 1 row(s) x 8192 columns" in text, text
+        if "tma_smem_cached" in cn.available_modes():
+            text = cn.explain(x, fp8=True)  # 5120 in an 8192 block: the CuTe DSL kernel
+            assert (f"fp8 output: {FP8_KERNELS['tma_smem_cached']} (per-token scales: row tiles in shared memory"
+                    in text), text
+            assert "1 x 128 group scales" in cn.fp8.describe(x, None, 128)

@@ -16,6 +16,7 @@ CONFIG_MODULES = ["cutile_norms.cutile.rmsnorm_fwd_config", "cutile_norms.cute.r
                   "cutile_norms.triton.rmsnorm_fwd_config", "cutile_norms.triton.rmsnorm_bwd_config",
                   "cutile_norms.cutile.add_rmsnorm_fwd_config", "cutile_norms.triton.add_rmsnorm_fwd_config",
                   "cutile_norms.triton.add_rmsnorm_bwd_config", "cutile_norms.triton.rmsnorm_fp8_config",
+                  "cutile_norms.cute.rmsnorm_fp8_config",
                   "cutile_norms.dispatch"]
 
 

@@ -156,21 +156,24 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, seed, monkeypatch):
 
 
 def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
-    """rms_norm_fp8 (the Triton kernel, rows up to 16384 wide): q and the per-token and
-    1 x 128 group scales of the checked rows bit for bit against the same kernel on those rows alone
-    (32-bit offsets; its rstd is rsqrt.approx, so the torch reference's y may differ by an ulp: the
-    quantizer against the reference is tests/triton/test_rmsnorm_fp8.py's)."""
+    """rms_norm_fp8 by each FP8 kernel (Triton's and the CuTe DSL one, rows up to 16384 wide): q and
+    the per-token and 1 x 128 group scales of the checked rows bit for bit against the same kernel on
+    those rows alone (32-bit offsets; the quantizer against the reference is
+    tests/triton/test_rmsnorm_fp8.py's and tests/cute/test_rmsnorm_fp8.py's)."""
     x, _, w, _, _, rows = big_inputs
     M, N = x.shape
     if N > 16384:
-        pytest.skip("the FP8 kernel's rows are at most 16384 wide (wider rows run the torch ops)")
+        pytest.skip("the FP8 kernels' rows are at most 16384 wide (wider rows run the torch ops)")
     monkeypatch.setenv("CUTILE_NORMS_FUSED", "1")
-    for kw in ({}, {"group_size": 128}):
-        q, s = cn.rms_norm_fp8(x, w, EPS, **kw)
-        torch.cuda.synchronize()
-        eq, es = cn.rms_norm_fp8(x[rows], w, EPS, **kw)
-        what = f"fp8 {kw} x=bf16[{M}, {N}] rows {rows.tolist()}"
-        assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
-        assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
-        del q, s
+    for mode in ("triton", "tma_smem_cached"):
+        if mode not in cn.available_modes():
+            continue
+        for kw in ({}, {"group_size": 128}):
+            q, s = cn.rms_norm_fp8(x, w, EPS, mode=mode, **kw)
+            torch.cuda.synchronize()
+            eq, es = cn.rms_norm_fp8(x[rows], w, EPS, mode=mode, **kw)
+            what = f"fp8 {mode} {kw} x=bf16[{M}, {N}] rows {rows.tolist()}"
+            assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
+            assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
+            del q, s
     torch.cuda.empty_cache()

@@ -1,0 +1,127 @@
+"""RMSNorm with an FP8 output in CuTe DSL: the compile cache and the launch (the kernel in
+rmsnorm_fp8_kernel.py, its config in rmsnorm_fp8_config.py). The same call as the Triton kernel's
+(triton/rmsnorm_fp8.py), for the rows `unsupported` accepts; fp8.py picks between them."""
+from __future__ import annotations
+
+import torch
+
+from ..reference import FP8_MAX, FP8_MIN_AMAX
+from .compile import CompileCache, compile_options, cutlass_dtype
+from .rmsnorm_fp8_config import fp8_config, keeps_y, refusal
+from .rmsnorm_fwd_config import FwdConfig
+
+CACHE = CompileCache()
+
+
+def compile_fp8(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig, out_dtype: torch.dtype,
+                kind: str, group: int, has_ub: bool, ue8m0: bool, has_residual: bool, store_rstd: bool,
+                contiguous: bool, arch: str | None = None, keep_ptx: bool = False, keep_y: bool = True):
+    """The compiled kernel for these compile-time parameters (cached; M and the row strides symbolic).
+    kind: "static", "token" or "group"; `arch` ("sm_90a", "sm_100a") compiles without a GPU."""
+    key = ("fp8", x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd,
+           contiguous, arch, keep_ptx, keep_y)
+    return CACHE.get(key, lambda: _build(*key[1:]), arch=arch, persist=not keep_ptx)
+
+
+def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd, contiguous,
+           arch, keep_ptx, keep_y):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    from .rmsnorm_fp8_kernel import RMSNormFp8TmaSmem
+
+    dx = cutlass_dtype(x_dtype)
+    dw = cutlass_dtype(w_dtype) if w_dtype is not None else dx
+    vec = 16 // x_dtype.itemsize
+    M = cute.sym_int64(symbol="M")
+
+    def rows(name):  # x and r: rows of N, contiguous or at a symbolic stride (a multiple of 16 bytes)
+        stride = N if contiguous else cute.sym_int64(divisibility=vec, symbol=name)
+        return make_fake_tensor(dx, (M, N), stride=(stride, 1), assumed_align=16)
+
+    mX, mR = rows("x_stride"), rows("r_stride")
+    # h's row stride (N at run time) a symbolic int64: the row offset must not be a 32-bit index
+    mH = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="h_stride"), 1),
+                          assumed_align=16)
+    mQ = make_fake_tensor(cutlass.Uint8, (cute.sym_int64(symbol="q_len"),), stride=(1,), assumed_align=16)
+    mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
+    mS = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="s_len"),), stride=(1,), assumed_align=4)
+    mScale = make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
+    mRstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="rstd_len"),), stride=(1,), assumed_align=4)
+    kernel = RMSNormFp8TmaSmem(dx, dw, N, cfg, kind, group, out_dtype == torch.float8_e4m3fn, FP8_MAX[out_dtype],
+                               FP8_MIN_AMAX, has_ub, ue8m0, w_dtype is not None, has_residual, store_rstd, contiguous,
+                               keep_y)
+    return cute.compile(kernel, mX, mR, mW, mQ, mH, mS, mScale, mRstd, cutlass.Float32(1e-6), cutlass.Float32(0.0),
+                        cutlass.Float32(0.0), make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=compile_options(arch, keep_ptx))
+
+
+def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,
+                group_size: int | None) -> str | None:
+    """None where this kernel takes the call, else why not (fp8.py then runs Triton's)."""
+    M, N = x2d.shape
+    if x2d.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the CuTe DSL FP8 kernel reads fp16, bf16 or fp32 rows, not {x2d.dtype}"
+    why = refusal(N, x2d.element_size(), group_size)
+    if why:
+        return why
+    vec = 16 // x2d.element_size()
+    for name, t in (("x", x2d), ("the residual", r2d)):
+        if t is None:
+            continue
+        if t.data_ptr() % 16 or (M > 1 and t.stride(0) % vec):
+            return f"the CuTe DSL FP8 kernel needs {name}'s rows 16-byte aligned"
+    if r2d is not None and (r2d.dtype != x2d.dtype or h_dtype != x2d.dtype):
+        return "the CuTe DSL FP8 kernel adds a residual of x's dtype into h of x's dtype"
+    if r2d is not None and M > 1 and (r2d.stride(0) == N) != (x2d.stride(0) == N):
+        return "the CuTe DSL FP8 kernel reads x and the residual both contiguous or both strided"
+    return None
+
+
+_PLACEHOLDER: dict = {}
+
+
+def _placeholder(device: torch.device) -> torch.Tensor:
+    t = _PLACEHOLDER.get(device)
+    if t is None:
+        t = _PLACEHOLDER[device] = torch.empty(16, dtype=torch.float32, device=device)
+    return t
+
+
+def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
+                 offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
+                 scale_ub: float | None, group_size: int | None, ue8m0: bool, cfg: FwdConfig | None = None,
+                 keep_y: bool | None = None):
+    """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows `unsupported` accepts,
+    M >= 1, N a multiple of group_size (the API validates). scales: `scale` itself (per tensor), [M]
+    (per row) or [M, N / group_size] row-major fp32. `cfg`, `keep_y`: the launch
+    (default: fp8_config's, rmsnorm_fp8_config.keeps_y), for the tuning sweep."""
+    M, N = x2d.shape
+    device = x2d.device
+    cfg = cfg or fp8_config(N, x2d.element_size(), group_size)
+    keep_y = keeps_y(cfg) if keep_y is None else keep_y
+    kind = "static" if scale is not None else "group" if group_size else "token"
+    contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
+    fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
+                     scale_ub is not None, ue8m0, r2d is not None, True, contiguous, keep_y=keep_y)
+    if contiguous and x2d.stride(0) != N:  # one row: any stride, the kernel wants N
+        x2d = x2d.as_strided((M, N), (N, 1))
+    if r2d is not None and contiguous and r2d.stride(0) != N:
+        r2d = r2d.as_strided((M, N), (N, 1))
+    if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
+        weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+    q = torch.empty(M, N, dtype=out_dtype, device=device)
+    h = torch.empty(M, N, dtype=x2d.dtype, device=device) if r2d is not None else None
+    rstd = torch.empty(M, dtype=torch.float32, device=device)
+    if scale is not None:
+        scales = scale
+    elif group_size:
+        scales = torch.empty(M, N // group_size, dtype=torch.float32, device=device)
+    else:
+        scales = torch.empty(M, dtype=torch.float32, device=device)
+    spare = _placeholder(device)
+    fn(x2d, r2d if r2d is not None else x2d, weight if weight is not None else x2d[0], q.view(-1).view(torch.uint8),
+       h if h is not None else x2d, scales.view(-1) if scale is None else spare, scale if scale is not None else spare[:1],
+       rstd, eps, offset, float(scale_ub) if scale_ub is not None else 0.0)
+    return q, scales, h, rstd

@@ -1,0 +1,332 @@
+"""RMSNorm (optionally after the residual add) with an FP8 output, in CuTe DSL: row tiles brought into
+shared memory by TMA bulk copies, as the tma_smem_cached forward does (rmsnorm_fwd_kernel.py), and
+quantized from there. Its launch config in rmsnorm_fp8_config.py, the wrapper in rmsnorm_fp8.py.
+
+    h = x + r (optional; rounded to x's dtype, stored)     y = h * rstd * (offset + w)   (fp32)
+    q = fp8(y * (1 / s))      s: a given per-tensor scale, or per row, or per 1 x GROUP columns
+
+The same contract as the Triton kernel (triton/rmsnorm_fp8_kernel.py), bit for bit given the kernel's
+rstd: the dynamic scales follow `reference.fp8_scale` (max(min(amax, ub), 1e-12) / the format's
+largest value by IEEE division, UE8M0 rounded up from the bits, NaN where the amax is NaN), q follows
+`reference.fp8_quantize` (the reciprocal by IEEE division once per scale, one multiply per element,
+cvt.rn.satfinite: round to nearest even, saturate to the format's largest value, NaN kept). These are
+written as PTX (`_ptx_*` below) so that no compiler choice can change the bits.
+
+Why a second kernel: a Triton block is a power of two, so rows it pads by more than an eighth leave
+lanes idle (0.76-0.93 of a copy on an H100 at 2560-14336), and on an H200 a thread's registers hold too
+few bytes in flight past 4096 columns. Here a row is any multiple of 16 bytes, held whole in shared
+memory (the bulk copies keep its bytes in flight without registers), and each thread owns 16-byte
+vectors of it: a row of 10240 bf16 is 128 threads x 10 vectors, no padding.
+
+Passes over the row in shared memory (each thread reads back only its own vectors, so no barrier):
+  1. (with a residual) h = x + r, stored to global memory and written over x; the sum of squares;
+  2. per-token scales: y and its amax (a NaN-propagating max, across the row's threads);
+  3. y again, times the reciprocal of the scale, converted and stored 8 (16-bit x) or 4 (fp32 x)
+     bytes at a time. With 1 x GROUP scales a group is GROUP / vec adjacent lanes at the same vector
+     index, reduced by warp shuffles in this pass (no second pass).
+
+The kernel does not validate; rmsnorm_fp8.py (`unsupported`) and the API layer do. What it assumes:
+rows of N (a multiple of 16 bytes) whose starts are 16-byte aligned, one CTA per row tile (no
+cluster), a weight with unit stride 16-byte aligned, q and h contiguous, GROUP / vec lanes within a
+row's threads and a warp.
+"""
+from __future__ import annotations
+
+import operator
+import struct
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.memory.smem import SmemAllocator
+
+from ._device import as_rows, bulk_copy_g2s, column_predicate, init_mbarriers_and_sync, vector_copy
+from .rmsnorm_fwd_config import FwdConfig
+
+STATIC, TOKEN, GROUP = "static", "token", "group"
+
+
+def _f32_hex(v: float) -> str:
+    """A PTX fp32 literal (0fXXXXXXXX) of v."""
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+def _asm_f32(asm: str, constraints: str, *args, loc=None, ip=None) -> Float32:
+    vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
+    return Float32(llvm.inline_asm(Float32.mlir_type, vals, asm, constraints, has_side_effects=False,
+                                   is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def max_nan(a: Float32, b: Float32, *, loc=None, ip=None) -> Float32:
+    """max(a, b), NaN if either is NaN (max.NaN: one instruction)."""
+    return _asm_f32("max.NaN.f32 $0, $1, $2;", "=f,f,f", a, b, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def max_abs_nan(acc: Float32, v: Float32, *, loc=None, ip=None) -> Float32:
+    """max(acc, |v|), NaN if either is NaN."""
+    return _asm_f32("{ .reg .f32 t; abs.f32 t, $2; max.NaN.f32 $0, $1, t; }", "=f,f,f", acc, v, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def rcp_rn(a: Float32, *, loc=None, ip=None) -> Float32:
+    """1 / a correctly rounded (rcp.rn: the bits of IEEE division 1 / a), whatever the compiler's
+    fast-math choices."""
+    return _asm_f32("rcp.rn.f32 $0, $1;", "=f,f", a, loc=loc, ip=ip)
+
+
+def scale_asm(top: float, min_amax: float, has_ub: bool, ue8m0: bool) -> str:
+    """PTX of s = scale(amax = $1, ub = $2): reference.fp8_scale op for op."""
+    lines = ["{ .reg .f32 a; .reg .pred p; .reg .b32 b, e, m;",
+             "min.f32 a, $1, $2;" if has_ub else "mov.f32 a, $1;",
+             f"max.f32 a, a, {_f32_hex(min_amax)};",
+             f"div.rn.f32 a, a, {_f32_hex(top)};"]
+    if ue8m0:  # 2^ceil(log2 s): the exponent, plus one unless the mantissa is zero
+        lines += ["mov.b32 b, a;", "bfe.u32 e, b, 23, 8;", "and.b32 m, b, 8388607;", "setp.ne.u32 p, m, 0;",
+                  "selp.u32 m, 1, 0, p;", "add.u32 e, e, m;", "shl.b32 b, e, 23;", "mov.b32 a, b;"]
+    lines += ["setp.nan.f32 p, $1, $1;", "selp.f32 $0, 0f7FC00000, a, p; }"]
+    return " ".join(lines)
+
+
+@dsl_user_op
+def fp8x4(a: Float32, b: Float32, c: Float32, d: Float32, e4m3: cutlass.Constexpr[bool], *, loc=None,
+          ip=None) -> Int32:
+    """Four fp32 rounded to nearest even and saturated (cvt.rn.satfinite: NaN stays NaN) to e4m3 or
+    e5m2, packed in memory order (a at the lowest byte)."""
+    fmt = "e4m3x2" if e4m3 else "e5m2x2"
+    vals = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)]
+    asm = (f"{{ .reg .b16 lo, hi; cvt.rn.satfinite.{fmt}.f32 lo, $2, $1; cvt.rn.satfinite.{fmt}.f32 hi, $4, $3; "
+           "mov.b32 $0, {lo, hi}; }")
+    return Int32(llvm.inline_asm(Int32.mlir_type, vals, asm, "=r,f,f,f,f", has_side_effects=False,
+                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def store_words(addr: Int64, w0: Int32, w1, *, loc=None, ip=None):
+    """One store of one (w1 None) or two 32-bit words at a global address (8-byte aligned for two)."""
+    if w1 is None:
+        asm, cons, vals = "st.global.b32 [$0], $1;", "l,r", [w0]
+    else:
+        asm, cons, vals = "st.global.v2.b32 [$0], {$1, $2};", "l,r,r", [w0, w1]
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals],
+                    asm, cons, has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                    loc=loc, ip=ip)
+
+
+class RMSNormFp8TmaSmem:
+    """q = fp8(rms_norm(h) * (1 / s)) over rows of N, one row tile per CTA. Compile-time: dtypes, N, the
+    config, the scales' kind (STATIC, TOKEN, GROUP) and their options, weight, residual, rstd,
+    contiguous rows; runtime: M, the row strides, eps, offset, the amax's upper bound."""
+
+    def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, kind: str, group: int, e4m3: bool, top: float,
+                 min_amax: float, has_ub: bool, ue8m0: bool, has_weight: bool, has_residual: bool,
+                 store_rstd: bool, contiguous: bool, keep_y: bool = True):
+        self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
+        self.kind, self.group, self.e4m3 = kind, group, e4m3
+        self.scale_ptx = scale_asm(top, min_amax, has_ub, ue8m0)
+        self.has_weight, self.has_residual = has_weight, has_residual
+        self.store_rstd, self.contiguous = store_rstd, contiguous
+        self.keep_y = keep_y
+        self.vec = 128 // x_dtype.width
+        self.elem_bytes = x_dtype.width // 8
+
+    # ---- host side ----------------------------------------------------------------------------
+    def _tv_layout(self):
+        c = self.cfg
+        # thread (t0 in a row, t1 = row of the group) -> row t1, column t0*vec; value (v, k) -> column
+        # v + k*vec*tpr (rmsnorm_fwd_kernel.py's layout): thread t0's vector k is columns
+        # [vec (t0 + k tpr), +vec), so a 1 x GROUP group is GROUP / vec adjacent lanes at one k
+        return cute.make_layout(((c.tpr, c.rpg), (self.vec, c.nvb)),
+                                stride=((self.vec * c.rpg, 1), (c.rpg, c.rpg * self.vec * c.tpr)))
+
+    def smem_bytes(self) -> int:
+        c = self.cfg
+        tile = -(-((c.rows - 1) * self.N + c.tile_cols) * self.elem_bytes // 128) * 128
+        groups = c.rows // c.rpg
+        return tile * (2 if self.has_residual else 1) + 16 + 2 * 4 * groups * c.warps_per_row + 64
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mR: cute.Tensor, mW, mQ: cute.Tensor, mH: cute.Tensor, mS: cute.Tensor,
+                 mScale: cute.Tensor, mRstd: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32, stream):
+        c = self.cfg
+        M = mX.shape[0]
+        self.kernel(mX, mR, mW, mQ, mH, mS, mScale, mRstd, eps, offset, scale_ub, self._tv_layout()).launch(
+            grid=[cute.ceil_div(M, c.rows), 1, 1], block=[c.threads, 1, 1], smem=self.smem_bytes(), stream=stream)
+
+    # ---- device side --------------------------------------------------------------------------
+    @cute.jit
+    def _scale(self, amax: Float32, scale_ub: Float32) -> Float32:
+        return _asm_f32(self.scale_ptx, "=f,f,f", amax, scale_ub)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mR: cute.Tensor, mW, mQ: cute.Tensor, mH: cute.Tensor, mS: cute.Tensor,
+               mScale: cute.Tensor, mRstd: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32,
+               tv_layout: cute.Layout):
+        c = self.cfg
+        N, vec, eb = self.N, self.vec, self.elem_bytes
+        tidx, _, _ = cute.arch.thread_idx()
+        tile, _, _ = cute.arch.block_idx()
+        warp = cute.arch.warp_idx()
+        lane = cute.arch.lane_idx()
+        M = mX.shape[0]
+        width = c.tile_cols
+        groups = c.rows // c.rpg
+
+        # ---- shared memory: the tile (and r's), the load barrier, the reduction slots ----
+        smem = SmemAllocator()
+        sX = smem.allocate_tensor(self.x_dtype, cute.make_layout((c.rows, width), stride=(N, 1)), byte_alignment=128)
+        sR = sX
+        if cutlass.const_expr(self.has_residual):
+            sR = smem.allocate_tensor(self.x_dtype, cute.make_layout((c.rows, width), stride=(N, 1)),
+                                      byte_alignment=128)
+        mbar = smem.allocate_array(Int64, num_elems=1, byte_alignment=8)
+        sRed = smem.allocate_tensor(Float32, cute.make_layout((groups, c.warps_per_row)), byte_alignment=16)
+        sMax = smem.allocate_tensor(Float32, cute.make_layout((groups, c.warps_per_row)), byte_alignment=16)
+        init_mbarriers_and_sync(tidx, mbar, 1, mbar, 0, 1)
+
+        # ---- TMA bulk loads of the tile (warp 0 issues them) ----
+        row0 = tile * c.rows
+        rows_valid = cutlass.min(M - row0, c.rows)
+        operands = 2 if cutlass.const_expr(self.has_residual) else 1
+        if warp == 0:
+            if lane == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar, rows_valid * (N * eb * operands))
+            cute.arch.sync_warp()
+            mbar_addr = mbar.toint()
+            self._load_tile(mX, sX, row0, rows_valid, lane, mbar_addr)
+            if cutlass.const_expr(self.has_residual):
+                self._load_tile(mR, sR, row0, rows_valid, lane, mbar_addr)
+
+        # ---- one 128-bit copy for shared -> registers (and h's registers -> global) ----
+        tiler = (c.rpg, width)
+        copy_x = vector_copy(self.x_dtype, tv_layout, tiler)
+        thr_x = copy_x.get_slice(tidx)
+        cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column)
+        tXcX = thr_x.partition_S(cT)
+        tXpX = column_predicate(tXcX, vec, Int32(N))
+        row_in_group = tXcX[0][0]
+        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
+        tXrX.fill(0)  # the vectors past N stay 0: they add nothing to a sum or an amax
+        tRrR = cute.make_fragment_like(tXrX)
+        tRrR.fill(0)
+        tYrY = cute.make_fragment_like(tXrX, Float32)
+        n_vec = cute.size(tXcX, mode=[0]) // vec
+        m1, m2 = cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])
+        words = vec // 4  # 32-bit words of q per vector
+
+        w = offset
+        if cutlass.const_expr(self.has_weight):  # the weight (+ offset), loaded while the bulk copies fly
+            mW2 = as_rows(mW, c.rpg)
+            gW = cute.local_tile(mW2, tiler, (0, 0))
+            copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
+            tWgW = copy_w.get_slice(tidx).partition_S(gW)
+            tWrW = cute.make_fragment_like(tWgW)
+            tWrW.fill(0)
+            tWcW = copy_w.get_slice(tidx).partition_S(cT)
+            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, 128 // self.w_dtype.width, Int32(N)))
+            w = cute.make_tensor(tWrW.iterator, tXrX.layout).load().to(Float32) + offset
+
+        inv = Float32(0.0)
+        if cutlass.const_expr(self.kind == STATIC):  # one reciprocal, IEEE division
+            inv = rcp_rn(mScale[0])
+        q_base = mQ.iterator.toint()
+
+        cute.arch.mbarrier_wait(mbar, 0)
+
+        for g in cutlass.range_constexpr(groups):
+            tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (g, 0)))
+            row = row0 + g * c.rpg + row_in_group
+            # pass 1: (h = x + r, stored and kept in shared memory over x) the sum of squares
+            cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
+            if cutlass.const_expr(self.has_residual):
+                tRsR = thr_x.partition_S(cute.local_tile(sR, tiler, (g, 0)))
+                cute.copy(copy_x, tRsR, tRrR, pred=tXpX)
+                tXrX.store((tXrX.load().to(Float32) + tRrR.load().to(Float32)).to(self.x_dtype))
+                cute.copy(copy_x, tXrX, tXsX, pred=tXpX)
+                if row < M:
+                    tHgH = thr_x.partition_D(cute.local_tile(mH, tiler, (tile * groups + g, 0)))
+                    cute.copy(copy_x, tXrX, tHgH, pred=tXpX)
+            x = tXrX.load().to(Float32)
+            ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
+            ss = self._row_reduce(ss, False, sRed, g, warp, lane)
+            rstd = cute.math.rsqrt(ss / N + eps, fastmath=False)
+            if cutlass.const_expr(self.store_rstd):
+                if tXcX[0][1] == 0 and row < M:
+                    mRstd[row] = rstd
+            if cutlass.const_expr(self.kind == TOKEN):
+                # pass 2: the row's amax, its scale and the scale's reciprocal
+                self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
+                amax = Float32(0.0)
+                for i in cutlass.range_constexpr(cute.size(tYrY)):
+                    amax = max_abs_nan(amax, tYrY[i])
+                amax = self._row_reduce(amax, True, sMax, g, warp, lane)
+                s = self._scale(amax, scale_ub)
+                inv = rcp_rn(s)
+                if tXcX[0][1] == 0 and row < M:
+                    mS[row] = s
+            # pass 3: y (kept from pass 2, or again from shared memory), quantized, stored
+            if cutlass.const_expr(self.kind != TOKEN or not self.keep_y):
+                self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
+            q_row = q_base + Int64(row) * N
+            for i in cutlass.range_constexpr(n_vec):
+                for j in cutlass.range_constexpr(m1):
+                    for k in cutlass.range_constexpr(m2):
+                        col = tXcX[i * vec, j, k][1]
+                        if cutlass.const_expr(self.kind == GROUP):  # this vector's group, over its lanes
+                            a = Float32(0.0)
+                            for e in cutlass.range_constexpr(vec):
+                                a = max_abs_nan(a, tYrY[i * vec + e, j, k])
+                            a = cute.arch.warp_reduction(a, max_nan, threads_in_group=self.group // vec)
+                            s = self._scale(a, scale_ub)
+                            inv = rcp_rn(s)
+                            if col % self.group == 0 and col < N and row < M:
+                                mS[Int64(row) * (N // self.group) + col // self.group] = s
+                        ws = [fp8x4(tYrY[i * vec + 4 * u, j, k] * inv, tYrY[i * vec + 4 * u + 1, j, k] * inv,
+                                    tYrY[i * vec + 4 * u + 2, j, k] * inv, tYrY[i * vec + 4 * u + 3, j, k] * inv,
+                                    self.e4m3) for u in range(words)]
+                        if col < N and row < M:
+                            store_words(q_row + col, ws[0], ws[1] if words == 2 else None)
+
+    @cute.jit
+    def _load_tile(self, mA: cute.Tensor, sA: cute.Tensor, row0, rows_valid, lane, mbar_addr):
+        """Bulk copies of the tile's rows of mA into sA (warp 0): one for contiguous rows, else one per row."""
+        eb, N = self.elem_bytes, self.N
+        s_base = sA.iterator.toint()
+        a_base = mA.iterator.toint()
+        if cutlass.const_expr(self.contiguous):
+            if lane == 0:
+                bulk_copy_g2s(s_base, a_base + Int64(row0) * (N * eb), rows_valid * (N * eb), mbar_addr)
+        else:
+            stride = Int64(mA.stride[0]) * eb
+            for r in cutlass.range(lane, rows_valid, 32):
+                bulk_copy_g2s(s_base + r * (N * eb), a_base + Int64(row0 + r) * stride, N * eb, mbar_addr)
+
+    @cute.jit
+    def _normed(self, tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w):
+        """y = h * rstd * (offset + w) in fp32, in this order (the reference's), into tYrY."""
+        cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
+        y = tXrX.load().to(Float32) * rstd
+        if cutlass.const_expr(self.has_weight):
+            y = y * w
+        tYrY.store(y)
+
+    @cute.jit
+    def _row_reduce(self, v: Float32, use_max: cutlass.Constexpr[bool], sSlots: cute.Tensor, g: Int32, warp: Int32,
+                    lane: Int32) -> Float32:
+        """v summed (or with `use_max` its NaN-propagating max) over a row's threads: warp shuffles, then
+        (a row over several warps) the warps' values through shared memory (a slot per row group and
+        warp, so no barrier before the next group writes)."""
+        c = self.cfg
+        op = max_nan if cutlass.const_expr(use_max) else operator.add
+        v = cute.arch.warp_reduction(v, op, threads_in_group=min(c.tpr, 32))
+        if cutlass.const_expr(c.warps_per_row > 1):
+            if lane == 0:
+                sSlots[g, warp] = v
+            cute.arch.barrier()
+            v = sSlots[g, 0]
+            for i in cutlass.range_constexpr(1, c.warps_per_row):
+                v = op(v, sSlots[g, i])
+        return v

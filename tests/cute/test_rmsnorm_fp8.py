@@ -1,0 +1,191 @@
+"""The CuTe DSL FP8-output RMSNorm (cutile_norms/cute/rmsnorm_fp8*.py).
+
+CPU: every variant compiles to sm_90a and sm_100a cubins over fake tensors, and its PTX does what the
+contract needs: one cvt.rn.satfinite per two elements (round to nearest even, saturate, NaN kept), the
+amax by max.NaN, the reciprocal of a scale correctly rounded (rcp.rn) once per row or per vector, never
+an approximate division; ptxas fits it in registers. The config's refusals and the y-kept rule.
+GPU: called directly against the reference quantizer (reference.fp8_scale, reference.fp8_quantize)
+applied to y computed from the kernel's own rstd in the kernel's op order: scales and q bit for bit,
+h bit for bit the fp32 sum rounded once, rstd against fp64; the allocator's blocks that the outputs
+take filled with NaN bytes first (a store the kernel skips shows as NaN); rows of zeros,
+inf and NaN; both formats, every scale kind, fp16 / bf16 / fp32 x, strided rows, tail tiles.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
+from cutile_norms.cute.rmsnorm_fp8_config import KEEP_Y_VALUES, fp8_config, keeps_y, refusal
+from cutile_norms.reference import fp8_quantize, fp8_scale
+from tests.conftest import random_rows, random_weight
+from tests.cute.ptx_util import ptxas_report
+
+ARCHS = ["sm_90a", "sm_100a"]
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, keep_y=None,
+             arch="sm_90a"):
+    group = 128 if kind == "group" else 0
+    cfg = fp8_config(N, x_dtype.itemsize, group or None)
+    assert cfg is not None, (N, kind)
+    keep = keeps_y(cfg) if keep_y is None else keep_y
+    fn = compile_fp8(x_dtype, x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group", residual,
+                     True, contiguous, arch, keep_ptx=True, keep_y=keep)
+    return fn.__ptx__, cfg
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind", ["token", "group", "static"])
+@pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 8192, 10240, 13312, 16384])
+def test_compiles(N, kind, arch):
+    if kind == "group" and N < 512:  # 16 lanes per group, 8 threads per row
+        assert "lanes of one warp" in refusal(N, 2, 128)
+        return
+    ptx, cfg = _compile(N, kind, arch=arch)
+    assert f".target {arch}" in ptx
+    assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert re.search(r"ld\.shared(\.\w+)*\.v4\.(b|u)32", ptx), "16-byte shared loads"
+    values = cfg.nvb * cfg.vec * (cfg.rows // cfg.rpg)  # a thread's values over its row groups
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == values // 2, "one conversion per two elements"
+    assert "approx" not in re.sub(r"rsqrt\.approx|ex2\.approx|lg2\.approx", "", ptx), "an approximate operation"
+    rcp = ptx.count("rcp.rn.f32")
+    per_scale = {"static": 1, "token": cfg.rows // cfg.rpg, "group": values // cfg.vec}[kind]
+    assert rcp == per_scale, f"{rcp} rcp.rn for {per_scale} scales"
+    if kind != "static":
+        assert "max.NaN.f32" in ptx
+    if arch == "sm_90a":
+        assert ptxas_report(ptx, arch)["spill_stores"] == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,kind,out_dtype,x_dtype,residual,contiguous,keep_y", [
+    (2560, "token", E5M2, torch.bfloat16, True, True, None),
+    (13312, "token", E4M3, torch.bfloat16, True, False, None),
+    (4096, "group", E5M2, torch.float16, True, False, None),
+    (4096, "token", E4M3, torch.float32, False, False, None),
+    (8192, "group", E4M3, torch.float32, False, True, None),
+    (16384, "token", E4M3, torch.bfloat16, False, True, True),
+    (2048, "token", E4M3, torch.bfloat16, False, False, False)])
+def test_compiles_residual_strided_and_dtype_variants(N, kind, out_dtype, x_dtype, residual, contiguous, keep_y, arch):
+    ptx, _ = _compile(N, kind, out_dtype, x_dtype, residual, contiguous, keep_y, arch)
+    fmt = "e4m3x2" if out_dtype == E4M3 else "e5m2x2"
+    assert f".target {arch}" in ptx and f"cvt.rn.satfinite.{fmt}.f32" in ptx
+    if residual:  # h stored in 16-byte vectors
+        assert re.search(r"st\.global(\.\w+)*\.v4\.(b|u)32", ptx)
+
+
+def test_config_rules():
+    assert "multiple of 8" in refusal(1004, 2, None)
+    assert "one CTA" in refusal(32768, 2, None)
+    assert refusal(16384, 2, 128) is None and refusal(16384, 2, 256) is None
+    assert "lanes of one warp" in refusal(16384, 2, 512)
+    assert "lanes of one warp" in refusal(4096, 2, 4)
+    for N in range(8, 16385, 8):
+        cfg = fp8_config(N, 2, None)
+        assert cfg.cluster_n == 1 and cfg.tile_cols >= N, N
+        assert keeps_y(cfg) == (cfg.nvb * 8 <= KEEP_Y_VALUES)
+    assert keeps_y(fp8_config(10240, 2, None)) and not keeps_y(fp8_config(12288, 2, None))
+
+
+def test_unsupported_names_why():
+    x = torch.randn(4, 1024, dtype=torch.bfloat16)
+    assert unsupported(x, None, None, None) is None
+    assert unsupported(x, x.clone(), torch.bfloat16, 128) is None
+    assert "16-byte aligned" in unsupported(torch.randn(4, 1032, dtype=torch.bfloat16)[:, 4:1028], None, None, None)
+    assert "residual of x's dtype" in unsupported(x, x.float(), torch.float32, None)
+    assert "both contiguous" in unsupported(x, torch.randn(4, 2048, dtype=torch.bfloat16)[:, :1024],
+                                            torch.bfloat16, None)
+    assert "fp16, bf16 or fp32" in unsupported(x.double(), None, None, None)
+
+
+def _same(a, b) -> bool:
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+
+
+GPU_KINDS = ["token", "token_again", "group", "group_ue8m0", "static", "static_saturating", "token_ub", "residual",
+             "residual_group"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", [E4M3, E5M2], ids=str)
+@pytest.mark.parametrize("kind", GPU_KINDS)
+@pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 8192, 13312, 16384])
+def test_matches_the_reference_quantizer(seed, out_dtype, kind, N):
+    _check(N, kind, out_dtype, torch.bfloat16, M=37)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x_dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("kind", ["token", "group", "residual"])
+@pytest.mark.parametrize("N", [128, 2048, 6144])
+def test_other_dtypes(seed, x_dtype, kind, N):
+    _check(N, kind, E4M3, x_dtype, M=21)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["token", "group", "residual", "static"])
+@pytest.mark.parametrize("N", [512, 3072, 10240])
+def test_strided_rows_and_one_row(seed, kind, N):
+    _check(N, kind, E4M3, torch.bfloat16, M=29, pad=24)
+    _check(N, kind, E4M3, torch.bfloat16, M=1, pad=40)
+
+
+def _poison_blocks(sizes):
+    """Blocks of these byte sizes filled with 0xFF (NaN as fp8, fp16, bf16 and fp32) and freed: the
+    caching allocator hands them to the next tensors of those sizes, the kernel's outputs."""
+    blocks = [torch.full((n,), 255, dtype=torch.uint8, device="cuda") for n in sizes]
+    torch.cuda.synchronize()
+    del blocks
+
+
+def _check(N, kind, out_dtype, x_dtype, M, pad=0):
+    from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8
+
+    def rows():
+        return random_rows((M, N + pad), x_dtype, "cuda")[:, :N]
+    x = rows()
+    if M > 3:
+        x[1] = 0.0
+        x[2, 5] = float("inf")
+        x[3, 6] = float("nan")
+    w = random_weight(N, x_dtype, "cuda")
+    r = rows() if kind.startswith("residual") else None
+    scale = (torch.tensor([{"static": 0.01, "static_saturating": 1e-5}[kind]], device="cuda")
+             if kind.startswith("static") else None)
+    ub = 2.0 if kind == "token_ub" else None
+    group = 128 if "group" in kind else None
+    ue8m0 = kind == "group_ue8m0"
+    why = unsupported(x, r, x_dtype if r is not None else None, group)
+    if group and N * x_dtype.itemsize < 1024:  # a row over fewer threads than a group's lanes (Triton runs it)
+        assert "lanes of one warp" in why
+        return
+    assert why is None, why
+    _poison_blocks([M * N, M * N * x_dtype.itemsize, 4 * M, 4 * M * (N // (group or N))])
+    q, s, h, rstd = rms_norm_fp8(x, r, w, 1e-6, 0.0, out_dtype, x_dtype if r is not None else None, scale, ub,
+                                 group, ue8m0, keep_y=False if kind == "token_again" else None)
+    what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad}"
+    src = x
+    if r is not None:
+        assert _same(h.float(), (x.float() + r.float()).to(x_dtype).float()), f"{what}: h"
+        src = h
+    ssq = src.double().square().mean(-1)
+    finite = torch.isfinite(ssq)
+    assert torch.allclose(rstd.double()[finite], torch.rsqrt(ssq[finite] + 1e-6), rtol=1e-5), f"{what}: rstd"
+    y = (src.float() * rstd[:, None]) * (w.float() + 0.0)  # the kernel's op order, from its rstd
+    if scale is not None:
+        s_ref, q_ref = scale, fp8_quantize(y, scale, out_dtype)
+    elif group:
+        yg = y.unflatten(-1, (N // group, group))
+        s_ref = fp8_scale(yg.abs().amax(-1), out_dtype, ub, ue8m0)
+        q_ref = fp8_quantize(yg, s_ref.unsqueeze(-1), out_dtype).flatten(-2)
+    else:
+        s_ref = fp8_scale(y.abs().amax(-1), out_dtype, ub)
+        q_ref = fp8_quantize(y, s_ref.unsqueeze(-1), out_dtype)
+    assert s.shape == s_ref.shape and _same(s, s_ref), f"{what}: scales"
+    assert _same(q.float(), q_ref.float()), f"{what}: q differs from the reference quantizer"
+    if scale is None and M > 3 and r is None:
+        assert torch.isnan(s[3]).all() and torch.isnan(s[2]).any(), f"{what}: NaN scales where y has NaN"
