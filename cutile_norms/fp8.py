@@ -23,9 +23,11 @@ Contract:
     inf, rstd 0, y NaN at the inf and 0 elsewhere; NaN in a row: y all NaN. A dynamic scale over a NaN
     is NaN and so is all of its row's (group's) q; with a given scale only the NaN elements are NaN.
     q never holds inf: |y / s| past the format's max saturates to it (e4m3fn has no inf at all).
-  * Not differentiable (an output for the next GEMM). Kernel: the Triton kernel (triton/rmsnorm_fp8.py)
-    where mode is None or "triton" and N <= 16384 (CUTILE_NORMS_FUSED=0 switches it off); else the same
-    math in torch ops.
+  * Not differentiable (an output for the next GEMM). Kernels, bit for bit the same (rows of up to
+    FP8_KERNEL_MAX_N): Triton's (triton/rmsnorm_fp8.py, mode="triton"), a power-of-two block of the
+    row in registers, and the CuTe DSL one (cute/rmsnorm_fp8.py, mode="tma_smem_cached"), the row in
+    shared memory by TMA bulk copies (rows of 16-byte multiples, a residual of x's dtype); mode=None
+    picks by `cute_wins` (measured). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
 """
 from __future__ import annotations
 
