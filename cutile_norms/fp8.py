@@ -113,27 +113,22 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
 
 def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
     """mode=None's rule between the two FP8 kernels (both bit for bit the same): the CuTe DSL kernel
-    where Triton's power-of-two block idles too many lanes or holds too few bytes in flight, Triton's
-    elsewhere. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3; `python
-    bench/residual.py --parts fp8 --modes triton,tma_smem_cached`, docs/performance.md 2.17):
-      * per-token and per-tensor scales: the CuTe DSL kernel past 8 KiB rows (4096 16-bit columns), and
-        past 2048 columns where more than an eighth of Triton's block would idle. Triton's block holds the row in registers:
-        past 4096 (8 KiB of 16-bit x) a thread's loads no longer keep enough bytes in flight on an H200
-        (8192 0.867 against 0.914), and a padded block's idle lanes cost their share (10240 in a
-        16384 block 0.568 against 0.946). At 2048 columns and below Triton's block is small and its
-        rows many per program (2048 0.973 against 0.933), and unpadded up to 4096 it stays ahead
-        (4096 0.966 against 0.954, H200).
-      * 1 x group scales: the CuTe DSL kernel past 4096 columns where more than a sixth of Triton's
-        block would idle. Its group scale costs ~6 more instructions per element than its per-token scale (a
-        scale and its reciprocal per 16-byte vector), so it wins only where Triton idles more than a
-        sixth of its lanes: 5120 / 10240 / 13312 0.868 / 0.764 / 0.813 against 0.645 / 0.588 / 0.712,
-        but 14336 (an eighth padded) 0.696 against 0.746 and 16384 0.660 against 0.814 (H200).
+    past 8 KiB rows (4096 16-bit columns), and past 2048 columns where more than an eighth of Triton's
+    power-of-two block would idle; Triton's elsewhere. The same for every scale kind. Measured (bf16,
+    2^27 elements, ratio to a copy of the bytes, medians of 3; `python bench/residual.py --parts fp8
+    --modes triton,tma_smem_cached` and `python bench/tune/cute_fp8.py`, docs/performance.md 2.17):
+      * Triton's block holds the row in registers: past 4096 columns a thread's loads no longer keep
+        enough bytes in flight on an H200 (8192 per token 0.874 against 0.902, groups 0.880 against
+        0.943), and a padded block's idle lanes cost their share (10240 per token 0.566 against 0.949,
+        groups 0.586 against 0.941; H100 0.757 / 0.787 against 0.989 / 0.957).
+      * At 2048 columns and below Triton's block is small and its rows many per program (H200 2048 per
+        token 0.972 against 0.932, groups 0.968 against 0.898), and unpadded up to 4096 it stays ahead
+        (4096 0.966 / 0.962 against 0.956 / 0.948). Between those the idle share decides (2560, a
+        4096 block: 0.748 / 0.740 against 0.895 / 0.844).
     """
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
-    if group_size:  # more than a sixth of the block idle
-        return N > 4096 and 6 * (block - N) > block
     return N * elem_bytes > 8192 or (N > 2048 and 8 * (block - N) > block)  # more than an eighth idle
 
 

@@ -92,6 +92,18 @@ def scale_asm(top: float, min_amax: float, has_ub: bool, ue8m0: bool) -> str:
 
 
 @dsl_user_op
+def select_eq(a: Int32, b: Int32, x, y, *, loc=None, ip=None):
+    """x if a == b else y (fp32 or int32 x and y)."""
+    f32 = isinstance(x, Float32) or isinstance(x, float)
+    t, c = (Float32, "f") if f32 else (Int32, "r")
+    vals = [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip), t(x).ir_value(loc=loc, ip=ip),
+            t(y).ir_value(loc=loc, ip=ip)]
+    asm = f"{{ .reg .pred p; setp.eq.s32 p, $1, $2; selp.{'f32' if f32 else 'b32'} $0, $3, $4, p; }}"
+    return t(llvm.inline_asm(t.mlir_type, vals, asm, f"={c},r,r,{c},{c}", has_side_effects=False,
+                             is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
 def fp8x4(a: Float32, b: Float32, c: Float32, d: Float32, e4m3: cutlass.Constexpr[bool], *, loc=None,
           ip=None) -> Int32:
     """Four fp32 rounded to nearest even and saturated (cvt.rn.satfinite: NaN stays NaN) to e4m3 or
@@ -114,6 +126,14 @@ def store_words(addr: Int64, w0: Int32, w1, *, loc=None, ip=None):
     llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals],
                     asm, cons, has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                     loc=loc, ip=ip)
+
+
+@cute.jit
+def _store_scale(mS: cute.Tensor, idx: Int64, s: Float32, p: Int32, n: cutlass.Constexpr[int], col: Int32,
+                 N: cutlass.Constexpr[int], row: Int32, M: Int32):
+    """mS[idx] = s by the lanes that computed a group's scale (p < n) of a row in the tensor."""
+    if p < n and col < N and row < M:
+        mS[idx] = s
 
 
 class RMSNormFp8TmaSmem:
@@ -271,24 +291,52 @@ class RMSNormFp8TmaSmem:
             if cutlass.const_expr(self.kind != TOKEN or not self.keep_y):
                 self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
             q_row = q_base + Int64(row) * N
+            if cutlass.const_expr(self.kind == GROUP):
+                inv_v = self._group_reciprocals(tYrY, tXcX, mS, scale_ub, row, lane, M)
+            v = 0
             for i in cutlass.range_constexpr(n_vec):
                 for j in cutlass.range_constexpr(m1):
                     for k in cutlass.range_constexpr(m2):
                         col = tXcX[i * vec, j, k][1]
-                        if cutlass.const_expr(self.kind == GROUP):  # this vector's group, over its lanes
-                            a = Float32(0.0)
-                            for e in cutlass.range_constexpr(vec):
-                                a = max_abs_nan(a, tYrY[i * vec + e, j, k])
-                            a = cute.arch.warp_reduction(a, max_nan, threads_in_group=self.group // vec)
-                            s = self._scale(a, scale_ub)
-                            inv = rcp_rn(s)
-                            if col % self.group == 0 and col < N and row < M:
-                                mS[Int64(row) * (N // self.group) + col // self.group] = s
+                        if cutlass.const_expr(self.kind == GROUP):
+                            inv = inv_v[v]
                         ws = [fp8x4(tYrY[i * vec + 4 * u, j, k] * inv, tYrY[i * vec + 4 * u + 1, j, k] * inv,
                                     tYrY[i * vec + 4 * u + 2, j, k] * inv, tYrY[i * vec + 4 * u + 3, j, k] * inv,
                                     self.e4m3) for u in range(words)]
                         if col < N and row < M:
                             store_words(q_row + col, ws[0], ws[1] if words == 2 else None)
+                        v += 1
+
+    def _group_reciprocals(self, tYrY: cute.Tensor, tXcX: cute.Tensor, mS: cute.Tensor, scale_ub: Float32,
+                           row: Int32, lane: Int32, M: Int32):
+        """The reciprocal of the scale of each of the thread's vectors' groups (a list, one per vector);
+        the scales stored. A group is L = GROUP / vec adjacent lanes at one vector index: its amax is a
+        shuffle reduction over them, after which each of its lanes holds it. The scale and its
+        reciprocal are then computed once per group, not by all of its lanes: the lane at position p
+        of the group takes vector p's group (the config keeps a thread's vectors at most L), and every
+        lane fetches its vectors' reciprocals from those lanes. Per thread that is one scale and one
+        reciprocal (each a multi-instruction IEEE sequence) instead of one per vector."""
+        vec, N, G = self.vec, self.N, self.group
+        L = G // vec
+        amaxes, cols = [], []
+        for i in range(cute.size(tXcX, mode=[0]) // vec):
+            for j in range(cute.size(tXcX, mode=[1])):
+                for k in range(cute.size(tXcX, mode=[2])):
+                    a = Float32(0.0)
+                    for e in range(vec):
+                        a = max_abs_nan(a, tYrY[i * vec + e, j, k])
+                    amaxes.append(cute.arch.warp_reduction(a, max_nan, threads_in_group=L))
+                    cols.append(tXcX[i * vec, j, k][1])
+        p = lane % L
+        a_p, c_p = amaxes[0], Int32(cols[0])
+        for v in range(1, len(amaxes)):
+            a_p = select_eq(p, Int32(v), amaxes[v], a_p)
+            c_p = select_eq(p, Int32(v), Int32(cols[v]), c_p)
+        s = self._scale(a_p, scale_ub)
+        inv_p = rcp_rn(s)
+        _store_scale(mS, Int64(row) * (N // G) + c_p // G, s, p, len(amaxes), c_p, N, row, M)
+        first = lane - p
+        return [cute.arch.shuffle_sync(inv_p, offset=first + v) for v in range(len(amaxes))]
 
     @cute.jit
     def _load_tile(self, mA: cute.Tensor, sA: cute.Tensor, row0, rows_valid, lane, mbar_addr):
@@ -304,12 +352,11 @@ class RMSNormFp8TmaSmem:
             for r in cutlass.range(lane, rows_valid, 32):
                 bulk_copy_g2s(s_base + r * (N * eb), a_base + Int64(row0 + r) * stride, N * eb, mbar_addr)
 
-    @cute.jit
     def _normed(self, tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w):
         """y = h * rstd * (offset + w) in fp32, in this order (the reference's), into tYrY."""
         cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
         y = tXrX.load().to(Float32) * rstd
-        if cutlass.const_expr(self.has_weight):
+        if self.has_weight:
             y = y * w
         tYrY.store(y)
 
