@@ -176,11 +176,10 @@ def describe(x, mode: str | None, group_size: int | None = None) -> str:
         block, rows, warps = launch_config(N, group_size)
         how = f"{rows} row(s) x {block} columns in registers per program, {warps} warps"
     else:
-        from .cute.rmsnorm_fp8_config import fp8_config, keeps_y
+        from .cute.rmsnorm_fp8_config import fp8_config
 
         cfg = fp8_config(N, x2d.element_size(), group_size)
-        how = (f"row tiles in shared memory by TMA bulk copies, {cfg.short()}"
-               + ("; y kept in registers" if not group_size and keeps_y(cfg) else ""))
+        how = f"row tiles in shared memory by TMA bulk copies, {cfg.short()}"
     return f"fp8 output: {FP8_KERNELS[which]} ({scales}: {how}; {why})"
 
 

@@ -1,8 +1,8 @@
 """Sweep: the CuTe DSL FP8-output kernel's launch variants against Triton's kernel, at the bench size
 (bf16, 2^27 elements), each as a ratio to a copy of its own bytes in the same run (read x, write q and
 the fp32 scales), medians of 3 interleaved rounds. What cutile_norms/cute/rmsnorm_fp8_config.py
-(KEEP_Y_VALUES) and fp8.cute_wins were read from:
-  per-token scales with y kept in registers or computed again, CTAs of 128 / 256 / 512 threads for
+and fp8.cute_wins were read from:
+  per-token and group scales, CTAs of 128 / 256 / 512 threads for
   rows past 16 KiB; 1 x 128 group scales; Triton's kernel (its own launch rule) beside them.
 
     python bench/tune/cute_fp8.py [--ns 2560,5120,8192,10240,16384]
@@ -36,9 +36,6 @@ def variants(x, w):
     for g, tag in ((None, "token"), (128, "group128")):
         out[f"triton {tag}"] = (lambda g=g: tri(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
         out[f"cute {tag}"] = (lambda g=g: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
-    for keep in (True, False):
-        out[f"cute token y {'kept' if keep else 'again'}"] = (
-            lambda keep=keep: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, None, False, keep_y=keep), None)
     if N * x.element_size() > 16384:  # the one-CTA rows: other thread counts
         for t in (256, 512):
             cfg = FwdConfig(rows=1, rpg=1, tpr=t, nvb=-(-N // (8 * t)), cluster_n=1, vec=8)

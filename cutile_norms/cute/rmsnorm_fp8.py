@@ -7,7 +7,7 @@ import torch
 
 from ..reference import FP8_MAX, FP8_MIN_AMAX
 from .compile import CompileCache, compile_options, cutlass_dtype
-from .rmsnorm_fp8_config import fp8_config, keeps_y, refusal
+from .rmsnorm_fp8_config import fp8_config, refusal
 from .rmsnorm_fwd_config import FwdConfig
 
 CACHE = CompileCache()
@@ -15,16 +15,16 @@ CACHE = CompileCache()
 
 def compile_fp8(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig, out_dtype: torch.dtype,
                 kind: str, group: int, has_ub: bool, ue8m0: bool, has_residual: bool, store_rstd: bool,
-                contiguous: bool, arch: str | None = None, keep_ptx: bool = False, keep_y: bool = True):
+                contiguous: bool, arch: str | None = None, keep_ptx: bool = False):
     """The compiled kernel for these compile-time parameters (cached; M and the row strides symbolic).
     kind: "static", "token" or "group"; `arch` ("sm_90a", "sm_100a") compiles without a GPU."""
     key = ("fp8", x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd,
-           contiguous, arch, keep_ptx, keep_y)
+           contiguous, arch, keep_ptx)
     return CACHE.get(key, lambda: _build(*key[1:]), arch=arch, persist=not keep_ptx)
 
 
 def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd, contiguous,
-           arch, keep_ptx, keep_y):
+           arch, keep_ptx):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -50,8 +50,7 @@ def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_
     mScale = make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
     mRstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="rstd_len"),), stride=(1,), assumed_align=4)
     kernel = RMSNormFp8TmaSmem(dx, dw, N, cfg, kind, group, out_dtype == torch.float8_e4m3fn, FP8_MAX[out_dtype],
-                               FP8_MIN_AMAX, has_ub, ue8m0, w_dtype is not None, has_residual, store_rstd, contiguous,
-                               keep_y)
+                               FP8_MIN_AMAX, has_ub, ue8m0, w_dtype is not None, has_residual, store_rstd, contiguous)
     return cute.compile(kernel, mX, mR, mW, mQ, mH, mS, mScale, mRstd, cutlass.Float32(1e-6), cutlass.Float32(0.0),
                         cutlass.Float32(0.0), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=compile_options(arch, keep_ptx))
@@ -91,20 +90,18 @@ def _placeholder(device: torch.device) -> torch.Tensor:
 
 def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
                  offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
-                 scale_ub: float | None, group_size: int | None, ue8m0: bool, cfg: FwdConfig | None = None,
-                 keep_y: bool | None = None):
+                 scale_ub: float | None, group_size: int | None, ue8m0: bool, cfg: FwdConfig | None = None):
     """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows `unsupported` accepts,
     M >= 1, N a multiple of group_size (the API validates). scales: `scale` itself (per tensor), [M]
-    (per row) or [M, N / group_size] row-major fp32. `cfg`, `keep_y`: the launch
-    (default: fp8_config's, rmsnorm_fp8_config.keeps_y), for the tuning sweep."""
+    (per row) or [M, N / group_size] row-major fp32. `cfg`: the launch (default:
+    fp8_config's), for the tuning sweep."""
     M, N = x2d.shape
     device = x2d.device
     cfg = cfg or fp8_config(N, x2d.element_size(), group_size)
-    keep_y = keeps_y(cfg) if keep_y is None else keep_y
     kind = "static" if scale is not None else "group" if group_size else "token"
     contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
     fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
-                     scale_ub is not None, ue8m0, r2d is not None, True, contiguous, keep_y=keep_y)
+                     scale_ub is not None, ue8m0, r2d is not None, True, contiguous)
     if contiguous and x2d.stride(0) != N:  # one row: any stride, the kernel wants N
         x2d = x2d.as_strided((M, N), (N, 1))
     if r2d is not None and contiguous and r2d.stride(0) != N:

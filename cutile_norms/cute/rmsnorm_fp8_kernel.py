@@ -136,6 +136,13 @@ def _store_scale(mS: cute.Tensor, idx: Int64, s: Float32, p: Int32, n: cutlass.C
         mS[idx] = s
 
 
+def _tree_max(parts: list):
+    """max.NaN over `parts` as a tree (trace-time Python: a dependency chain log2(len) long)."""
+    while len(parts) > 1:
+        parts = [max_nan(parts[u], parts[u + 1]) if u + 1 < len(parts) else parts[u] for u in range(0, len(parts), 2)]
+    return parts[0]
+
+
 class RMSNormFp8TmaSmem:
     """q = fp8(rms_norm(h) * (1 / s)) over rows of N, one row tile per CTA. Compile-time: dtypes, N, the
     config, the scales' kind (STATIC, TOKEN, GROUP) and their options, weight, residual, rstd,
@@ -143,13 +150,12 @@ class RMSNormFp8TmaSmem:
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, kind: str, group: int, e4m3: bool, top: float,
                  min_amax: float, has_ub: bool, ue8m0: bool, has_weight: bool, has_residual: bool,
-                 store_rstd: bool, contiguous: bool, keep_y: bool = True):
+                 store_rstd: bool, contiguous: bool):
         self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
         self.kind, self.group, self.e4m3 = kind, group, e4m3
         self.scale_ptx = scale_asm(top, min_amax, has_ub, ue8m0)
         self.has_weight, self.has_residual = has_weight, has_residual
         self.store_rstd, self.contiguous = store_rstd, contiguous
-        self.keep_y = keep_y
         self.vec = 128 // x_dtype.width
         self.elem_bytes = x_dtype.width // 8
 
@@ -279,16 +285,22 @@ class RMSNormFp8TmaSmem:
             if cutlass.const_expr(self.kind == TOKEN):
                 # pass 2: the row's amax, its scale and the scale's reciprocal
                 self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
-                amax = Float32(0.0)
-                for i in cutlass.range_constexpr(cute.size(tYrY)):
-                    amax = max_abs_nan(amax, tYrY[i])
-                amax = self._row_reduce(amax, True, sMax, g, warp, lane)
+                # a vector's amax, then a tree over the vectors: one chain over all of them made ptxas hold
+                # more (sm_90, 16384: 229 registers against 158, 2 CTAs per SM against 3; H200 0.85
+                # against 0.97 of a copy, docs/performance.md 2.17)
+                parts = []
+                for i in cutlass.range_constexpr(cute.size(tYrY) // vec):
+                    a = Float32(0.0)
+                    for e in cutlass.range_constexpr(vec):
+                        a = max_abs_nan(a, tYrY[i * vec + e])
+                    parts.append(a)
+                amax = self._row_reduce(_tree_max(parts), True, sMax, g, warp, lane)
                 s = self._scale(amax, scale_ub)
                 inv = rcp_rn(s)
                 if tXcX[0][1] == 0 and row < M:
                     mS[row] = s
-            # pass 3: y (kept from pass 2, or again from shared memory), quantized, stored
-            if cutlass.const_expr(self.kind != TOKEN or not self.keep_y):
+            # pass 3 (with per-token scales y is still in registers from pass 2): quantized, stored
+            if cutlass.const_expr(self.kind != TOKEN):
                 self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
             q_row = q_base + Int64(row) * N
             if cutlass.const_expr(self.kind == GROUP):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
-from cutile_norms.cute.rmsnorm_fp8_config import KEEP_Y_VALUES, fp8_config, keeps_y, refusal
+from cutile_norms.cute.rmsnorm_fp8_config import fp8_config, refusal
 from cutile_norms.reference import fp8_quantize, fp8_scale
 from tests.conftest import random_rows, random_weight
 from tests.cute.ptx_util import ptxas_report
@@ -27,14 +27,12 @@ ARCHS = ["sm_90a", "sm_100a"]
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, keep_y=None,
-             arch="sm_90a"):
+def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, arch="sm_90a"):
     group = 128 if kind == "group" else 0
     cfg = fp8_config(N, x_dtype.itemsize, group or None)
     assert cfg is not None, (N, kind)
-    keep = keeps_y(cfg) if keep_y is None else keep_y
     fn = compile_fp8(x_dtype, x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group", residual,
-                     True, contiguous, arch, keep_ptx=True, keep_y=keep)
+                     True, contiguous, arch, keep_ptx=True)
     return fn.__ptx__, cfg
 
 
@@ -59,20 +57,23 @@ def test_compiles(N, kind, arch):
     if kind != "static":
         assert "max.NaN.f32" in ptx
     if arch == "sm_90a":
-        assert ptxas_report(ptx, arch)["spill_stores"] == 0
+        report = ptxas_report(ptx, arch)
+        assert report["spill_stores"] == 0, report
+        # 128 threads a CTA: at most 168 registers keeps 3 CTAs an SM at the widest rows (the amax as a
+        # tree over vectors held 158 at 16384 per token; one chain over all values held 229)
+        assert cfg.threads != 128 or report["registers"] <= 168, report
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("N,kind,out_dtype,x_dtype,residual,contiguous,keep_y", [
-    (2560, "token", E5M2, torch.bfloat16, True, True, None),
-    (13312, "token", E4M3, torch.bfloat16, True, False, None),
-    (4096, "group", E5M2, torch.float16, True, False, None),
-    (4096, "token", E4M3, torch.float32, False, False, None),
-    (8192, "group", E4M3, torch.float32, False, True, None),
-    (16384, "token", E4M3, torch.bfloat16, False, True, True),
-    (2048, "token", E4M3, torch.bfloat16, False, False, False)])
-def test_compiles_residual_strided_and_dtype_variants(N, kind, out_dtype, x_dtype, residual, contiguous, keep_y, arch):
-    ptx, _ = _compile(N, kind, out_dtype, x_dtype, residual, contiguous, keep_y, arch)
+@pytest.mark.parametrize("N,kind,out_dtype,x_dtype,residual,contiguous", [
+    (2560, "token", E5M2, torch.bfloat16, True, True),
+    (13312, "token", E4M3, torch.bfloat16, True, False),
+    (4096, "group", E5M2, torch.float16, True, False),
+    (4096, "token", E4M3, torch.float32, False, False),
+    (8192, "group", E4M3, torch.float32, False, True),
+    (2048, "token", E4M3, torch.bfloat16, False, False)])
+def test_compiles_residual_strided_and_dtype_variants(N, kind, out_dtype, x_dtype, residual, contiguous, arch):
+    ptx, _ = _compile(N, kind, out_dtype, x_dtype, residual, contiguous, arch)
     fmt = "e4m3x2" if out_dtype == E4M3 else "e5m2x2"
     assert f".target {arch}" in ptx and f"cvt.rn.satfinite.{fmt}.f32" in ptx
     if residual:  # h stored in 16-byte vectors
@@ -88,8 +89,6 @@ def test_config_rules():
     for N in range(8, 16385, 8):
         cfg = fp8_config(N, 2, None)
         assert cfg.cluster_n == 1 and cfg.tile_cols >= N, N
-        assert keeps_y(cfg) == (cfg.nvb * 8 <= KEEP_Y_VALUES)
-    assert keeps_y(fp8_config(10240, 2, None)) and not keeps_y(fp8_config(12288, 2, None))
 
 
 def test_unsupported_names_why():
@@ -107,7 +106,7 @@ def _same(a, b) -> bool:
     return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
 
 
-GPU_KINDS = ["token", "token_again", "group", "group_ue8m0", "static", "static_saturating", "token_ub", "residual",
+GPU_KINDS = ["token", "group", "group_ue8m0", "static", "static_saturating", "token_ub", "residual",
              "residual_group"]
 
 
@@ -167,7 +166,7 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0):
     assert why is None, why
     _poison_blocks([M * N, M * N * x_dtype.itemsize, 4 * M, 4 * M * (N // (group or N))])
     q, s, h, rstd = rms_norm_fp8(x, r, w, 1e-6, 0.0, out_dtype, x_dtype if r is not None else None, scale, ub,
-                                 group, ue8m0, keep_y=False if kind == "token_again" else None)
+                                 group, ue8m0)
     what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad}"
     src = x
     if r is not None:
