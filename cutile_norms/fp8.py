@@ -113,23 +113,22 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
 
 def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
     """mode=None's rule between the two FP8 kernels (both bit for bit the same): the CuTe DSL kernel
-    past 8 KiB rows (4096 16-bit columns), and past 2048 columns where more than an eighth of Triton's
-    power-of-two block would idle; Triton's elsewhere. The same for every scale kind. Measured (bf16,
-    2^27 elements, ratio to a copy of the bytes, medians of 3; `python bench/residual.py --parts fp8
-    --modes triton,tma_smem_cached` and `python bench/tune/cute_fp8.py`, docs/performance.md 2.17):
+    past 8 KiB rows (4096 16-bit columns), and past 2048 columns wherever Triton's power-of-two block
+    pads the row; Triton's elsewhere. The same for every scale kind. Measured (bf16, 2^27 elements,
+    ratio to a copy of the bytes, medians of 3; `python bench/residual.py --parts fp8 --modes
+    triton,tma_smem_cached` and `python bench/tune/cute_fp8.py`, docs/performance.md 2.17):
       * Triton's block holds the row in registers: past 4096 columns a thread's loads no longer keep
-        enough bytes in flight on an H200 (8192 per token 0.874 against 0.902, groups 0.880 against
-        0.943), and a padded block's idle lanes cost their share (10240 per token 0.566 against 0.949,
-        groups 0.586 against 0.941; H100 0.757 / 0.787 against 0.989 / 0.957).
+        enough bytes in flight on an H200 (8192 per token 0.877 against 0.964, groups 0.877 against
+        0.946), and a padded block's idle lanes cost their share (10240 per token 0.566 against 0.946;
+        H100 0.759 against 0.988), even an eighth of them (3584: H200 0.924 against 0.974).
       * At 2048 columns and below Triton's block is small and its rows many per program (H200 2048 per
-        token 0.972 against 0.932, groups 0.968 against 0.898), and unpadded up to 4096 it stays ahead
-        (4096 0.966 / 0.962 against 0.956 / 0.948). Between those the idle share decides (2560, a
-        4096 block: 0.748 / 0.740 against 0.895 / 0.844).
+        token 0.973 against 0.922, groups 0.970 against 0.898), and unpadded up to 4096 it stays ahead
+        (4096 0.971 / 0.968 against 0.960 / 0.951).
     """
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
-    return N * elem_bytes > 8192 or (N > 2048 and 8 * (block - N) > block)  # more than an eighth idle
+    return N * elem_bytes > 8192 or (N > 2048 and block > N)
 
 
 def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,

@@ -2,7 +2,8 @@
 (bf16, 2^27 elements), each as a ratio to a copy of its own bytes in the same run (read x, write q and
 the fp32 scales), medians of 3 interleaved rounds. What cutile_norms/cute/rmsnorm_fp8_config.py
 and fp8.cute_wins were read from:
-  per-token and group scales, CTAs of 128 / 256 / 512 threads for
+  per-token and group scales, the forward's tile where fp8_config's differs, CTAs of 128 / 256 / 512
+  threads for
   rows past 16 KiB; 1 x 128 group scales; Triton's kernel (its own launch rule) beside them.
 
     python bench/tune/cute_fp8.py [--ns 2560,5120,8192,10240,16384]
@@ -21,7 +22,8 @@ sys.path.insert(0, ROOT)
 
 from bench.probe.common import no_gpu  # noqa: E402
 from bench.timing import ratios_to_copy  # noqa: E402
-from cutile_norms.cute.rmsnorm_fwd_config import FwdConfig  # noqa: E402
+from cutile_norms.cute.rmsnorm_fp8_config import fp8_config  # noqa: E402
+from cutile_norms.cute.rmsnorm_fwd_config import FwdConfig, analytic_config  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
 
@@ -36,6 +38,10 @@ def variants(x, w):
     for g, tag in ((None, "token"), (128, "group128")):
         out[f"triton {tag}"] = (lambda g=g: tri(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
         out[f"cute {tag}"] = (lambda g=g: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
+    fwd_tile = analytic_config(N, x.element_size())
+    if fwd_tile != fp8_config(N, x.element_size(), None):  # the forward's tile where the FP8 config differs
+        out["cute token, forward's tile"] = (lambda: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, None, False,
+                                                          cfg=fwd_tile), None)
     if N * x.element_size() > 16384:  # the one-CTA rows: other thread counts
         for t in (256, 512):
             cfg = FwdConfig(rows=1, rpg=1, tpr=t, nvb=-(-N // (8 * t)), cluster_n=1, vec=8)

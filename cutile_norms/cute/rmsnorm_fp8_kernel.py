@@ -172,7 +172,7 @@ class RMSNormFp8TmaSmem:
         c = self.cfg
         tile = -(-((c.rows - 1) * self.N + c.tile_cols) * self.elem_bytes // 128) * 128
         groups = c.rows // c.rpg
-        return tile * (2 if self.has_residual else 1) + 16 + 2 * 4 * groups * c.warps_per_row + 64
+        return tile * (2 if self.has_residual else 1) + 16 + 2 * 4 * groups * (c.threads // 32) + 64
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mR: cute.Tensor, mW, mQ: cute.Tensor, mH: cute.Tensor, mS: cute.Tensor,
@@ -209,8 +209,11 @@ class RMSNormFp8TmaSmem:
             sR = smem.allocate_tensor(self.x_dtype, cute.make_layout((c.rows, width), stride=(N, 1)),
                                       byte_alignment=128)
         mbar = smem.allocate_array(Int64, num_elems=1, byte_alignment=8)
-        sRed = smem.allocate_tensor(Float32, cute.make_layout((groups, c.warps_per_row)), byte_alignment=16)
-        sMax = smem.allocate_tensor(Float32, cute.make_layout((groups, c.warps_per_row)), byte_alignment=16)
+        # a slot per (row group, row of the group, warp of the row): rows of 64-128 threads come two or
+        # more to a pass (rmsnorm_fp8_config's exact tilings), each over its own warps
+        slots = cute.make_layout((groups, c.threads // 32))
+        sRed = smem.allocate_tensor(Float32, slots, byte_alignment=16)
+        sMax = smem.allocate_tensor(Float32, slots, byte_alignment=16)
         init_mbarriers_and_sync(tidx, mbar, 1, mbar, 0, 1)
 
         # ---- TMA bulk loads of the tile (warp 0 issues them) ----
@@ -377,7 +380,8 @@ class RMSNormFp8TmaSmem:
                     lane: Int32) -> Float32:
         """v summed (or with `use_max` its NaN-propagating max) over a row's threads: warp shuffles, then
         (a row over several warps) the warps' values through shared memory (a slot per row group and
-        warp, so no barrier before the next group writes)."""
+        warp, so no barrier before the next group writes; a row's warps are adjacent, the first at
+        warp - warp % warps_per_row)."""
         c = self.cfg
         op = max_nan if cutlass.const_expr(use_max) else operator.add
         v = cute.arch.warp_reduction(v, op, threads_in_group=min(c.tpr, 32))
@@ -385,7 +389,8 @@ class RMSNormFp8TmaSmem:
             if lane == 0:
                 sSlots[g, warp] = v
             cute.arch.barrier()
-            v = sSlots[g, 0]
+            first = warp - warp % c.warps_per_row
+            v = sSlots[g, first]
             for i in cutlass.range_constexpr(1, c.warps_per_row):
-                v = op(v, sSlots[g, i])
+                v = op(v, sSlots[g, first + i])
         return v

@@ -38,7 +38,7 @@ def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, co
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
-@pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 8192, 10240, 13312, 16384])
+@pytest.mark.parametrize("N", [256, 1024, 1664, 2560, 3584, 5120, 8192, 10240, 13312, 16384])
 def test_compiles(N, kind, arch):
     if kind == "group" and N < 512:  # 16 lanes per group, 8 threads per row
         assert "lanes of one warp" in refusal(N, 2, 128)
@@ -88,7 +88,11 @@ def test_config_rules():
     assert "lanes of one warp" in refusal(4096, 2, 4)
     for N in range(8, 16385, 8):
         cfg = fp8_config(N, 2, None)
-        assert cfg.cluster_n == 1 and cfg.tile_cols >= N, N
+        assert cfg.cluster_n == 1 and cfg.tile_cols >= N and cfg.threads <= 1024 and cfg.nvb <= 24, N
+        assert cfg.rows % cfg.rpg == 0 and cfg.rows // cfg.rpg <= 16, N
+    # rows the forward's tile pads: exact over fewer threads per row
+    assert [(fp8_config(N, 2, None).tpr, fp8_config(N, 2, None).nvb) for N in (1664, 2560, 3584)] == [
+        (32, 7), (64, 5), (64, 7)]
 
 
 def test_unsupported_names_why():
@@ -113,7 +117,7 @@ GPU_KINDS = ["token", "group", "group_ue8m0", "static", "static_saturating", "to
 @pytest.mark.gpu
 @pytest.mark.parametrize("out_dtype", [E4M3, E5M2], ids=str)
 @pytest.mark.parametrize("kind", GPU_KINDS)
-@pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 8192, 13312, 16384])
+@pytest.mark.parametrize("N", [256, 1024, 1664, 2560, 3584, 5120, 8192, 13312, 16384])
 def test_matches_the_reference_quantizer(seed, out_dtype, kind, N):
     _check(N, kind, out_dtype, torch.bfloat16, M=37)
 
