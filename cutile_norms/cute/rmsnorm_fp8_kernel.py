@@ -10,25 +10,27 @@ rstd: the dynamic scales follow `reference.fp8_scale` (max(min(amax, ub), 1e-12)
 largest value by IEEE division, UE8M0 rounded up from the bits, NaN where the amax is NaN), q follows
 `reference.fp8_quantize` (the reciprocal by IEEE division once per scale, one multiply per element,
 cvt.rn.satfinite: round to nearest even, saturate to the format's largest value, NaN kept). These are
-written as PTX (`_ptx_*` below) so that no compiler choice can change the bits.
+written as inline PTX (the user ops below) so that no compiler choice can change the bits.
 
-Why a second kernel: a Triton block is a power of two, so rows it pads by more than an eighth leave
-lanes idle (0.76-0.93 of a copy on an H100 at 2560-14336), and on an H200 a thread's registers hold too
-few bytes in flight past 4096 columns. Here a row is any multiple of 16 bytes, held whole in shared
+Why a second kernel: a Triton block is a power of two, so rows it pads leave lanes idle (0.76-0.93 of
+a copy on an H100 at 2560-14336), and on an H200 a thread's registers hold too few bytes in flight past
+4096 columns (docs/performance.md 2.17). Here a row is any multiple of 16 bytes, held whole in shared
 memory (the bulk copies keep its bytes in flight without registers), and each thread owns 16-byte
 vectors of it: a row of 10240 bf16 is 128 threads x 10 vectors, no padding.
 
 Passes over the row in shared memory (each thread reads back only its own vectors, so no barrier):
   1. (with a residual) h = x + r, stored to global memory and written over x; the sum of squares;
-  2. per-token scales: y and its amax (a NaN-propagating max, across the row's threads);
-  3. y again, times the reciprocal of the scale, converted and stored 8 (16-bit x) or 4 (fp32 x)
-     bytes at a time. With 1 x GROUP scales a group is GROUP / vec adjacent lanes at the same vector
-     index, reduced by warp shuffles in this pass (no second pass).
+  2. y, kept in registers to the end; per-token scales: its amax (a NaN-propagating max per vector,
+     a tree over the vectors, then across the row's threads), the scale and its reciprocal;
+  3. y times the reciprocal of its scale, converted and stored 8 (16-bit x) or 4 (fp32 x) bytes at a
+     time. With 1 x GROUP scales a group is GROUP / vec adjacent lanes at the same vector index,
+     reduced by warp shuffles here; lane p of a group computes vector p's group's scale and
+     reciprocal and shuffles them to the others (`_group_reciprocals`).
 
 The kernel does not validate; rmsnorm_fp8.py (`unsupported`) and the API layer do. What it assumes:
 rows of N (a multiple of 16 bytes) whose starts are 16-byte aligned, one CTA per row tile (no
 cluster), a weight with unit stride 16-byte aligned, q and h contiguous, GROUP / vec lanes within a
-row's threads and a warp.
+row's threads and a warp, and at most GROUP / vec vectors a thread (rmsnorm_fp8_config.refusal).
 """
 from __future__ import annotations
 
