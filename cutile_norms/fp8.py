@@ -48,6 +48,22 @@ FP8_KERNELS = {"triton": "cutile_norms.triton.rmsnorm_fp8:rms_norm_fp8",
 FP8_KERNEL_MAX_N = 16384  # a row in registers
 
 
+def kernel_outputs(M: int, N: int, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
+                   group_size: int | None, device: torch.device):
+    """(q [M, N] out_dtype, scales, h [M, N] h_dtype or None, rstd [M] fp32), what both FP8 kernels
+    write: scales `scale` itself (per tensor), [M] (per row) or [M, N / group_size] row-major fp32."""
+    q = torch.empty(M, N, dtype=out_dtype, device=device)
+    h = torch.empty(M, N, dtype=h_dtype, device=device) if h_dtype is not None else None
+    rstd = torch.empty(M, dtype=torch.float32, device=device)
+    if scale is not None:
+        scales = scale
+    else:
+        scales = torch.empty(M, N // group_size if group_size else 1, dtype=torch.float32, device=device)
+        if not group_size:
+            scales = scales.view(M)
+    return q, scales, h, rstd
+
+
 def _validate_fp8(x, out_dtype, scale, scale_ub, group_size, ue8m0) -> None:
     if out_dtype not in FP8_MAX:
         raise TypeError(f"out_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {out_dtype}")
@@ -190,7 +206,9 @@ def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     group = group_size or None
     x2d = as_rows(x) if x.numel() else None
     r2d = None if residual is None or x2d is None else as_rows(residual)
-    which = pick_kernel(mode or None, x2d, r2d, h_dtype if residual is not None else None, group)[0] if x2d is not None else None
+    which = None
+    if x2d is not None:
+        which = pick_kernel(mode or None, x2d, r2d, h_dtype if residual is not None else None, group)[0]
     if which is not None:
         q, s, h, _ = dispatch.load(FP8_KERNELS[which])(x2d, r2d, weight, eps, offset, out_dtype, h_dtype, scale,
                                                         scale_ub, group, ue8m0)

@@ -81,6 +81,14 @@ def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit
     return pred
 
 
+def row_tv_layout(tpr: int, rpg: int, nvb: int, vec: int) -> cute.Layout:
+    """The thread-value layout of a row tile of rpg rows: thread (t0 in a row, t1 = row of the group) ->
+    row t1, column t0 * vec; value (v, k) -> column v + k * vec * tpr. Each thread owns 16-byte vectors
+    (vec values), a row's threads cover it contiguously: thread t0's k-th vector is the columns
+    [vec (t0 + k tpr), + vec)."""
+    return cute.make_layout(((tpr, rpg), (vec, nvb)), stride=((vec * rpg, 1), (rpg, rpg * vec * tpr)))
+
+
 def vector_copy(dtype, tv_layout: cute.Layout, tiler, bits: int = 128):
     """A tiled copy of `bits` per instruction (128: one 16-byte vector) with `tv_layout` over `tiler`."""
     return cute.make_tiled_copy(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=bits),

@@ -37,6 +37,18 @@ def compile_options(arch: str | None, keep_ptx: bool) -> str:
     return options
 
 
+_PLACEHOLDERS: dict = {}
+
+
+def placeholder_f32(device: torch.device) -> torch.Tensor:
+    """A 16-element fp32 tensor per device, passed for a kernel's fp32 operand that the call does not
+    use (its compile-time flags say so): the launches need a tensor there, never its values."""
+    t = _PLACEHOLDERS.get(device)
+    if t is None:
+        t = _PLACEHOLDERS[device] = torch.empty(16, dtype=torch.float32, device=device)
+    return t
+
+
 class CompileCache:
     """Compiled kernels by key, built on first use: from this process's dict, else from the disk
     cache (cutile_norms/_diskcache.py), else compiled (and stored there). `count`: compiles in this

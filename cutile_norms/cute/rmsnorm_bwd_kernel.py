@@ -34,7 +34,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
 from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
-                      store_f32_to_peer, vector_copy)
+                      row_tv_layout, store_f32_to_peer, vector_copy)
 from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
 
 
@@ -66,10 +66,9 @@ class RMSNormBwdTmaSmem:
 
     # ---- host side ----------------------------------------------------------------------------
     def _tv_layout(self):
-        # thread t -> column t*vec; value (v, k) -> column v + k*vec*threads: each thread owns 16-byte
-        # vectors, consecutive threads consecutive vectors (conflict-free shared reads, coalesced stores)
+        # one row a tile: consecutive threads consecutive vectors (conflict-free shared reads, coalesced stores)
         c = self.cfg
-        return cute.make_layout(((c.threads, 1), (self.vec, c.nvb)), stride=((self.vec, 1), (1, self.vec * c.threads)))
+        return row_tv_layout(c.threads, 1, c.nvb, self.vec)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mDY: cute.Tensor, mDH: cute.Tensor, mW, mRstd: cute.Tensor,

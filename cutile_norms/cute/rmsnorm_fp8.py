@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..reference import FP8_MAX, FP8_MIN_AMAX
-from .compile import CompileCache, compile_options, cutlass_dtype
+from ..fp8 import kernel_outputs
+from .compile import CompileCache, compile_options, cutlass_dtype, placeholder_f32
 from .rmsnorm_fp8_config import fp8_config, refusal
 from .rmsnorm_fwd_config import FwdConfig
 
@@ -78,16 +79,6 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtyp
     return None
 
 
-_PLACEHOLDER: dict = {}
-
-
-def _placeholder(device: torch.device) -> torch.Tensor:
-    t = _PLACEHOLDER.get(device)
-    if t is None:
-        t = _PLACEHOLDER[device] = torch.empty(16, dtype=torch.float32, device=device)
-    return t
-
-
 def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
                  offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
                  scale_ub: float | None, group_size: int | None, ue8m0: bool, cfg: FwdConfig | None = None):
@@ -108,17 +99,10 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         r2d = r2d.as_strided((M, N), (N, 1))
     if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
         weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
-    q = torch.empty(M, N, dtype=out_dtype, device=device)
-    h = torch.empty(M, N, dtype=x2d.dtype, device=device) if r2d is not None else None
-    rstd = torch.empty(M, dtype=torch.float32, device=device)
-    if scale is not None:
-        scales = scale
-    elif group_size:
-        scales = torch.empty(M, N // group_size, dtype=torch.float32, device=device)
-    else:
-        scales = torch.empty(M, dtype=torch.float32, device=device)
-    spare = _placeholder(device)
+    q, scales, h, rstd = kernel_outputs(M, N, out_dtype, x2d.dtype if r2d is not None else None, scale, group_size,
+                                        device)
+    spare = placeholder_f32(device)  # the scales' operands a per-tensor or dynamic call does not use
+    s_out, s_in = (spare, scale) if scale is not None else (scales.view(-1), spare[:1])
     fn(x2d, r2d if r2d is not None else x2d, weight if weight is not None else x2d[0], q.view(-1).view(torch.uint8),
-       h if h is not None else x2d, scales.view(-1) if scale is None else spare, scale if scale is not None else spare[:1],
-       rstd, eps, offset, float(scale_ub) if scale_ub is not None else 0.0)
+       h if h is not None else x2d, s_out, s_in, rstd, eps, offset, float(scale_ub) if scale_ub is not None else 0.0)
     return q, scales, h, rstd

@@ -44,7 +44,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import as_rows, bulk_copy_g2s, column_predicate, init_mbarriers_and_sync, vector_copy
+from ._device import as_rows, bulk_copy_g2s, column_predicate, init_mbarriers_and_sync, row_tv_layout, vector_copy
 from .rmsnorm_fwd_config import FwdConfig
 
 STATIC, TOKEN, GROUP = "static", "token", "group"
@@ -164,11 +164,8 @@ class RMSNormFp8TmaSmem:
     # ---- host side ----------------------------------------------------------------------------
     def _tv_layout(self):
         c = self.cfg
-        # thread (t0 in a row, t1 = row of the group) -> row t1, column t0*vec; value (v, k) -> column
-        # v + k*vec*tpr (rmsnorm_fwd_kernel.py's layout): thread t0's vector k is columns
-        # [vec (t0 + k tpr), +vec), so a 1 x GROUP group is GROUP / vec adjacent lanes at one k
-        return cute.make_layout(((c.tpr, c.rpg), (self.vec, c.nvb)),
-                                stride=((self.vec * c.rpg, 1), (c.rpg, c.rpg * self.vec * c.tpr)))
+        # a 1 x GROUP group is GROUP / vec adjacent lanes at one vector index k
+        return row_tv_layout(c.tpr, c.rpg, c.nvb, self.vec)
 
     def smem_bytes(self) -> int:
         c = self.cfg

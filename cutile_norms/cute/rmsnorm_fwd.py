@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .._platform import DeviceInfo
-from .compile import CompileCache, compile_options, cutlass_dtype
+from .compile import CompileCache, compile_options, cutlass_dtype, placeholder_f32
 from .rmsnorm_fwd_config import CLUSTER_MAX, FwdConfig, analytic_config
 
 # ================================================================================================
@@ -87,16 +87,6 @@ def unsupported(N: int, dtype: torch.dtype, row_stride: int, M: int, data_ptr: i
 # ================================================================================================
 # Launch
 # ================================================================================================
-_DUMMY: dict = {}
-
-
-def _dummy_rstd(device: torch.device) -> torch.Tensor:
-    t = _DUMMY.get(device)
-    if t is None:
-        t = _DUMMY[device] = torch.empty(1, dtype=torch.float32, device=device)
-    return t
-
-
 def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
            store_rstd: bool, out: tuple | None = None, out_shape=None):
     """(y contiguous in x's dtype, [M, N] or `out_shape`; rstd [M] fp32 or None) for a 2-D x with unit
@@ -114,7 +104,7 @@ def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtyp
     kernel and the rstd placeholder resolved once (`launch` per call, the backend's `launcher` per call
     signature)."""
     fn = compile_forward(dtype, w_dtype, N, cfg, store_rstd, contiguous)
-    dummy = None if store_rstd else _dummy_rstd(device)
+    dummy = None if store_rstd else placeholder_f32(device)
 
     def run(x2d, weight, eps, offset, out_shape=None, out=None):
         M = x2d.shape[0]

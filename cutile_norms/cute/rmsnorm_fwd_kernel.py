@@ -20,7 +20,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
 from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
-                      store_f32_to_peer, vector_copy)
+                      row_tv_layout, store_f32_to_peer, vector_copy)
 from .rmsnorm_fwd_config import FwdConfig
 
 
@@ -40,10 +40,7 @@ class RMSNormFwdTmaSmem:
     # ---- host side ----------------------------------------------------------------------------
     def _tv_layout(self):
         c = self.cfg
-        # thread (t0 in a row, t1 = row of the group) -> row t1, column t0*vec; value (v, k) -> column
-        # v + k*vec*tpr: each thread owns 16-byte vectors, a row's threads cover it contiguously
-        return cute.make_layout(((c.tpr, c.rpg), (self.vec, c.nvb)),
-                                stride=((self.vec * c.rpg, 1), (c.rpg, c.rpg * self.vec * c.tpr)))
+        return row_tv_layout(c.tpr, c.rpg, c.nvb, self.vec)
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW, mY: cute.Tensor, mRstd, eps: Float32, offset: Float32,

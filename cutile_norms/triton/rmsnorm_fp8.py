@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..fp8 import kernel_outputs
 from ..reference import FP8_MAX, FP8_MIN_AMAX
 from .rmsnorm_fp8_config import launch_config
 from .rmsnorm_fp8_kernel import rms_norm_fp8_kernel
@@ -18,15 +19,8 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     M, N = x2d.shape
     device = x2d.device
     block, rows, warps = launch_config(N, group_size)
-    q = torch.empty(M, N, dtype=out_dtype, device=device)
-    h = torch.empty(M, N, dtype=h_dtype, device=device) if r2d is not None else None
-    rstd = torch.empty(M, dtype=torch.float32, device=device)
-    if scale is not None:
-        scales = scale
-    elif group_size:
-        scales = torch.empty(M, N // group_size, dtype=torch.float32, device=device)
-    else:
-        scales = torch.empty(M, dtype=torch.float32, device=device)
+    q, scales, h, rstd = kernel_outputs(M, N, out_dtype, h_dtype if r2d is not None else None, scale, group_size,
+                                        device)
     if weight is not None and weight.stride(0) != 1 and N > 1:
         weight = weight.contiguous()
     sx = x2d.stride(0) if M > 1 else N
