@@ -37,16 +37,14 @@ def compile_options(arch: str | None, keep_ptx: bool) -> str:
     return options
 
 
-_PLACEHOLDERS: dict = {}
-
-
 def placeholder_f32(device: torch.device) -> torch.Tensor:
-    """A 16-element fp32 tensor per device, passed for a kernel's fp32 operand that the call does not
-    use (its compile-time flags say so): the launches need a tensor there, never its values."""
-    t = _PLACEHOLDERS.get(device)
-    if t is None:
-        t = _PLACEHOLDERS[device] = torch.empty(16, dtype=torch.float32, device=device)
-    return t
+    """A 16-element fp32 tensor passed for a kernel's fp32 operand that the call does not use (its
+    compile-time flags say so): the launch needs a tensor there, never its values. Kept per device and
+    stream by _workspace.workspace, which allocates outside CUDA graph pools (a tensor kept from inside
+    a cudagraph tree's warm-up stops its next recording)."""
+    from .._workspace import current_raw_stream, workspace
+
+    return workspace("placeholder_f32", 16, torch.float32, device, current_raw_stream(device.index), zero=False)
 
 
 class CompileCache:
