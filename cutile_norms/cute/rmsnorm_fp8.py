@@ -66,6 +66,8 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtyp
     why = refusal(N, x2d.element_size(), group_size)
     if why:
         return why
+    if M >= 2 ** 31:  # (row indices are 32-bit in the kernel; such narrow rows run Triton's kernel)
+        return f"the CuTe DSL FP8 kernel takes fewer than 2^31 rows, got M={M}"
     vec = 16 // x2d.element_size()
     for name, t in (("x", x2d), ("the residual", r2d)):
         if t is None:

@@ -56,6 +56,8 @@ def refusal(N: int, elem_bytes: int, group_size: int | None) -> str | None:
     if N * elem_bytes > ONE_CTA_BYTES:
         return f"the CuTe DSL FP8 kernel holds a row in one CTA's shared memory (up to {ONE_CTA_BYTES} bytes)"
     cfg = _config(N, elem_bytes)
+    if group_size and (group_size & (group_size - 1) or N % group_size):
+        return f"1 x g group scales need g a power of two dividing N, got g={group_size} at N={N}"
     if group_size and (group_size % vec or group_size // vec > min(cfg.tpr, 32) or cfg.nvb > group_size // vec):
         return (f"the CuTe DSL FP8 kernel reduces a 1 x {group_size} group over the lanes of one warp that "
                 f"hold it, one group's scale per lane: groups of {vec * max(1, cfg.nvb)}-{vec * min(cfg.tpr, 32)} "

@@ -27,11 +27,12 @@ ARCHS = ["sm_90a", "sm_100a"]
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
-def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, arch="sm_90a"):
+def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, arch="sm_90a",
+             w_dtype=None):
     group = 128 if kind == "group" else 0
     cfg = fp8_config(N, x_dtype.itemsize, group or None)
     assert cfg is not None, (N, kind)
-    fn = compile_fp8(x_dtype, x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group", residual,
+    fn = compile_fp8(x_dtype, w_dtype or x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group", residual,
                      True, contiguous, arch, keep_ptx=True)
     return fn.__ptx__, cfg
 
@@ -80,12 +81,25 @@ def test_compiles_residual_strided_and_dtype_variants(N, kind, out_dtype, x_dtyp
         assert re.search(r"st\.global(\.\w+)*\.v4\.(b|u)32", ptx)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kind", ["token", "group", "static"])
+@pytest.mark.parametrize("N", [4096, 16384])
+def test_fp32_weight_with_16_bit_x_compiles(N, kind, arch):
+    """An fp32 weight doubles the weight's registers: still no spills, and at most 168 registers."""
+    ptx, cfg = _compile(N, kind, arch=arch, w_dtype=torch.float32)
+    assert f".target {arch}" in ptx
+    if arch == "sm_90a":
+        report = ptxas_report(ptx, arch)
+        assert report["spill_stores"] == 0 and report["registers"] <= 168, report
+
+
 def test_config_rules():
     assert "multiple of 8" in refusal(1004, 2, None)
     assert "one CTA" in refusal(32768, 2, None)
     assert refusal(16384, 2, 128) is None and refusal(16384, 2, 256) is None
     assert "lanes of one warp" in refusal(16384, 2, 512)
     assert "lanes of one warp" in refusal(4096, 2, 4)
+    assert "power of two dividing N" in refusal(3072, 2, 24) and "power of two dividing N" in refusal(3072, 2, 2048)
     for N in range(8, 16385, 8):
         cfg = fp8_config(N, 2, None)
         assert cfg.cluster_n == 1 and cfg.tile_cols >= N and cfg.threads <= 1024 and cfg.nvb <= 24, N
@@ -97,6 +111,7 @@ def test_config_rules():
 
 def test_unsupported_names_why():
     x = torch.randn(4, 1024, dtype=torch.bfloat16)
+    assert "2^31 rows" in unsupported(torch.empty(2 ** 31, 8, dtype=torch.bfloat16, device="meta"), None, None, None)
     assert unsupported(x, None, None, None) is None
     assert unsupported(x, x.clone(), torch.bfloat16, 128) is None
     assert "16-byte aligned" in unsupported(torch.randn(4, 1032, dtype=torch.bfloat16)[:, 4:1028], None, None, None)
@@ -131,6 +146,13 @@ def test_other_dtypes(seed, x_dtype, kind, N):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["token", "group", "residual"])
+@pytest.mark.parametrize("N", [2048, 10240, 16384])
+def test_fp32_weight_and_offset(seed, kind, N):
+    _check(N, kind, E4M3, torch.bfloat16, M=19, w_dtype=torch.float32, offset=1.0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["token", "group", "residual", "static"])
 @pytest.mark.parametrize("N", [512, 3072, 10240])
 def test_strided_rows_and_one_row(seed, kind, N):
@@ -146,7 +168,7 @@ def _poison_blocks(sizes):
     del blocks
 
 
-def _check(N, kind, out_dtype, x_dtype, M, pad=0):
+def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0):
     from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8
 
     def rows():
@@ -156,7 +178,7 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0):
         x[1] = 0.0
         x[2, 5] = float("inf")
         x[3, 6] = float("nan")
-    w = random_weight(N, x_dtype, "cuda")
+    w = random_weight(N, w_dtype or x_dtype, "cuda")
     r = rows() if kind.startswith("residual") else None
     scale = (torch.tensor([{"static": 0.01, "static_saturating": 1e-5}[kind]], device="cuda")
              if kind.startswith("static") else None)
@@ -169,7 +191,7 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0):
         return
     assert why is None, why
     _poison_blocks([M * N, M * N * x_dtype.itemsize, 4 * M, 4 * M * (N // (group or N))])
-    q, s, h, rstd = rms_norm_fp8(x, r, w, 1e-6, 0.0, out_dtype, x_dtype if r is not None else None, scale, ub,
+    q, s, h, rstd = rms_norm_fp8(x, r, w, 1e-6, offset, out_dtype, x_dtype if r is not None else None, scale, ub,
                                  group, ue8m0)
     what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad}"
     src = x
@@ -179,7 +201,7 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0):
     ssq = src.double().square().mean(-1)
     finite = torch.isfinite(ssq)
     assert torch.allclose(rstd.double()[finite], torch.rsqrt(ssq[finite] + 1e-6), rtol=1e-5), f"{what}: rstd"
-    y = (src.float() * rstd[:, None]) * (w.float() + 0.0)  # the kernel's op order, from its rstd
+    y = (src.float() * rstd[:, None]) * (w.float() + offset)  # the kernel's op order, from its rstd
     if scale is not None:
         s_ref, q_ref = scale, fp8_quantize(y, scale, out_dtype)
     elif group:
