@@ -19,18 +19,23 @@ def cluster_position(cluster_n: int):
     return Int32(0), bidx
 
 
+def inline_asm(result_type, asm: str, constraints: str, operands, *, side_effects: bool = False, loc=None, ip=None):
+    """Inline PTX over DSL numbers (`operands`, each with .ir_value): the result as `result_type` (a DSL
+    numeric type), or None for result_type None."""
+    out = llvm.inline_asm(None if result_type is None else result_type.mlir_type,
+                          [v.ir_value(loc=loc, ip=ip) for v in operands], asm, constraints,
+                          has_side_effects=side_effects, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                          loc=loc, ip=ip)
+    return None if result_type is None else result_type(out)
+
+
 @dsl_user_op
 def bulk_copy_g2s(smem_addr: Int32, gmem_addr: Int64, nbytes: Int32, mbar_addr: Int32, *, loc=None, ip=None):
     """One TMA bulk copy of `nbytes` (a multiple of 16) from global to this CTA's shared memory; its
     bytes complete on the mbarrier's transaction count."""
-    llvm.inline_asm(
-        None,
-        [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip),
-         Int32(nbytes).ir_value(loc=loc, ip=ip), Int32(mbar_addr).ir_value(loc=loc, ip=ip)],
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
-        "r,l,r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+    inline_asm(None, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+               "r,l,r,r", [Int32(smem_addr), Int64(gmem_addr), Int32(nbytes), Int32(mbar_addr)], side_effects=True,
+               loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -87,6 +92,23 @@ def row_tv_layout(tpr: int, rpg: int, nvb: int, vec: int) -> cute.Layout:
     (vec values), a row's threads cover it contiguously: thread t0's k-th vector is the columns
     [vec (t0 + k tpr), + vec)."""
     return cute.make_layout(((tpr, rpg), (vec, nvb)), stride=((vec * rpg, 1), (rpg, rpg * vec * tpr)))
+
+
+class RowTileKernel:
+    """What the kernels that hold row tiles in shared memory and give each thread 16-byte vectors of
+    them share (the tma_smem_cached forward, the FP8 output): their compile-time dtypes, N, config and
+    flags, the values of a vector, and the tile's thread-value layout (`row_tv_layout`)."""
+
+    def __init__(self, x_dtype, w_dtype, N: int, cfg, has_weight: bool, store_rstd: bool, contiguous: bool):
+        self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
+        self.has_weight = has_weight
+        self.store_rstd, self.contiguous = store_rstd, contiguous
+        self.vec = 128 // x_dtype.width
+        self.elem_bytes = x_dtype.width // 8
+
+    def _tv_layout(self):
+        c = self.cfg
+        return row_tv_layout(c.tpr, c.rpg, c.nvb, self.vec)
 
 
 def vector_copy(dtype, tv_layout: cute.Layout, tiler, bits: int = 128):

@@ -40,11 +40,11 @@ import struct
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import as_rows, bulk_copy_g2s, column_predicate, init_mbarriers_and_sync, row_tv_layout, vector_copy
+from ._device import (RowTileKernel, as_rows, bulk_copy_g2s, column_predicate, init_mbarriers_and_sync, inline_asm,
+                      vector_copy)
 from .rmsnorm_fwd_config import FwdConfig
 
 STATIC, TOKEN, GROUP = "static", "token", "group"
@@ -56,9 +56,7 @@ def _f32_hex(v: float) -> str:
 
 
 def _asm_f32(asm: str, constraints: str, *args, loc=None, ip=None) -> Float32:
-    vals = [Float32(a).ir_value(loc=loc, ip=ip) for a in args]
-    return Float32(llvm.inline_asm(Float32.mlir_type, vals, asm, constraints, has_side_effects=False,
-                                   is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    return inline_asm(Float32, asm, constraints, [Float32(a) for a in args], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -98,11 +96,8 @@ def select_eq(a: Int32, b: Int32, x, y, *, loc=None, ip=None):
     """x if a == b else y (fp32 or int32 x and y)."""
     f32 = isinstance(x, Float32) or isinstance(x, float)
     t, c = (Float32, "f") if f32 else (Int32, "r")
-    vals = [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip), t(x).ir_value(loc=loc, ip=ip),
-            t(y).ir_value(loc=loc, ip=ip)]
     asm = f"{{ .reg .pred p; setp.eq.s32 p, $1, $2; selp.{'f32' if f32 else 'b32'} $0, $3, $4, p; }}"
-    return t(llvm.inline_asm(t.mlir_type, vals, asm, f"={c},r,r,{c},{c}", has_side_effects=False,
-                             is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    return inline_asm(t, asm, f"={c},r,r,{c},{c}", [Int32(a), Int32(b), t(x), t(y)], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -111,23 +106,19 @@ def fp8x4(a: Float32, b: Float32, c: Float32, d: Float32, e4m3: cutlass.Constexp
     """Four fp32 rounded to nearest even and saturated (cvt.rn.satfinite: NaN stays NaN) to e4m3 or
     e5m2, packed in memory order (a at the lowest byte)."""
     fmt = "e4m3x2" if e4m3 else "e5m2x2"
-    vals = [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)]
     asm = (f"{{ .reg .b16 lo, hi; cvt.rn.satfinite.{fmt}.f32 lo, $2, $1; cvt.rn.satfinite.{fmt}.f32 hi, $4, $3; "
            "mov.b32 $0, {lo, hi}; }")
-    return Int32(llvm.inline_asm(Int32.mlir_type, vals, asm, "=r,f,f,f,f", has_side_effects=False,
-                                 is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    return inline_asm(Int32, asm, "=r,f,f,f,f", [Float32(v) for v in (a, b, c, d)], loc=loc, ip=ip)
 
 
 @dsl_user_op
 def store_words(addr: Int64, w0: Int32, w1, *, loc=None, ip=None):
     """One store of one (w1 None) or two 32-bit words at a global address (8-byte aligned for two)."""
     if w1 is None:
-        asm, cons, vals = "st.global.b32 [$0], $1;", "l,r", [w0]
+        asm, cons, words = "st.global.b32 [$0], $1;", "l,r", [w0]
     else:
-        asm, cons, vals = "st.global.v2.b32 [$0], {$1, $2};", "l,r,r", [w0, w1]
-    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip)] + [Int32(v).ir_value(loc=loc, ip=ip) for v in vals],
-                    asm, cons, has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-                    loc=loc, ip=ip)
+        asm, cons, words = "st.global.v2.b32 [$0], {$1, $2};", "l,r,r", [w0, w1]
+    inline_asm(None, asm, cons, [Int64(addr)] + [Int32(v) for v in words], side_effects=True, loc=loc, ip=ip)
 
 
 @cute.jit
@@ -145,28 +136,27 @@ def _tree_max(parts: list):
     return parts[0]
 
 
-class RMSNormFp8TmaSmem:
+def _vectors(tA: cute.Tensor, vec: int):
+    """The (i, j, k) index of each 16-byte vector of a thread's partition (vec values each)."""
+    return [(i, j, k) for i in range(cute.size(tA, mode=[0]) // vec) for j in range(cute.size(tA, mode=[1]))
+            for k in range(cute.size(tA, mode=[2]))]
+
+
+class RMSNormFp8TmaSmem(RowTileKernel):
     """q = fp8(rms_norm(h) * (1 / s)) over rows of N, one row tile per CTA. Compile-time: dtypes, N, the
     config, the scales' kind (STATIC, TOKEN, GROUP) and their options, weight, residual, rstd,
-    contiguous rows; runtime: M, the row strides, eps, offset, the amax's upper bound."""
+    contiguous rows; runtime: M, the row strides, eps, offset, the amax's upper bound. (A 1 x GROUP
+    group is GROUP / vec adjacent lanes at one vector index of the tile's layout, `row_tv_layout`.)"""
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, kind: str, group: int, e4m3: bool, top: float,
                  min_amax: float, has_ub: bool, ue8m0: bool, has_weight: bool, has_residual: bool,
                  store_rstd: bool, contiguous: bool):
-        self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
+        super().__init__(x_dtype, w_dtype, N, cfg, has_weight, store_rstd, contiguous)
         self.kind, self.group, self.e4m3 = kind, group, e4m3
         self.scale_ptx = scale_asm(top, min_amax, has_ub, ue8m0)
-        self.has_weight, self.has_residual = has_weight, has_residual
-        self.store_rstd, self.contiguous = store_rstd, contiguous
-        self.vec = 128 // x_dtype.width
-        self.elem_bytes = x_dtype.width // 8
+        self.has_residual = has_residual
 
     # ---- host side ----------------------------------------------------------------------------
-    def _tv_layout(self):
-        c = self.cfg
-        # a 1 x GROUP group is GROUP / vec adjacent lanes at one vector index k
-        return row_tv_layout(c.tpr, c.rpg, c.nvb, self.vec)
-
     def smem_bytes(self) -> int:
         c = self.cfg
         tile = -(-((c.rows - 1) * self.N + c.tile_cols) * self.elem_bytes // 128) * 128
@@ -241,8 +231,6 @@ class RMSNormFp8TmaSmem:
         tRrR = cute.make_fragment_like(tXrX)
         tRrR.fill(0)
         tYrY = cute.make_fragment_like(tXrX, Float32)
-        n_vec = cute.size(tXcX, mode=[0]) // vec
-        m1, m2 = cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])
         words = vec // 4  # 32-bit words of q per vector
 
         w = offset
@@ -290,13 +278,7 @@ class RMSNormFp8TmaSmem:
                 # a vector's amax, then a tree over the vectors: one chain over all of them made ptxas hold
                 # more (sm_90, 16384: 229 registers against 158, 2 CTAs per SM against 3; H200 0.85
                 # against 0.97 of a copy, docs/performance.md 2.17)
-                parts = []
-                for i in cutlass.range_constexpr(cute.size(tYrY) // vec):
-                    a = Float32(0.0)
-                    for e in cutlass.range_constexpr(vec):
-                        a = max_abs_nan(a, tYrY[i * vec + e])
-                    parts.append(a)
-                amax = self._row_reduce(_tree_max(parts), True, sMax, g, warp, lane)
+                amax = self._row_reduce(_tree_max(list(self._vector_amaxes(tYrY))), True, sMax, g, warp, lane)
                 s = self._scale(amax, scale_ub)
                 inv = rcp_rn(s)
                 if tXcX[0][1] == 0 and row < M:
@@ -307,19 +289,25 @@ class RMSNormFp8TmaSmem:
             q_row = q_base + Int64(row) * N
             if cutlass.const_expr(self.kind == GROUP):
                 inv_v = self._group_reciprocals(tYrY, tXcX, mS, scale_ub, row, lane, M)
-            v = 0
-            for i in cutlass.range_constexpr(n_vec):
-                for j in cutlass.range_constexpr(m1):
-                    for k in cutlass.range_constexpr(m2):
-                        col = tXcX[i * vec, j, k][1]
-                        if cutlass.const_expr(self.kind == GROUP):
-                            inv = inv_v[v]
-                        ws = [fp8x4(tYrY[i * vec + 4 * u, j, k] * inv, tYrY[i * vec + 4 * u + 1, j, k] * inv,
-                                    tYrY[i * vec + 4 * u + 2, j, k] * inv, tYrY[i * vec + 4 * u + 3, j, k] * inv,
-                                    self.e4m3) for u in range(words)]
-                        if col < N and row < M:
-                            store_words(q_row + col, ws[0], ws[1] if words == 2 else None)
-                        v += 1
+            for v, (i, j, k) in enumerate(_vectors(tXcX, vec)):
+                col = tXcX[i * vec, j, k][1]
+                if cutlass.const_expr(self.kind == GROUP):
+                    inv = inv_v[v]
+                ws = [fp8x4(tYrY[i * vec + 4 * u, j, k] * inv, tYrY[i * vec + 4 * u + 1, j, k] * inv,
+                            tYrY[i * vec + 4 * u + 2, j, k] * inv, tYrY[i * vec + 4 * u + 3, j, k] * inv,
+                            self.e4m3) for u in range(words)]
+                if col < N and row < M:
+                    store_words(q_row + col, ws[0], ws[1] if words == 2 else None)
+
+    def _vector_amaxes(self, tYrY: cute.Tensor):
+        """Each of the thread's vectors' amax, max.NaN of |y| over its vec values, in `_vectors` order
+        (generated: the group path reduces each over its lanes before the next is traced)."""
+        vec = self.vec
+        for i, j, k in _vectors(tYrY, vec):
+            a = Float32(0.0)
+            for e in range(vec):
+                a = max_abs_nan(a, tYrY[i * vec + e, j, k])
+            yield a
 
     def _group_reciprocals(self, tYrY: cute.Tensor, tXcX: cute.Tensor, mS: cute.Tensor, scale_ub: Float32,
                            row: Int32, lane: Int32, M: Int32):
@@ -332,15 +320,8 @@ class RMSNormFp8TmaSmem:
         reciprocal (each a multi-instruction IEEE sequence) instead of one per vector."""
         vec, N, G = self.vec, self.N, self.group
         L = G // vec
-        amaxes, cols = [], []
-        for i in range(cute.size(tXcX, mode=[0]) // vec):
-            for j in range(cute.size(tXcX, mode=[1])):
-                for k in range(cute.size(tXcX, mode=[2])):
-                    a = Float32(0.0)
-                    for e in range(vec):
-                        a = max_abs_nan(a, tYrY[i * vec + e, j, k])
-                    amaxes.append(cute.arch.warp_reduction(a, max_nan, threads_in_group=L))
-                    cols.append(tXcX[i * vec, j, k][1])
+        amaxes = [cute.arch.warp_reduction(a, max_nan, threads_in_group=L) for a in self._vector_amaxes(tYrY)]
+        cols = [tXcX[i * vec, j, k][1] for i, j, k in _vectors(tXcX, vec)]
         p = lane % L
         a_p, c_p = amaxes[0], Int32(cols[0])
         for v in range(1, len(amaxes)):

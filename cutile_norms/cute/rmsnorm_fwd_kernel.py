@@ -19,29 +19,16 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
-                      row_tv_layout, store_f32_to_peer, vector_copy)
-from .rmsnorm_fwd_config import FwdConfig
+from ._device import (RowTileKernel, as_rows, bulk_copy_g2s, cluster_position, column_predicate,
+                      init_mbarriers_and_sync, store_f32_to_peer, vector_copy)
 
 
-class RMSNormFwdTmaSmem:
+class RMSNormFwdTmaSmem(RowTileKernel):
     """y = x * rsqrt(mean(x^2) + eps) * (offset + w) over rows of N, one row tile per CTA (a cluster of
-    CTAs per row when cfg.cluster_n > 1). Compile-time: dtypes, N, the config, weight or not, rstd or not,
-    contiguous rows or not; runtime: M, x's row stride, eps, offset."""
-
-    def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, has_weight: bool, store_rstd: bool,
-                 contiguous: bool):
-        self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
-        self.has_weight = has_weight
-        self.store_rstd, self.contiguous = store_rstd, contiguous
-        self.vec = 128 // x_dtype.width
-        self.elem_bytes = x_dtype.width // 8
+    CTAs per row when cfg.cluster_n > 1). Compile-time (RowTileKernel's): dtypes, N, the config (a
+    FwdConfig), weight or not, rstd or not, contiguous rows or not; runtime: M, x's row stride, eps, offset."""
 
     # ---- host side ----------------------------------------------------------------------------
-    def _tv_layout(self):
-        c = self.cfg
-        return row_tv_layout(c.tpr, c.rpg, c.nvb, self.vec)
-
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW, mY: cute.Tensor, mRstd, eps: Float32, offset: Float32,
                  stream):
