@@ -154,27 +154,23 @@ def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h
     why = kernel_refusal(mode, x2d.shape[1], dev, tools)
     if why is not None:
         return None, why
-    from .cute.rmsnorm_fp8 import unsupported
-
-    cute_why = (dispatch.unavailable_reason(dispatch.MODES["tma_smem_cached"], dev, tools)
-                or unsupported(x2d, r2d, h_dtype, group_size))
-    if mode == "tma_smem_cached":
-        return (None, cute_why) if cute_why else ("tma_smem_cached", "named")
     if mode == "triton":
         return "triton", "named"
-    if cute_why is None and cute_wins(x2d.shape[1], x2d.element_size(), group_size):
-        return "tma_smem_cached", "mode=None: the CuTe DSL kernel at this width (fp8.cute_wins)"
+    wins = mode is None and cute_wins(x2d.shape[1], x2d.element_size(), group_size)
+    reason = "mode=None: Triton's kernel at this width (fp8.cute_wins)"
+    if mode == "tma_smem_cached" or wins:  # (the CuTe DSL kernel's refusal, asked only where it would run)
+        from .cute.rmsnorm_fp8 import unsupported
+
+        cute_why = (dispatch.unavailable_reason(dispatch.MODES["tma_smem_cached"], dev, tools)
+                    or unsupported(x2d, r2d, h_dtype, group_size))
+        if cute_why is None:
+            return "tma_smem_cached", ("named" if mode else "mode=None: the CuTe DSL kernel at this width "
+                                                             "(fp8.cute_wins)")
+        if mode:
+            return None, cute_why
+        reason = f"mode=None: Triton's kernel ({cute_why})"
     triton_why = dispatch.unavailable_reason(dispatch.MODES["triton"], dev, tools)
-    if triton_why is None:
-        return "triton", ("mode=None: Triton's kernel at this width (fp8.cute_wins)" if cute_why is None
-                          else f"mode=None: Triton's kernel ({cute_why})")
-    return None, triton_why
-
-
-def kernel_unused(mode: str | None, x) -> str | None:
-    """None where an FP8 kernel runs for x (per-token scales, no residual), else why the torch ops do."""
-    which, why = pick_kernel(mode, as_rows(x), None, None, None)
-    return None if which else why
+    return ("triton", reason) if triton_why is None else (None, triton_why)
 
 
 def describe(x, mode: str | None, group_size: int | None = None) -> str:
