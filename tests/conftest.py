@@ -27,7 +27,7 @@ if "CUTILE_NORMS_CACHE_DIR" not in os.environ:
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from cutile_norms.reference import rms_norm_reference
+from cutile_norms.reference import fp8_quantize, fp8_scale, rms_norm_reference
 
 # |y - ref| <= atol + rtol * |ref|, ref in fp64 (not rounded). bf16/fp16: one unit in the last place
 # of the output dtype (the kernels round an fp32 result once: <= half an ulp, plus fp32 math error far
@@ -282,3 +282,22 @@ def check_graph_forward_backward(mode, M, N, seed, eps=1e-6):
 __all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "poisoned", "check_forward",
            "reference_bwd64",
            "assert_grad_close", "rms_norm_reference"]
+
+
+def same_bits_or_both_nan(a, b) -> bool:
+    """Equal values, and NaN in the same places (NaN payloads aside)."""
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+
+
+def fp8_reference(y, out_dtype, scale=None, group=None, ub=None, ue8m0=False):
+    """(scales, q) by the reference quantizer (reference.fp8_scale, reference.fp8_quantize) from y (fp32,
+    computed in the kernel's op order from its rstd): `scale` given (per tensor), 1 x `group` scales, or
+    per row."""
+    if scale is not None:
+        return scale, fp8_quantize(y, scale, out_dtype)
+    if group:
+        yg = y.unflatten(-1, (y.shape[-1] // group, group))
+        s = fp8_scale(yg.abs().amax(-1), out_dtype, ub, ue8m0)
+        return s, fp8_quantize(yg, s.unsqueeze(-1), out_dtype).flatten(-2)
+    s = fp8_scale(y.abs().amax(-1), out_dtype, ub)
+    return s, fp8_quantize(y, s.unsqueeze(-1), out_dtype)

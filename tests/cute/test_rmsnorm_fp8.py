@@ -19,8 +19,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
 from cutile_norms.cute.rmsnorm_fp8_config import fp8_config, refusal
-from cutile_norms.reference import fp8_quantize, fp8_scale
-from tests.conftest import random_rows, random_weight
+from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
 from tests.cute.ptx_util import ptxas_report
 
 ARCHS = ["sm_90a", "sm_100a"]
@@ -121,10 +120,6 @@ def test_unsupported_names_why():
     assert "fp16, bf16 or fp32" in unsupported(x.double(), None, None, None)
 
 
-def _same(a, b) -> bool:
-    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
-
-
 GPU_KINDS = ["token", "group", "group_ue8m0", "static", "static_saturating", "token_ub", "residual",
              "residual_group"]
 
@@ -196,22 +191,14 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0):
     what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad}"
     src = x
     if r is not None:
-        assert _same(h.float(), (x.float() + r.float()).to(x_dtype).float()), f"{what}: h"
+        assert same_bits_or_both_nan(h.float(), (x.float() + r.float()).to(x_dtype).float()), f"{what}: h"
         src = h
     ssq = src.double().square().mean(-1)
     finite = torch.isfinite(ssq)
     assert torch.allclose(rstd.double()[finite], torch.rsqrt(ssq[finite] + 1e-6), rtol=1e-5), f"{what}: rstd"
     y = (src.float() * rstd[:, None]) * (w.float() + offset)  # the kernel's op order, from its rstd
-    if scale is not None:
-        s_ref, q_ref = scale, fp8_quantize(y, scale, out_dtype)
-    elif group:
-        yg = y.unflatten(-1, (N // group, group))
-        s_ref = fp8_scale(yg.abs().amax(-1), out_dtype, ub, ue8m0)
-        q_ref = fp8_quantize(yg, s_ref.unsqueeze(-1), out_dtype).flatten(-2)
-    else:
-        s_ref = fp8_scale(y.abs().amax(-1), out_dtype, ub)
-        q_ref = fp8_quantize(y, s_ref.unsqueeze(-1), out_dtype)
-    assert s.shape == s_ref.shape and _same(s, s_ref), f"{what}: scales"
-    assert _same(q.float(), q_ref.float()), f"{what}: q differs from the reference quantizer"
+    s_ref, q_ref = fp8_reference(y, out_dtype, scale, group, ub, ue8m0)
+    assert s.shape == s_ref.shape and same_bits_or_both_nan(s, s_ref), f"{what}: scales"
+    assert same_bits_or_both_nan(q.float(), q_ref.float()), f"{what}: q differs from the reference quantizer"
     if scale is None and M > 3 and r is None:
         assert torch.isnan(s[3]).all() and torch.isnan(s[2]).any(), f"{what}: NaN scales where y has NaN"

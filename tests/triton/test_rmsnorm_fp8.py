@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cutile_norms.reference import fp8_quantize, fp8_scale
-from tests.conftest import random_rows, random_weight
+from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
 from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 
 
@@ -22,10 +21,6 @@ from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
 def kernel():
     from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8
     return rms_norm_fp8
-
-
-def same_bits_or_both_nan(a, b) -> bool:
-    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -53,15 +48,7 @@ def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, 
         assert device == "cpu" or same_bits_or_both_nan(h.float(), (x.float() + r.float()).to(torch.bfloat16).float())
         src = h
     y = (src.float() * rstd[:, None]) * (w.float() + 0.0)  # the kernel's op order, from its rstd
-    if scale is not None:
-        s_ref, q_ref = scale, fp8_quantize(y, scale, out_dtype)
-    elif group:
-        yg = y.unflatten(-1, (N // group, group))
-        s_ref = fp8_scale(yg.abs().amax(-1), out_dtype, ub, kind == "group_ue8m0")
-        q_ref = fp8_quantize(yg, s_ref.unsqueeze(-1), out_dtype).flatten(-2)
-    else:
-        s_ref = fp8_scale(y.abs().amax(-1), out_dtype, ub)
-        q_ref = fp8_quantize(y, s_ref.unsqueeze(-1), out_dtype)
+    s_ref, q_ref = fp8_reference(y, out_dtype, scale, group, ub, kind == "group_ue8m0")
     what = f"{kind} {out_dtype} N={N} [seed {seed}]"
     assert s.shape == s_ref.shape and same_bits_or_both_nan(s, s_ref), f"{what}: scales"
     if scale is None:  # inf in a row: rstd 0, y NaN at the inf, 0 elsewhere; NaN in a row: rstd and y all NaN
