@@ -16,6 +16,7 @@ import importlib
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -317,11 +318,20 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 #     the unfused path's 0.81. A part is 4097-8192 columns of 16-bit operands (2049-4096 where one is
 #     fp32) whatever N is, so the rule holds between the measured widths; rows past
 #     add_rmsnorm_fwd_config.MAX_ROW_BYTES of their widest operand would need wider parts;
+#   * a mode named: its own DSL's fused kernel (below, FUSED_ADD_CUTE_KERNEL and FUSED_ADD_SPLIT_MIN_BYTES);
 # everywhere else (CUTILE_NORMS_FUSED=0, another mode, a DSL that does not run here) the add runs as one
 # torch.add into h before the norm kernel `resolve` picks for h (5 M N e bytes: 0.81-0.83). The backward:
 # `residual_backward`. (`python bench/residual.py`, docs/performance.md 2.7, 2.15 and 2.16.)
 FUSED_ADD_KERNEL = "cutile_norms.triton.add_rmsnorm_fwd:add_rms_norm_fwd"
 FUSED_ADD_SPLIT_KERNEL = "cutile_norms.cutile.add_rmsnorm_fwd:add_rms_norm_fwd"
+FUSED_ADD_CUTE_KERNEL = "cutile_norms.cute.add_rmsnorm_fwd:add_rms_norm_fwd"
+# A mode named runs its own DSL's fused kernel: mode "tma_smem_cached" the CuTe DSL one (x's and r's row
+# tiles in shared memory by bulk copies, the forward's kernel with the add in its first pass): 0.984-1.009
+# x a copy at 896-262144 on an H100 (bf16); a cuTile mode the split kernel at every width whose rows hold
+# FUSED_ADD_SPLIT_MIN_BYTES of the widest operand: the row's two halves go to two blocks of 8 warps that
+# meet through global memory, which narrow rows do not pay for (H100, bf16: 0.607 at 896 against the
+# unfused path's 0.821; 0.862 against 0.824 at 1536, 0.91-1.00 from 2048).
+FUSED_ADD_SPLIT_MIN_BYTES = 3 * 1024
 FUSED_ADD_BWD_KERNEL = "cutile_norms.triton.add_rmsnorm_bwd:add_rms_norm_bwd"
 # Triton's fused backward holds h, dy, dh and its dw accumulator in registers: rows of up to 8192 elements
 FUSED_ADD_BWD_MAX_N = 8192
@@ -345,30 +355,41 @@ def _fused_off(norm_mode: str, dev: DeviceInfo) -> str | None:
 
 
 def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_bytes: int, dev: DeviceInfo,
-                        tools: Toolchain) -> tuple[str | None, str]:
+                        tools: Toolchain, cute_refusal: Callable[[], str | None] = lambda: None) -> tuple[str | None, str]:
     """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
     for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements whose widest
     operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused
-    before that mode's norm kernel)."""
+    before that mode's norm kernel). `cute_refusal()`: why the CuTe DSL fused forward does not take
+    these tensors (cute/add_rmsnorm_fwd.unsupported), asked only where that kernel would run."""
     off = _fused_off(norm_mode, dev)
     if off:
         return None, off
-    if N <= FUSED_ADD_MAX_N:
+    if mode_name == "tma_smem_cached":
+        why = unavailable_reason(MODES["tma_smem_cached"], dev, tools) or cute_refusal()
+        return (None, why) if why else (FUSED_ADD_CUTE_KERNEL, "CuTe DSL, x's and r's row tiles in shared memory "
+                                                               "(mode 'tma_smem_cached')")
+    cutile_named = mode_name is not None and MODES[mode_name].dsl == "cutile"
+    if N <= FUSED_ADD_MAX_N and not cutile_named:
         if mode_name not in (None, "triton"):
-            return None, (f"mode {mode_name!r}: rows of up to {FUSED_ADD_MAX_N} elements fuse in Triton's kernel "
-                          "(mode None or 'triton')")
+            return None, f"mode {mode_name!r}: no fused kernel of its own"
         why = unavailable_reason(MODES["triton"], dev, tools)
         return (None, why) if why else (FUSED_ADD_KERNEL, f"Triton, the row in registers (N <= {FUSED_ADD_MAX_N})")
-    if mode_name is not None and MODES[mode_name].dsl != "cutile":
+    if mode_name is not None and not cutile_named:
         return None, (f"mode {mode_name!r}: rows past {FUSED_ADD_MAX_N} elements fuse in cuTile's split kernel "
                       "(mode None or a cuTile mode)")
-    from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES  # (pure Python; imported where rows are this wide)
+    from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES, MIN_N  # (pure Python)
 
+    if N < MIN_N:
+        return None, f"the split kernel holds rows of at least {MIN_N} elements, N={N}"
+    if cutile_named and N * elem_bytes < FUSED_ADD_SPLIT_MIN_BYTES:
+        return None, (f"mode {mode_name!r}: rows under {FUSED_ADD_SPLIT_MIN_BYTES} bytes run the add unfused (cuTile's "
+                      "split kernel measured behind there)")
     if N * elem_bytes > MAX_ROW_BYTES:
         return None, (f"the split kernel holds rows of up to {MAX_ROW_BYTES} bytes of its widest operand, "
                       f"N={N} of {elem_bytes}-byte elements")
     why = unavailable_reason(MODES["multi_wave_cached"], dev, tools)
-    return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, f"cuTile, the row split over blocks (N > {FUSED_ADD_MAX_N})")
+    return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, "cuTile, the row split over blocks " + (
+        f"(mode {mode_name!r})" if cutile_named else f"(N > {FUSED_ADD_MAX_N})"))
 
 
 BWD_FUSED, BWD_DH_INSIDE, BWD_DH_AFTER = "fused", "inside", "after"  # residual_backward's answers

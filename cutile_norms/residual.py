@@ -15,9 +15,10 @@ Contract:
     (create_graph=True runs the norm's closed-form backward in torch ops).
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
-  * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (Triton's
-    for rows of up to 16384 elements, cuTile's split form past that) reads x and r once and writes h
-    and y once; elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.
+  * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (mode None:
+    Triton's for rows of up to 16384 elements, cuTile's split form past that; a mode named: its own
+    DSL's, the CuTe DSL one for "tma_smem_cached") reads x and r once and writes h and y once;
+    elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.
     The backward reads dy, h and dh once and writes one grad: Triton's fused kernel (mode None: rows
     of up to 2 KiB, or up to 8192 elements without cuTile; mode "triton": up to 8192), else the norm's
     backward kernel for h with dh added inside (the cuTile and CuTe DSL kernels); Triton's norm backward,
@@ -71,7 +72,13 @@ def _weight_for(weight, h_dtype):
 def _fused_forward(x, residual, h, mode, norm_mode, dev) -> tuple[str | None, str]:
     """dispatch.residual_add_kernel for these tensors: (the fused forward kernel or None, why)."""
     widest = max(x.element_size(), residual.element_size(), h.element_size())
-    return dispatch.residual_add_kernel(mode, norm_mode, x.shape[-1], widest, dev, toolchain())
+
+    def cute_refusal():
+        from .cute.add_rmsnorm_fwd import unsupported
+
+        return unsupported(as_rows(x), as_rows(residual), h.dtype)
+
+    return dispatch.residual_add_kernel(mode, norm_mode, x.shape[-1], widest, dev, toolchain(), cute_refusal)
 
 
 def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_place=False):

@@ -345,19 +345,33 @@ def test_the_process_toolchain_imports_only_what_a_decision_needs(tmp_path):
 
 @pytest.mark.parametrize("mode,N,h_bytes,expected", [
     (None, 4096, 2, dispatch.FUSED_ADD_KERNEL), ("triton", 16384, 2, dispatch.FUSED_ADD_KERNEL),
-    ("multi_wave_cached", 4096, 2, None), ("tma_smem_cached", 4096, 2, None),
+    ("multi_wave_cached", 4096, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), ("static_persistent", 1536, 2,
+                                                                        dispatch.FUSED_ADD_SPLIT_KERNEL),
+    ("multi_wave_reload", 1535, 2, None), ("multi_wave_reload", 768, 4, dispatch.FUSED_ADD_SPLIT_KERNEL),
+    ("multi_wave_reload", 16, 4, None), ("tma_smem_cached", 4096, 2, dispatch.FUSED_ADD_CUTE_KERNEL),
     (None, 16385, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), ("static_persistent", 65536, 4, dispatch.FUSED_ADD_SPLIT_KERNEL),
-    ("triton", 20480, 2, None), ("tma_smem_cached", 65536, 2, None),
+    ("triton", 20480, 2, None), ("tma_smem_cached", 65536, 2, dispatch.FUSED_ADD_CUTE_KERNEL),
     (None, 524288, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), (None, 524289, 2, None), (None, 262145, 4, None)])
 def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
     """Triton's fused forward for rows of up to FUSED_ADD_MAX_N (mode None or "triton"), cuTile's split
-    form past that (mode None or a cuTile mode) up to its row bound in bytes of h; else unfused, with a
-    reason; CUTILE_NORMS_FUSED=0 switches both off."""
+    form past that (mode None) and from FUSED_ADD_SPLIT_MIN_BYTES rows under a cuTile mode named, up to its
+    row bound in bytes of h; the CuTe DSL kernel under mode "tma_smem_cached" where it takes the tensors
+    (cute_refusal, asked only then); else unfused, with a reason; CUTILE_NORMS_FUSED=0 switches all off."""
     monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
-    kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, h_bytes, H100, ALL_TOOLS)
+    asked = []
+
+    def refusal():
+        asked.append(1)
+        return None
+
+    kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, h_bytes, H100, ALL_TOOLS, refusal)
     assert kernel == expected and why, (kernel, why)
+    assert len(asked) == (mode == "tma_smem_cached")
     if expected == dispatch.FUSED_ADD_SPLIT_KERNEL:
         assert dispatch.residual_add_kernel(mode, "multi_wave_cached", N, h_bytes, H100, NO_CUTILE)[0] is None
+    if expected == dispatch.FUSED_ADD_CUTE_KERNEL:
+        kernel, why = dispatch.residual_add_kernel(mode, mode, N, h_bytes, H100, ALL_TOOLS, lambda: "not these rows")
+        assert kernel is None and why == "not these rows"
     monkeypatch.setenv(dispatch.ENV_FUSED, "0")
     kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, h_bytes, H100, ALL_TOOLS)
     assert kernel is None and dispatch.ENV_FUSED in why

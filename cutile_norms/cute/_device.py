@@ -1,6 +1,7 @@
 """Device helpers both tma_smem_cached kernels use: the CTA's place in its cluster, the TMA bulk copy
-into shared memory, the push of one fp32 into a cluster peer's shared memory, the per-vector column
-predicate, vector copies over a thread-value layout, and a vector seen as rows."""
+into shared memory (and a tile's rows by it), the push of one fp32 into a cluster peer's shared
+memory, the per-vector column predicate, vector copies over a thread-value layout, and a vector seen
+as rows."""
 from __future__ import annotations
 
 import cutlass
@@ -36,6 +37,26 @@ def bulk_copy_g2s(smem_addr: Int32, gmem_addr: Int64, nbytes: Int32, mbar_addr: 
     inline_asm(None, "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
                "r,l,r,r", [Int32(smem_addr), Int64(gmem_addr), Int32(nbytes), Int32(mbar_addr)], side_effects=True,
                loc=loc, ip=ip)
+
+
+@cute.jit
+def load_rows(mA: cute.Tensor, sA: cute.Tensor, row0: Int32, rows_valid: Int32, col0, nbytes,
+              s_row_bytes: cutlass.Constexpr[int], whole: cutlass.Constexpr[bool], lane: Int32, mbar_addr: Int32):
+    """Bulk copies of a tile's rows of mA (from row row0, rows_valid of them, nbytes from column col0
+    of each) into sA at s_row_bytes per row, by one warp: one copy of the whole tile (`whole`: rows
+    of exactly s_row_bytes, contiguous in mA), else one per row at mA's row stride. Their bytes
+    complete on the mbarrier at mbar_addr (the caller has set its transaction count)."""
+    eb = mA.element_type.width // 8
+    s_base = sA.iterator.toint()
+    a_base = mA.iterator.toint()
+    if cutlass.const_expr(whole):
+        if lane == 0:
+            bulk_copy_g2s(s_base, a_base + Int64(row0) * s_row_bytes, rows_valid * s_row_bytes, mbar_addr)
+    else:
+        stride = Int64(mA.stride[0]) * eb
+        for r in cutlass.range(lane, rows_valid, 32):
+            bulk_copy_g2s(s_base + r * s_row_bytes, a_base + Int64(row0 + r) * stride + Int64(col0) * eb, nbytes,
+                          mbar_addr)
 
 
 @dsl_user_op

@@ -43,7 +43,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import (RowTileKernel, as_rows, bulk_copy_g2s, column_predicate, init_mbarriers_and_sync, inline_asm,
+from ._device import (RowTileKernel, as_rows, column_predicate, init_mbarriers_and_sync, inline_asm, load_rows,
                       vector_copy)
 from .rmsnorm_fwd_config import FwdConfig
 
@@ -214,9 +214,9 @@ class RMSNormFp8TmaSmem(RowTileKernel):
                 cute.arch.mbarrier_arrive_and_expect_tx(mbar, rows_valid * (N * eb * operands))
             cute.arch.sync_warp()
             mbar_addr = mbar.toint()
-            self._load_tile(mX, sX, row0, rows_valid, lane, mbar_addr)
+            load_rows(mX, sX, row0, rows_valid, 0, N * eb, N * eb, self.contiguous, lane, mbar_addr)
             if cutlass.const_expr(self.has_residual):
-                self._load_tile(mR, sR, row0, rows_valid, lane, mbar_addr)
+                load_rows(mR, sR, row0, rows_valid, 0, N * eb, N * eb, self.contiguous, lane, mbar_addr)
 
         # ---- one 128-bit copy for shared -> registers (and h's registers -> global) ----
         tiler = (c.rpg, width)
@@ -332,20 +332,6 @@ class RMSNormFp8TmaSmem(RowTileKernel):
         _store_scale(mS, Int64(row) * (N // G) + c_p // G, s, p, len(amaxes), c_p, N, row, M)
         first = lane - p
         return [cute.arch.shuffle_sync(inv_p, offset=first + v) for v in range(len(amaxes))]
-
-    @cute.jit
-    def _load_tile(self, mA: cute.Tensor, sA: cute.Tensor, row0, rows_valid, lane, mbar_addr):
-        """Bulk copies of the tile's rows of mA into sA (warp 0): one for contiguous rows, else one per row."""
-        eb, N = self.elem_bytes, self.N
-        s_base = sA.iterator.toint()
-        a_base = mA.iterator.toint()
-        if cutlass.const_expr(self.contiguous):
-            if lane == 0:
-                bulk_copy_g2s(s_base, a_base + Int64(row0) * (N * eb), rows_valid * (N * eb), mbar_addr)
-        else:
-            stride = Int64(mA.stride[0]) * eb
-            for r in cutlass.range(lane, rows_valid, 32):
-                bulk_copy_g2s(s_base + r * (N * eb), a_base + Int64(row0 + r) * stride, N * eb, mbar_addr)
 
     def _normed(self, tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w):
         """y = h * rstd * (offset + w) in fp32, in this order (the reference's), into tYrY."""

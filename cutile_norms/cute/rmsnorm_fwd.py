@@ -8,7 +8,8 @@ torch tensors on torch's current stream.
 What the mode takes (`unsupported` says why not, the API layer raises it and mode=None does not pick
 the mode there): rows whose starts are 16-byte aligned, i.e. N and x's row stride multiples of
 16 bytes / element size and x's data 16-byte aligned, since the TMA engine's bulk copies move 16-byte
-multiples between 16-byte-aligned addresses; and N up to what CLUSTER_MAX CTAs' shared memory holds.
+multiples between 16-byte-aligned addresses; N up to what CLUSTER_MAX CTAs' shared memory holds; and
+fewer than 2^31 rows (32-bit row indices).
 """
 from __future__ import annotations
 
@@ -27,20 +28,24 @@ CACHE = CompileCache()
 
 
 def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig,
-                    store_rstd: bool, contiguous: bool, arch: str | None = None, keep_ptx: bool = False):
+                    store_rstd: bool, contiguous: bool, arch: str | None = None, keep_ptx: bool = False,
+                    has_residual: bool = False):
     """The compiled forward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
     compiles for that target without a GPU; None: the current GPU's. `keep_ptx`:
-    the result's `__ptx__` holds the PTX (the compile tests read it)."""
-    key = (x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx)
-    return CACHE.get(key, lambda: _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx),
-                     arch=arch, persist=not keep_ptx)
+    the result's `__ptx__` holds the PTX (the compile tests read it). `has_residual`: the fused add
+    (add_rmsnorm_fwd.py), called fn(x, r, w, y, h, rstd, eps, offset); without it fn(x, x, w, y, y,
+    rstd, eps, offset)."""
+    key = (x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx) + (("residual",) if has_residual else ())
+    return CACHE.get(key, lambda: _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx,
+                                                 has_residual), arch=arch, persist=not keep_ptx)
 
 
-def _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx):
+def _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx, has_residual):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
 
+    from .add_rmsnorm_fwd_kernel import AddRMSNormFwdTmaSmem
     from .rmsnorm_fwd_kernel import RMSNormFwdTmaSmem
 
     dx = cutlass_dtype(x_dtype)
@@ -50,16 +55,24 @@ def _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_
     S = cute.sym_int64(divisibility=vec, symbol="row_stride")
     R = M if store_rstd else cute.sym_int64(symbol="rstd_len")
     mX = make_fake_tensor(dx, (M, N), stride=(N if contiguous else S, 1), assumed_align=16)
-    # y's row stride (N at run time) is a symbolic int64: with the constant N the row offset was a
-    # 32-bit element index, which wraps past 2^32 elements and wrote late rows over early ones
-    mY = make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol="y_stride"), 1),
-                          assumed_align=16)
+
+    def out_rows(name):
+        # y's (h's) row stride (N at run time) is a symbolic int64: with the constant N the row offset was
+        # a 32-bit element index, which wraps past 2^32 elements and wrote late rows over early ones
+        return make_fake_tensor(dx, (M, N), stride=(cute.sym_int64(divisibility=vec, symbol=name), 1), assumed_align=16)
+
+    mY = out_rows("y_stride")
     mW = make_fake_tensor(dw, (N,), stride=(1,), assumed_align=16)
-    mR = make_fake_tensor(cutlass.Float32, (R,), stride=(1,), assumed_align=4)
-    kernel = RMSNormFwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, store_rstd, contiguous)
-    fn = cute.compile(kernel, mX, mW, mY, mR, cutlass.Float32(1e-6), cutlass.Float32(0.0),
-                      make_fake_stream(use_tvm_ffi_env_stream=True), options=compile_options(arch, keep_ptx))
-    return fn
+    mRstd = make_fake_tensor(cutlass.Float32, (R,), stride=(1,), assumed_align=4)
+    # with a residual: r at its own row stride (rows contiguous only when x's and r's both are), h as y
+    mR = make_fake_tensor(dx, (M, N), stride=(N if contiguous else cute.sym_int64(divisibility=vec, symbol="r_stride"), 1),
+                          assumed_align=16)
+    mH = out_rows("h_stride")
+    kernel = (AddRMSNormFwdTmaSmem if has_residual else RMSNormFwdTmaSmem)(dx, dw, N, cfg, w_dtype is not None,
+                                                                            store_rstd, contiguous)
+    tensors = (mX, mR, mW, mY, mH, mRstd) if has_residual else (mX, mW, mY, mRstd)
+    return cute.compile(kernel, *tensors, cutlass.Float32(1e-6), cutlass.Float32(0.0),
+                        make_fake_stream(use_tvm_ffi_env_stream=True), options=compile_options(arch, keep_ptx))
 
 
 # ================================================================================================
@@ -78,6 +91,8 @@ def unsupported(N: int, dtype: torch.dtype, row_stride: int, M: int, data_ptr: i
                 f"got {row_stride}")
     if data_ptr % 16:
         return "tma_smem_cached needs x's data 16-byte aligned (a view starting mid-row is not)"
+    if M >= 2 ** 31:  # row indices are 32-bit in the kernel (rows this many are at most a few vectors long)
+        return f"tma_smem_cached takes fewer than 2^31 rows, got M={M}"
     if analytic_config(N, eb) is None:
         return (f"tma_smem_cached keeps a row in the shared memory of at most {CLUSTER_MAX} CTAs: "
                 f"N={N} is too long")

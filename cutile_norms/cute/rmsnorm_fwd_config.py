@@ -31,11 +31,13 @@ class FwdConfig:
     def smem_row_stride(self, N: int) -> int:
         return N if self.cluster_n == 1 else self.tile_cols
 
-    def smem_bytes(self, elem_bytes: int, N: int) -> int:
+    def smem_bytes(self, elem_bytes: int, N: int, operands: int = 1) -> int:
+        """A CTA's shared memory: `operands` tiles (x's; with a residual r's too), the barriers and the
+        reduction slots."""
         s = self.smem_row_stride(N)
         tile = ((self.rows - 1) * s + self.tile_cols) * elem_bytes
         groups = self.rows // self.rpg
-        return -(-tile // 128) * 128 + 16 + 4 * groups * self.warps_per_row + 16 + 4 * self.cluster_n + 64
+        return operands * (-(-tile // 128) * 128) + 16 + 4 * groups * self.warps_per_row + 16 + 4 * self.cluster_n + 64
 
     def short(self) -> str:
         return (f"rows={self.rows} threads={self.threads} (tpr={self.tpr}) vectors/thread={self.nvb} "

@@ -19,6 +19,7 @@ NUM_WARPS = 8
 OCCUPANCY = 4
 MAX_SPLIT = 64
 MAX_ROW_BYTES = MAX_SPLIT * PART_BYTES  # of the widest operand per row: wider rows would need larger parts
+MIN_N = 32  # two parts of at least 16 columns each (a part's columns start 16-byte aligned: split_part)
 
 
 def split_config(N: int, elem_bytes: int) -> tuple[int, int, int]:

@@ -104,3 +104,11 @@ def test_ptx_y_offsets_are_64_bit(N, contiguous):
     as unsigned) wrapped past 2^32 elements and wrote late rows over the first ones."""
     ops = address_ops(_ptx(N, torch.bfloat16, torch.bfloat16, contiguous), "st.global.v4")
     assert ops & {"mad.lo.s64", "mul.lo.s64"}, f"y's address: {sorted(ops)}"
+
+
+def test_refuses_2_31_rows():
+    """Row indices are 32-bit in the kernel: 2^31 rows or more are refused (mode=None runs another mode)."""
+    from cutile_norms.cute.rmsnorm_fwd import unsupported
+
+    assert unsupported(8, torch.bfloat16, 8, (1 << 31) - 1, 0) is None
+    assert "2^31" in unsupported(8, torch.bfloat16, 8, 1 << 31, 0)

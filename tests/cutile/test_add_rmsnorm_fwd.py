@@ -112,7 +112,8 @@ def run_and_check(kernel, s, M, N, x_dtype, r_dtype, h_dtype, w_dtype, offset, i
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M,N", [(1, 16384 + 16), (3, 20000), (7, 33416), (5, 65536), (2, 149992), (1, 600000)])
+@pytest.mark.parametrize("M,N", [(1, 16384 + 16), (3, 20000), (7, 33416), (5, 65536), (2, 149992), (1, 600000),
+                                 (5, cfg.MIN_N), (9, 1000), (33, 2048), (4, 4104), (300, 8192)])  # (a cuTile mode named)
 def test_matches_reference(kernel, seed, M, N):
     run_and_check(kernel, seed, M, N, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, 0.0)
 
