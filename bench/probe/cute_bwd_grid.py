@@ -1,0 +1,81 @@
+"""Probe: the tma_smem_cached backward's persistent grid at one CTA per SM (the launch's) against k per
+SM (k x the clusters that fit one CTA an SM), with and without dh (the residual add's backward), bf16,
+each as a ratio to a same-run copy (bytes: x, dy and dx, and dh: 1.5 or 2 x the copy's), medians of
+--rounds interleaved rounds; every config's dx and dw checked first.
+
+    python bench/probe/cute_bwd_grid.py [--ns 12288,16384,18432,20480,24576,32768] [--ks 1,2] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.probe.common import no_gpu, write_json  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import width_inputs  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, ring_stages  # noqa: E402
+from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+
+
+def main() -> int:
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=ints, default=[12288, 16384, 18432, 20480, 24576, 32768])
+    p.add_argument("--ks", type=ints, default=[1, 2])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if no_gpu():
+        return 0
+    dev = device_info(torch.device("cuda"))
+    one_per_sm = B.max_clusters
+    print(f"# {torch.cuda.get_device_name()}, ring slots {ring_stages(dev)}", flush=True)
+    rows = {}
+    try:
+        for N in args.ns:
+            M, x, w = width_inputs(N, torch.bfloat16)
+            dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+            dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+            rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
+            dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.0)
+            for has_dh in (False, True):
+                cfg = analytic_config(N, 2, small_ring=ring_stages(dev), streams=3 if has_dh else 2)
+                times = {k: [] for k in args.ks}
+                for rnd in range(args.rounds):
+                    copy = copy_baseline_ms(x, reps=20)["median_ms"]
+                    for k in args.ks:
+                        B.max_clusters = lambda i, c, s, k=k: k * one_per_sm(i, c, s)
+                        def run(cfg=cfg, has_dh=has_dh):
+                            return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count,
+                                            dh2d=dh if has_dh else None)
+                        if rnd == 0:
+                            dx, dw = run()
+                            ref = dx_ref.float() + (dh.float() if has_dh else 0)
+                            if not (torch.allclose(dx.float(), ref, rtol=2e-2, atol=3e-2)
+                                    and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1)):
+                                print(f"N={N} dh={has_dh} k={k}: WRONG", flush=True)
+                        times[k].append((2.0 if has_dh else 1.5) * copy / device_ms(run, reps=20)["median_ms"])
+                    B.max_clusters = one_per_sm
+                med = {k: statistics.median(v) for k, v in times.items()}
+                rows[f"{N}{' dh' if has_dh else ''}"] = {"config": cfg.short(), "vs_copy": med}
+                print(f"N={N:>6} {'dh' if has_dh else '  '} {cfg.short():<48} "
+                      + "  ".join(f"{k}/SM {v:.3f}" for k, v in med.items()), flush=True)
+            del x, dy, dh, dx_ref
+            torch.cuda.empty_cache()
+    finally:
+        B.max_clusters = one_per_sm
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
