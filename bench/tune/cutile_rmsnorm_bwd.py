@@ -9,6 +9,14 @@ bandwidth. --write-configs puts the best config per width into cutile_norms/tuni
 which rmsnorm_bwd.default_config reads (the nearest measured width of the dtype). Compiles run first in
 --workers processes (cuTile compiles on the CPU; the disk cache then serves the timing process).
 Also times the dw reduction's share: the picked config with dw and without (dx only).
+
+    python bench/tune/cutile_rmsnorm_bwd.py --dh --ns 1048,1344,1816
+
+--dh: the residual add's backward instead (the kernel also reads dh and adds it to dx: 4 M N elements,
+2 x the copy's bytes), over the configs a launch with dh can take (`candidates_dh`: prefetching one-row
+tiles at 1-4 blocks per SM, the row cut into its pieces or one padded piece, and multi-row tiles);
+the config the library picks for it (`default_config(..., has_dh=True)`) among them. Prints and saves
+the sweep; it writes no table (the library's dh configs are the norm's, fitted: rmsnorm_bwd_config._dh_fit).
 """
 from __future__ import annotations
 
@@ -34,7 +42,8 @@ from bench.tune.sweep import (ELEMENTS, best_timed, distinct, read_table, save_s
 from cutile_norms._platform import device_info, table_key_for  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd import launch  # noqa: E402
 from cutile_norms.cutile.rmsnorm_bwd_config import (CONFIG_TABLE, MAX_SPLIT, BwdConfig, analytical_config,  # noqa: E402
-                                                    cut_pieces)
+                                                    cut_pieces, default_config)
+from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 DEFAULT_NS = [128, 512, 1024, 2048, 2880, 4096, 5120, 7168, 8192, 16384, 32768, 65536, 131072, 262144]
@@ -66,6 +75,21 @@ def candidates(N: int) -> list[BwdConfig]:
     return distinct(out)
 
 
+def candidates_dh(N: int, picked: BwdConfig) -> list[BwdConfig]:
+    """The configs a launch with dh can take for rows of N (one row per tile only prefetching, as
+    _dh_fit makes it), plus `picked` (the library's)."""
+    out = [picked]
+    pieces = sorted({cut_pieces(BwdConfig(), N).piece_min, pow2_ceil(N)})
+    for bps in (1, 2, 3, 4):
+        for pm in pieces:
+            out.append(BwdConfig(piece_min=pm, blocks_per_sm=bps, num_worker_warps=8, prefetch=True))
+    for tm in (2, 4):
+        if tm * N <= 8192:
+            for bps in (2, 3, 4):
+                out.append(cut_pieces(BwdConfig(tile_m=tm, blocks_per_sm=bps, num_worker_warps=8), N))
+    return distinct(out)
+
+
 def _inputs(M: int, N: int, dtype, device="cuda"):
     _, x, w = width_inputs(N, dtype, M, device)
     dy = torch.randn(M, N, device=device, dtype=dtype)
@@ -75,16 +99,16 @@ def _inputs(M: int, N: int, dtype, device="cuda"):
 
 
 def _warm(jobs) -> int:
-    """Worker: compile (launch once on 64 rows) every (N, dtype, config) of `jobs`; the launches
+    """Worker: compile (launch once on 64 rows) every (N, dtype, config, dh) of `jobs`; the launches
     specialise on the same alignment and divisibility as the full-size ones."""
     dev = device_info("cuda")
     done = 0
-    for N, dtype_name, fields in jobs:
+    for N, dtype_name, fields, dh in jobs:
         cfg = BwdConfig(**fields)
         x, w, dy, rstd = _inputs(64, N, DTYPES[dtype_name])
         for need_dw in (True, False):
             try:
-                launch(cfg, dy, x, w, rstd, 0.0, True, need_dw, dev.sm_count)
+                launch(cfg, dy, x, w, rstd, 0.0, True, need_dw, dev.sm_count, dh2d=dy if dh else None)
                 done += 1
             except Exception:
                 pass
@@ -101,11 +125,13 @@ def warm_compiles(jobs: list, workers: int) -> None:
     print(f"warmed {n} compiles in {workers} processes", flush=True)
 
 
-def check(cfg: BwdConfig, x, w, dy, rstd, sm_count: int) -> str | None:
-    """None if dx (first 256 rows) and dw match the fp32 closed form, else what is wrong."""
-    dx, dw = launch(cfg, dy, x, w, rstd, 0.0, True, True, sm_count)
+def check(cfg: BwdConfig, x, w, dy, rstd, sm_count: int, dh=None) -> str | None:
+    """None if dx (first 256 rows; + dh) and dw match the fp32 closed form, else what is wrong."""
+    dx, dw = launch(cfg, dy, x, w, rstd, 0.0, True, True, sm_count, dh2d=dh)
     rows = slice(0, 256)
     ex, _ = rms_norm_backward(dy[rows], x[rows], w, rstd[rows], 0.0, need_dw=False)
+    if dh is not None:
+        ex = ex.float() + dh[rows].float()
     _, ew = rms_norm_backward(dy, x, w.float(), rstd, 0.0, need_dx=False)
     for name, a, e in (("dx", dx[rows].float(), ex.float()), ("dw", dw.float(), ew.float())):
         if not torch.isfinite(a).all():
@@ -122,16 +148,20 @@ def sweep_width(N: int, dtype, dev, args) -> dict:
     then the best one's dw share (the same launch with and without dw)."""
     M = ELEMENTS // N
     x, w, dy, rstd = _inputs(M, N, dtype)
+    dh = torch.randn_like(dy) if args.dh else None
+    factor = 2.0 if args.dh else 1.5  # bytes over the copy's 2 M N: x, dy, dx (and dh)
     entry = {"N": N, "M": M, "configs": []}
     fns = {}
-    for cfg in candidates(N):
-        rec = {"config": cfg.short(), "fields": dataclasses.asdict(cfg)}
+    picked = default_config(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."), False, True) if args.dh else None
+    for cfg in candidates_dh(N, picked) if args.dh else candidates(N):
+        rec = {"config": cfg.short() + (" (picked)" if cfg == picked else ""), "fields": dataclasses.asdict(cfg)}
         try:
-            wrong = check(cfg, x, w, dy, rstd, dev.sm_count)
+            wrong = check(cfg, x, w, dy, rstd, dev.sm_count, dh)
             if wrong:
                 rec["error"] = wrong
             else:
-                fns[len(entry["configs"])] = (lambda c=cfg: launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count))
+                fns[len(entry["configs"])] = (lambda c=cfg: launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count,
+                                                                   dh2d=dh))
         except Exception as exc:
             rec["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         entry["configs"].append(rec)
@@ -139,7 +169,7 @@ def sweep_width(N: int, dtype, dev, args) -> dict:
     for _ in range(args.rounds):
         copy = copy_baseline_ms(x, reps=args.reps)["median_ms"]
         for k, fn in fns.items():
-            ratios[k].append(1.5 * copy / device_ms(fn, reps=args.reps)["median_ms"])  # 3 MN bytes vs 2 MN
+            ratios[k].append(factor * copy / device_ms(fn, reps=args.reps)["median_ms"])
     for k, rs in ratios.items():
         entry["configs"][k]["vs_copy"] = statistics.median(rs)
         entry["configs"][k]["vs_copy_rounds"] = [round(r, 4) for r in rs]
@@ -151,8 +181,8 @@ def sweep_width(N: int, dtype, dev, args) -> dict:
         t = {True: [], False: []}  # the dw reduction's share: with dw / dx only, interleaved rounds
         for _ in range(args.rounds):
             for need_dw in t:
-                t[need_dw].append(device_ms(lambda: launch(cfg, dy, x, w, rstd, 0.0, True, need_dw, dev.sm_count),
-                                            reps=args.reps)["median_ms"])
+                t[need_dw].append(device_ms(lambda: launch(cfg, dy, x, w, rstd, 0.0, True, need_dw, dev.sm_count,
+                                                           dh2d=dh), reps=args.reps)["median_ms"])
         entry["dw_share"] = 1 - statistics.median(t[False]) / statistics.median(t[True])
         print(f"N={N:>6} BEST {best['vs_copy']:.3f}x {best['config']}; dw's share of its time "
               f"{100 * entry['dw_share']:.1f} %", flush=True)
@@ -167,6 +197,7 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--workers", type=int, default=min(12, os.cpu_count() or 1))
     p.add_argument("--write-configs", action="store_true")
+    p.add_argument("--dh", action="store_true", help="the residual add's backward (dh read and added); no table")
     p.add_argument("--write-configs-from", default=None, metavar="JSON[,JSON...]",
                    help="write the table's rows from finished sweeps' JSONs of one GPU and dtype (no GPU needed)")
     p.add_argument("--arch", default="sm_90", help="with --write-configs-from: the GPU's arch")
@@ -185,13 +216,17 @@ def main(argv=None) -> int:
     dtype = DTYPES[args.dtype]
     dname = str(dtype).removeprefix("torch.")
     dev = device_info("cuda")
-    warm_compiles([(N, dname, dataclasses.asdict(c)) for N in args.ns for c in candidates(N)], args.workers)
+    if args.dh and args.write_configs:
+        sys.exit("--dh sweeps write no table")
+    cands = ((lambda N: candidates_dh(N, default_config(N, dtype.itemsize, dev, dname, False, True))) if args.dh
+             else candidates)
+    warm_compiles([(N, dname, dataclasses.asdict(c), args.dh) for N in args.ns for c in cands(N)], args.workers)
     results = {"gpu": dev.name, "dtype": dname, "command": "python bench/tune/cutile_rmsnorm_bwd.py "
                + " ".join(sys.argv[1:] if argv is None else argv), "sweep": []}
     for N in args.ns:
         results["sweep"].append(sweep_width(N, dtype, dev, args))
         torch.cuda.empty_cache()
-    save_sweep(results, args.out, f"rmsnorm_bwd_configs_{dname}.json",
+    save_sweep(results, args.out, f"rmsnorm_bwd{'_dh' if args.dh else ''}_configs_{dname}.json",
                note=lambda entry: f"dw share {100 * entry.get('dw_share', 0):4.1f} %  ")
     if args.write_configs:
         print(f"wrote {write_configs(results, dev.name, dev.arch_name)}")

@@ -154,12 +154,43 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
     if has_dh:
-        cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
-        source += why
+        narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if key and "/" not in key and not fp32_weight else None
+        if narrow is not None:  # (the arch's table, measured on an H100; a GPU model's own rows keep _dh_fit's)
+            cfg = dataclasses.replace(cfg, blocks_per_sm=narrow, prefetch=True)
+            source += f"; {narrow} blocks per SM, prefetching (dh, rows of 2-4 KiB)"
+        else:
+            cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
+            source += why
     elif cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
         cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
         source += why
     return cfg, source
+
+
+# The residual add's backward on 16-bit rows of 2-4 KiB (N = 1025 ... 2048: mode=None runs Triton's fused
+# kernel up to 2 KiB) in one-row tiles of 8 warps, prefetching: 4 blocks per SM wherever ptxas fits the
+# launch in their 64 registers a thread, else 3 (80 registers, no spills at any of these widths). With
+# dh a row is four streams whose latency more blocks hide: H100, bf16, 4 M N e bytes over a copy, 4
+# against 3 blocks per SM: 1048 0.903 / 0.827, 1152 0.944 / 0.798, 1344 0.971 / 0.886 (the 1024 column
+# config's 3 scaled up, as _dh_fit kept it); where 4 blocks spill, 3 is ahead: 1816 0.967 against 0.751
+# (44 bytes of spills), 0.962 / 0.899 as one padded piece of 2048 (28 bytes); `python
+# bench/tune/cutile_rmsnorm_bwd.py --dh --ns 1048,1344,1816,1152`. ptxas (sm_90, bf16 x and weight) fits
+# 4 blocks where the row's tile is at most 7 lanes a thread (1792) in at most 3 pieces (1032-1704: 64
+# registers, none spilled) or one unpadded piece (2048); the 4-piece 1816 and a padded 2048 piece
+# (1880-2040) spill 8-44 bytes. An fp32 weight beside 16-bit x keeps _dh_fit's estimate: its 2048 spilled
+# 92 bytes at 4 blocks, its 1880 20 at 3.
+NARROW_DH_ROW = (1025, 2048)
+
+
+def _narrow_dh_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> int | None:
+    """Blocks per SM for a launch with dh on rows of NARROW_DH_ROW (see there), or None outside it."""
+    lo, hi = NARROW_DH_ROW
+    if elem_bytes != 2 or not lo <= N <= hi or cfg.split != 1 or cfg.tile_m != 1 or cfg.num_worker_warps != 8:
+        return None
+    pieces = row_pieces(N, piece_min(cfg, N))
+    lanes = sum(size for _, size in pieces)
+    fits = (len(pieces) <= 3 and lanes <= 7 * 256) or (len(pieces) == 1 and lanes == N)
+    return 4 if fits else 3
 
 
 def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,

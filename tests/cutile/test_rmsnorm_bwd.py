@@ -102,7 +102,8 @@ def test_dh_configs_prefetch_and_fit():
     """The residual add's backward (has_dh): one-row tiles always prefetch, at fewer blocks per SM where
     the next row's x, dy and dh do not fit (the H100's 6144 and 7168, whose table configs do not
     prefetch, at 1: measured 0.943 / 0.986 against 0.860 / 0.834); multi-row tiles keep to the blocks
-    their registers fit; without dh the configs are the table's."""
+    their registers fit; 16-bit rows of 2-4 KiB on the H100 4 blocks where they fit, else 3
+    (NARROW_DH_ROW); without dh the configs are the table's."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile import rmsnorm_bwd_config
 
@@ -112,13 +113,17 @@ def test_dh_configs_prefetch_and_fit():
         for N in (1048, 1344, 2048, 3584, 5120, 6144, 7168, 8192, 12288, 20480, 65536):
             plain = rmsnorm_bwd_config.default_config(N, 2, dev, "bfloat16")
             cfg = rmsnorm_bwd_config.default_config(N, 2, dev, "bfloat16", has_dh=True)
-            assert cfg.blocks_per_sm <= plain.blocks_per_sm and (cfg.tile_m, cfg.split) == (plain.tile_m, plain.split)
+            assert (cfg.tile_m, cfg.split) == (plain.tile_m, plain.split)
+            narrow = dev is h100 and rmsnorm_bwd_config.NARROW_DH_ROW[0] <= N <= rmsnorm_bwd_config.NARROW_DH_ROW[1]
+            assert cfg.blocks_per_sm <= plain.blocks_per_sm or narrow  # (NARROW_DH_ROW: 4 where they fit)
             assert cfg.prefetch or cfg.tile_m > 1, (dev.name, N, cfg.short())
     for N in (6144, 7168):
         cfg = rmsnorm_bwd_config.default_config(N, 2, h100, "bfloat16", has_dh=True)
         assert cfg.prefetch and cfg.blocks_per_sm == 1, cfg.short()
     assert rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16", has_dh=True).blocks_per_sm < \
         rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16").blocks_per_sm
+    for N, blocks in ((1048, 4), (1344, 4), (1816, 3), (2048, 4)):  # the H100's rows of 2-4 KiB
+        assert rmsnorm_bwd_config.default_config(N, 2, h100, "bfloat16", has_dh=True).blocks_per_sm == blocks, N
 
 
 def test_prefetch_is_kept_where_its_registers_fit():
