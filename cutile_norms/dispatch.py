@@ -355,12 +355,14 @@ def _fused_off(norm_mode: str, dev: DeviceInfo) -> str | None:
 
 
 def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_bytes: int, dev: DeviceInfo,
-                        tools: Toolchain, cute_refusal: Callable[[], str | None] = lambda: None) -> tuple[str | None, str]:
+                        tools: Toolchain, cute_refusal: Callable[[], str | None] = lambda: "the tensors were not checked"
+                        ) -> tuple[str | None, str]:
     """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
     for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements whose widest
     operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused
     before that mode's norm kernel). `cute_refusal()`: why the CuTe DSL fused forward does not take
-    these tensors (cute/add_rmsnorm_fwd.unsupported), asked only where that kernel would run."""
+    these tensors (cute/add_rmsnorm_fwd.unsupported), asked only where that kernel would run (a caller
+    that passes none never gets that kernel)."""
     off = _fused_off(norm_mode, dev)
     if off:
         return None, off
@@ -377,10 +379,9 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
     if mode_name is not None and not cutile_named:
         return None, (f"mode {mode_name!r}: rows past {FUSED_ADD_MAX_N} elements fuse in cuTile's split kernel "
                       "(mode None or a cuTile mode)")
-    from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES, MIN_N  # (pure Python)
+    from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES  # (pure Python)
 
-    if N < MIN_N:
-        return None, f"the split kernel holds rows of at least {MIN_N} elements, N={N}"
+    # (FUSED_ADD_SPLIT_MIN_BYTES is above the split kernel's own floor, add_rmsnorm_fwd_config.MIN_N)
     if cutile_named and N * elem_bytes < FUSED_ADD_SPLIT_MIN_BYTES:
         return None, (f"mode {mode_name!r}: rows under {FUSED_ADD_SPLIT_MIN_BYTES} bytes run the add unfused (cuTile's "
                       "split kernel measured behind there)")

@@ -17,7 +17,8 @@ Contract:
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
   * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (mode None:
     Triton's for rows of up to 16384 elements, cuTile's split form past that; a mode named: its own
-    DSL's, the CuTe DSL one for "tma_smem_cached") reads x and r once and writes h and y once;
+    DSL's, the CuTe DSL one for "tma_smem_cached", cuTile's from rows of 3 KiB) reads x and r once and
+    writes h and y once;
     elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.
     The backward reads dy, h and dh once and writes one grad: Triton's fused kernel (mode None: rows
     of up to 2 KiB, or up to 8192 elements without cuTile; mode "triton": up to 8192), else the norm's

@@ -367,6 +367,8 @@ def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
     kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, h_bytes, H100, ALL_TOOLS, refusal)
     assert kernel == expected and why, (kernel, why)
     assert len(asked) == (mode == "tma_smem_cached")
+    if mode == "tma_smem_cached":  # a caller that checks no tensors never gets the CuTe DSL kernel
+        assert dispatch.residual_add_kernel(mode, mode, N, h_bytes, H100, ALL_TOOLS)[0] is None
     if expected == dispatch.FUSED_ADD_SPLIT_KERNEL:
         assert dispatch.residual_add_kernel(mode, "multi_wave_cached", N, h_bytes, H100, NO_CUTILE)[0] is None
     if expected == dispatch.FUSED_ADD_CUTE_KERNEL:

@@ -16,7 +16,8 @@ Also times the dw reduction's share: the picked config with dw and without (dx o
 2 x the copy's bytes), over the configs a launch with dh can take (`candidates_dh`: prefetching one-row
 tiles at 1-4 blocks per SM, the row cut into its pieces or one padded piece, and multi-row tiles);
 the config the library picks for it (`default_config(..., has_dh=True)`) among them. Prints and saves
-the sweep; it writes no table (the library's dh configs are the norm's, fitted: rmsnorm_bwd_config._dh_fit).
+the sweep; it writes no table (the library's dh configs are the norm's table rows, fitted by
+rmsnorm_bwd_config's dh rules: NARROW_DH_ROW, ONE_DH_PIECE_LANES, _dh_fit).
 """
 from __future__ import annotations
 
@@ -205,6 +206,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.write_configs_from:
         runs = [json.load(open(f)) for f in args.write_configs_from.split(",")]
+        if any(r.get("dh") for r in runs):
+            sys.exit("--write-configs-from: a --dh sweep measures another launch; the table holds the norm's")
         if any((r["gpu"], r["dtype"]) != (runs[0]["gpu"], runs[0]["dtype"]) for r in runs):
             sys.exit("--write-configs-from: the sweeps are of different GPUs or dtypes")
         merged = {"gpu": runs[0]["gpu"], "dtype": runs[0]["dtype"], "command": " ; ".join(r["command"] for r in runs),
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
     cands = ((lambda N: candidates_dh(N, default_config(N, dtype.itemsize, dev, dname, False, True))) if args.dh
              else candidates)
     warm_compiles([(N, dname, dataclasses.asdict(c), args.dh) for N in args.ns for c in cands(N)], args.workers)
-    results = {"gpu": dev.name, "dtype": dname, "command": "python bench/tune/cutile_rmsnorm_bwd.py "
+    results = {"gpu": dev.name, "dtype": dname, "dh": args.dh, "command": "python bench/tune/cutile_rmsnorm_bwd.py "
                + " ".join(sys.argv[1:] if argv is None else argv), "sweep": []}
     for N in args.ns:
         results["sweep"].append(sweep_width(N, dtype, dev, args))

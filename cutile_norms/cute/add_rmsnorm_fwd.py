@@ -18,10 +18,10 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor, h_dtype: torch.dtype) -> s
     if r2d.dtype != x2d.dtype or h_dtype != x2d.dtype:
         return "the CuTe DSL fused add reads a residual of x's dtype into h of x's dtype"
     M, N = x2d.shape
-    for t in (x2d, r2d):
+    for t, name in ((x2d, "x's"), (r2d, "the residual's")):
         why = forward_unsupported(N, t.dtype, t.stride(0), M, t.data_ptr())
         if why:
-            return why
+            return why.replace("x's", name)
     if add_config(N, x2d.element_size()) is None:
         return f"the CuTe DSL fused add keeps x's and r's rows in shared memory: N={N} is too long"
     return None

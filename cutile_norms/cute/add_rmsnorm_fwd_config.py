@@ -7,7 +7,7 @@ import functools
 
 from .rmsnorm_fwd_config import ONE_CTA_BYTES, SLICE_BYTES, SMEM_MAX, FwdConfig, analytic_config
 
-# Rows of SLICE_BYTES - ONE_CTA_BYTES (16-bit N = 8193 ... 24576) in one CTA of ONE_CTA_THREADS threads,
+# 16-bit rows of SLICE_BYTES - ONE_CTA_BYTES (N = 8193 ... 24576) in one CTA of ONE_CTA_THREADS threads,
 # not the forward's 128: a thread then holds r's vectors beside x's and the weight's, and at 128 threads
 # ptxas held 255 registers and spilled 100 bytes per thread at N = 20480 (bf16 weight; 768 with an fp32
 # weight, 506 at 24568), against 126 / 186 / 153 registers and no spills at 256 (sm_90a; the forward
@@ -19,7 +19,7 @@ ONE_CTA_THREADS = 256
 def add_config(N: int, elem_bytes: int) -> FwdConfig | None:
     """The config for rows of N elements of `elem_bytes` (x, r and h of one dtype); None where the two
     tiles do not fit a CTA's (or a cluster's) shared memory."""
-    one_cta = SLICE_BYTES < N * elem_bytes <= ONE_CTA_BYTES
+    one_cta = elem_bytes == 2 and SLICE_BYTES < N * elem_bytes <= ONE_CTA_BYTES  # (fp32: the forward's rule)
     cfg = analytic_config(N, elem_bytes, one_cta_threads=max(ONE_CTA_THREADS, _threads(N, elem_bytes))
                           if one_cta else None)
     if cfg is None or cfg.smem_bytes(elem_bytes, N, operands=2) > SMEM_MAX:

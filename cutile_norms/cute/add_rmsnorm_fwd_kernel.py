@@ -3,8 +3,8 @@ rms_norm(h) * (offset + w), x and r read once, h and y written once. The kernel 
 (rmsnorm_fwd_kernel.py, by `has_residual`): r's row tile comes into shared memory beside x's by the
 same bulk copies, the first pass forms h (summed in fp32, rounded once to x's dtype, the unfused
 `torch.add`'s bits), stores it and writes it over x's tile, and the norm runs on h as stored. Its launch
-is add_rmsnorm_fwd.py; its config the forward's (rmsnorm_fwd_config.analytic_config, by x's rows: the
-tile of r doubles a CTA's shared memory, at most 2 x 48 KiB plus slots for a row in one CTA).
+is add_rmsnorm_fwd.py; its config add_rmsnorm_fwd_config.add_config (the forward's, with 256 threads for
+16-bit rows held in one CTA, and none where the two tiles exceed a CTA's shared memory).
 
 What it assumes beyond the forward's (add_rmsnorm_fwd.unsupported): r and h of x's dtype, r's rows
 under the forward's 16-byte rule at their own stride, h contiguous."""

@@ -33,8 +33,8 @@ def compile_forward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, c
     """The compiled forward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
     compiles for that target without a GPU; None: the current GPU's. `keep_ptx`:
     the result's `__ptx__` holds the PTX (the compile tests read it). `has_residual`: the fused add
-    (add_rmsnorm_fwd.py), called fn(x, r, w, y, h, rstd, eps, offset); without it fn(x, x, w, y, y,
-    rstd, eps, offset)."""
+    (add_rmsnorm_fwd.py), called fn(x, r, w, y, h, rstd, eps, offset); without it fn(x, w, y, rstd,
+    eps, offset)."""
     key = (x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx) + (("residual",) if has_residual else ())
     return CACHE.get(key, lambda: _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_ptx,
                                                  has_residual), arch=arch, persist=not keep_ptx)

@@ -114,8 +114,9 @@ class RMSNormFwdTmaSmem(RowTileKernel):
         row_in_group = tXcX[0][0]
         # the thread's values of one row group, in registers (every group has the same layout)
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
-        tRrR = cute.make_fragment_like(tXrX)
+        tRrR = None
         if cutlass.const_expr(self.has_residual):
+            tRrR = cute.make_fragment_like(tXrX)
             tRrR.fill(0)  # the vectors past the row stay 0 (the copies below are predicated off there)
 
         # the weight (+ offset), loaded while the bulk copies fly

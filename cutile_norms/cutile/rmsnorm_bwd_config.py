@@ -161,6 +161,9 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         else:
             cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
             source += why
+            if key and "/" not in key and not fp32_weight and _one_dh_piece(cfg, N, elem_bytes):
+                cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N))
+                source += "; one padded piece (dh, rows of 4-16 KiB)"
     elif cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
         cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
         source += why
@@ -179,6 +182,8 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
 # registers, none spilled) or one unpadded piece (2048); the 4-piece 1816 and a padded 2048 piece
 # (1880-2040) spill 8-44 bytes. An fp32 weight beside 16-bit x keeps _dh_fit's estimate: its 2048 spilled
 # 92 bytes at 4 blocks, its 1880 20 at 3.
+# Both rules below apply to the arch's table (measured on an H100), so an sm_90 GPU without a table of its
+# own takes them with that table; the H200's own rows keep _dh_fit's (not measured with dh this way).
 NARROW_DH_ROW = (1025, 2048)
 
 
@@ -191,6 +196,24 @@ def _narrow_dh_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> int | None:
     lanes = sum(size for _, size in pieces)
     fits = (len(pieces) <= 3 and lanes <= 7 * 256) or (len(pieces) == 1 and lanes == N)
     return 4 if fits else 3
+
+
+# Past that, up to 8192 columns (16-bit rows of 4-16 KiB), a prefetching one-row tile with dh runs the
+# row as one padded power-of-two piece where its lanes fit the blocks per SM _dh_fit left (pow2_ceil(N)
+# x blocks <= 8192: 16 lanes a thread at 2 blocks, 32 at 1, ptxas 128 / 255 registers, no spills at any
+# width checked), rather than its pieces: each piece is a loop of its own over the row's four streams,
+# and the padded lanes move no bytes. H100, bf16, 4 M N e over a copy, one piece against the pieces at
+# the same blocks: 3112 0.995 / 0.872 (2 blocks), 5320 0.959 / 0.798 and 6440 0.978 / 0.773 (1 block);
+# where the piece would not fit (4104, 4680 at 2 blocks: 8192 lanes, 272-276 bytes of spills) the pieces
+# stay (0.996, 0.932). `python bench/tune/cutile_rmsnorm_bwd.py --dh --ns 2056,3112,5320,6440`.
+ONE_DH_PIECE_LANES = 8192
+ONE_DH_PIECE_MAX_N = 8192
+
+
+def _one_dh_piece(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
+    """Whether a launch with dh on rows of N takes one padded piece (see ONE_DH_PIECE_LANES)."""
+    return (elem_bytes == 2 and NARROW_DH_ROW[1] < N <= ONE_DH_PIECE_MAX_N and cfg.split == 1 and cfg.tile_m == 1
+            and cfg.prefetch and cfg.num_worker_warps == 8 and pow2_ceil(N) * cfg.blocks_per_sm <= ONE_DH_PIECE_LANES)
 
 
 def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,

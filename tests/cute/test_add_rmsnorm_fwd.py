@@ -28,12 +28,14 @@ EPS = 1e-6
 @pytest.mark.parametrize("elem_bytes", [2, 4])
 @pytest.mark.parametrize("N", [8, 1000, 4104, 8200, 10240, 20480, 24576, 24584, 65536, 262144, 524288])
 def test_config_is_the_forwards_with_more_threads_in_one_cta(N, elem_bytes):
+    """The forward's config, but 16-bit rows held in one CTA over ONE_CTA_THREADS threads; none where x's
+    and r's tiles would not fit."""
     cfg, fwd = add_config(N, elem_bytes), analytic_config(N, elem_bytes)
     if cfg is None:
         assert fwd is None or fwd.smem_bytes(elem_bytes, N, operands=2) > SMEM_MAX
         return
     assert cfg.smem_bytes(elem_bytes, N, operands=2) <= SMEM_MAX
-    if SLICE_BYTES < N * elem_bytes <= ONE_CTA_BYTES:
+    if elem_bytes == 2 and SLICE_BYTES < N * elem_bytes <= ONE_CTA_BYTES:
         assert cfg.cluster_n == 1 and cfg.threads == max(ONE_CTA_THREADS, fwd.threads)
         assert cfg.tpr * cfg.nvb * cfg.vec >= N
     else:

@@ -4,6 +4,7 @@ are re-assembled with `ptxas -v` to check that a block fits the register file wi
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
@@ -134,8 +135,19 @@ def test_narrow_dh_rows_take_four_blocks_where_they_fit(N, w_dtype):
     assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
     assert report["spill_stores"] == 0, f"N={N} w={w_dtype} {cfg.short()} + dh: {report}"
     if cfg.blocks_per_sm == 3:  # 4 would have spilled: the rule's reason
-        four = rmsnorm_bwd_config.dataclasses.replace(cfg, blocks_per_sm=4)
+        four = dataclasses.replace(cfg, blocks_per_sm=4)
         assert ptxas_report(compile_bwd(four, N, "bfloat16", "bfloat16", has_dh=True))["spill_stores"] > 0
+
+
+@pytest.mark.parametrize("N", [2056, 2312, 3112, 3584, 4096, 5320, 6144, 6440, 7168, 8008])
+def test_one_dh_piece_fits_without_spilling(N):
+    """rmsnorm_bwd_config.ONE_DH_PIECE_LANES: with dh, 16-bit rows of 4-16 KiB in one padded piece where
+    its lanes fit the blocks per SM (H100's table); ptxas fits them without spills."""
+    cfg = rmsnorm_bwd_config.default_config(N, 2, ARCHS["sm_90"], "bfloat16", False, has_dh=True)
+    assert cfg.piece_min >= N and cfg.piece_min * cfg.blocks_per_sm <= rmsnorm_bwd_config.ONE_DH_PIECE_LANES, cfg
+    report = ptxas_report(compile_bwd(cfg, N, "bfloat16", "bfloat16", has_dh=True))
+    assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
+    assert report["spill_stores"] == 0, f"N={N} {cfg.short()} + dh: {report}"
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
