@@ -72,6 +72,9 @@ def candidates(N: int) -> list[BwdConfig]:
             for bps in (1, 2, 3):
                 for prefetch in (False, True):
                     add(split=split, blocks_per_sm=bps, num_worker_warps=8, prefetch=prefetch)
+                    if split == 1 and N <= 8192:  # the row as one padded piece (ONE_DH_PIECE_LANES's shape)
+                        out.append(BwdConfig(piece_min=pow2_ceil(N), blocks_per_sm=bps, num_worker_warps=8,
+                                             prefetch=prefetch))
     out.append(analytical_config(N, 2))
     return distinct(out)
 
