@@ -157,7 +157,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if key and "/" not in key and not fp32_weight else None
         if narrow is not None:  # (the arch's table, measured on an H100; a GPU model's own rows keep _dh_fit's)
             cfg = dataclasses.replace(cfg, blocks_per_sm=narrow, prefetch=True)
-            source += f"; {narrow} blocks per SM, prefetching (dh, rows of 2-4 KiB)"
+            source += f"; {narrow} blocks per SM, prefetching (dh, rows of 2-5 KiB)"
         else:
             cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
             source += why
@@ -170,7 +170,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     return cfg, source
 
 
-# The residual add's backward on 16-bit rows of 2-4 KiB (N = 1025 ... 2048: mode=None runs Triton's fused
+# The residual add's backward on 16-bit rows of 2-5 KiB (N = 1025 ... 2560: mode=None runs Triton's fused
 # kernel up to 2 KiB) in one-row tiles of 8 warps, prefetching: 4 blocks per SM wherever ptxas fits the
 # launch in their 64 registers a thread, else 3 (80 registers, no spills at any of these widths). With
 # dh a row is four streams whose latency more blocks hide: H100, bf16, 4 M N e bytes over a copy, 4
@@ -181,10 +181,13 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
 # 4 blocks where the row's tile is at most 7 lanes a thread (1792) in at most 3 pieces (1032-1704: 64
 # registers, none spilled) or one unpadded piece (2048); the 4-piece 1816 and a padded 2048 piece
 # (1880-2040) spill 8-44 bytes. An fp32 weight beside 16-bit x keeps _dh_fit's estimate: its 2048 spilled
-# 92 bytes at 4 blocks, its 1880 20 at 3.
+# 92 bytes at 4 blocks, its 1880 20 at 3. Rows of 2049-2560 (a 2048-column piece and a tail of at most
+# 512, 10 lanes a thread) take 3 blocks with their two pieces: ptxas 80 registers, no spills at 2056-2560;
+# 2056 / 2200 / 2312 0.969 / 0.982 / 0.989 against 0.882 / 0.911 / 0.924 as one padded piece at 2 blocks
+# (`--dh --ns 2056,2200,2312,2512,2560`; 2512 / 2560 took 3 blocks from the 2880 entry already: 0.993 / 0.991).
 # Both rules below apply to the arch's table (measured on an H100), so an sm_90 GPU without a table of its
 # own takes them with that table; the H200's own rows keep _dh_fit's (not measured with dh this way).
-NARROW_DH_ROW = (1025, 2048)
+NARROW_DH_ROW = (1025, 2560)
 
 
 def _narrow_dh_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> int | None:
@@ -194,6 +197,8 @@ def _narrow_dh_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> int | None:
         return None
     pieces = row_pieces(N, piece_min(cfg, N))
     lanes = sum(size for _, size in pieces)
+    if N > 2048:  # a 2048-column piece and its tail
+        return 3 if len(pieces) <= 2 and lanes <= 10 * 256 else None
     fits = (len(pieces) <= 3 and lanes <= 7 * 256) or (len(pieces) == 1 and lanes == N)
     return 4 if fits else 3
 

@@ -122,7 +122,7 @@ def test_dh_configs_prefetch_and_fit():
         assert cfg.prefetch and cfg.blocks_per_sm == 1, cfg.short()
     assert rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16", has_dh=True).blocks_per_sm < \
         rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16").blocks_per_sm
-    for N, blocks in ((1048, 4), (1344, 4), (1816, 3), (2048, 4)):  # the H100's rows of 2-4 KiB
+    for N, blocks in ((1048, 4), (1344, 4), (1816, 3), (2048, 4), (2056, 3), (2312, 3)):  # the H100's rows of 2-5 KiB
         assert rmsnorm_bwd_config.default_config(N, 2, h100, "bfloat16", has_dh=True).blocks_per_sm == blocks, N
 
 

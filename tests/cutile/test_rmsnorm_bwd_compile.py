@@ -124,22 +124,22 @@ def test_dh_fits_without_spilling(N, x_dtype, w_dtype, dev):
 
 
 @pytest.mark.parametrize("w_dtype", ["bfloat16", None])
-@pytest.mark.parametrize("N", [1032, 1100, 1344, 1600, 1704, 1800, 1816, 1880, 2000, 2048])
+@pytest.mark.parametrize("N", [1032, 1100, 1344, 1600, 1704, 1800, 1816, 1880, 2000, 2048, 2056, 2312, 2560])
 def test_narrow_dh_rows_take_four_blocks_where_they_fit(N, w_dtype):
     """rmsnorm_bwd_config.NARROW_DH_ROW: with dh, 16-bit rows of 2-4 KiB (weight of x's dtype or none)
     run 4 blocks per SM where ptxas fits them in 64 registers, else 3; either way without spills (H100's
-    table)."""
+    table); rows of 2049-2560 3 blocks with their two pieces."""
     cfg = rmsnorm_bwd_config.default_config(N, 2, ARCHS["sm_90"], "bfloat16", False, has_dh=True)
     assert cfg.tile_m == 1 and cfg.prefetch and cfg.blocks_per_sm in (3, 4), cfg
     report = ptxas_report(compile_bwd(cfg, N, "bfloat16", w_dtype or "bfloat16", has_dh=True, has_w=w_dtype is not None))
     assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
     assert report["spill_stores"] == 0, f"N={N} w={w_dtype} {cfg.short()} + dh: {report}"
-    if cfg.blocks_per_sm == 3:  # 4 would have spilled: the rule's reason
+    if cfg.blocks_per_sm == 3 and N <= 2048:  # 4 would have spilled: the rule's reason
         four = dataclasses.replace(cfg, blocks_per_sm=4)
         assert ptxas_report(compile_bwd(four, N, "bfloat16", "bfloat16", has_dh=True))["spill_stores"] > 0
 
 
-@pytest.mark.parametrize("N", [2056, 2312, 3112, 3584, 4096, 5320, 6144, 6440, 7168, 8008])
+@pytest.mark.parametrize("N", [3112, 3584, 4096, 5320, 6144, 6440, 7168, 8008])
 def test_one_dh_piece_fits_without_spilling(N):
     """rmsnorm_bwd_config.ONE_DH_PIECE_LANES: with dh, 16-bit rows of 4-16 KiB in one padded piece where
     its lanes fit the blocks per SM (H100's table); ptxas fits them without spills."""
