@@ -1,5 +1,5 @@
 """Device helpers both tma_smem_cached kernels use: the CTA's place in its cluster, the TMA bulk copy
-into shared memory (and a tile's rows by it), the push of one fp32 into a cluster peer's shared
+into shared memory (and a tile's rows by it), the residual add over a row tile in shared memory, the push of one fp32 into a cluster peer's shared
 memory, the per-vector column predicate, vector copies over a thread-value layout, and a vector seen
 as rows."""
 from __future__ import annotations
@@ -57,6 +57,21 @@ def load_rows(mA: cute.Tensor, sA: cute.Tensor, row0: Int32, rows_valid: Int32, 
         for r in cutlass.range(lane, rows_valid, 32):
             bulk_copy_g2s(s_base + r * s_row_bytes, a_base + Int64(row0 + r) * stride + Int64(col0) * eb, nbytes,
                           mbar_addr)
+
+
+@cute.jit
+def add_residual(copy_x, thr_x, tXsX: cute.Tensor, tRsR: cute.Tensor, gH: cute.Tensor, tXrX: cute.Tensor,
+                 tRrR: cute.Tensor, tXpX: cute.Tensor, row: Int32, M: Int32, dtype: cutlass.Constexpr):
+    """h = x + r for a thread's vectors of one row group (the row kernels' fused add): tXrX holds x on
+    entry and h on return (summed in fp32, rounded once to `dtype`); r's vectors come from tRsR into
+    tRrR, h goes over x's tile (tXsX: each thread reads back only its own vectors, so no barrier) and,
+    for a row of the tensor (row < M), to h's tile gH in global memory (partitioned inside the branch:
+    outside it the FP8 kernel held 113 registers against 96, sm_90a). Every copy is predicated by tXpX."""
+    cute.copy(copy_x, tRsR, tRrR, pred=tXpX)
+    tXrX.store((tXrX.load().to(Float32) + tRrR.load().to(Float32)).to(dtype))
+    cute.copy(copy_x, tXrX, tXsX, pred=tXpX)
+    if row < M:
+        cute.copy(copy_x, tXrX, thr_x.partition_D(gH), pred=tXpX)
 
 
 @dsl_user_op

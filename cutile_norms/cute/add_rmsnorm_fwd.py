@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .compile import placeholder_f32
+from .compile import aligned_weight, placeholder_f32
 from .rmsnorm_fwd import compile_forward, unsupported as forward_unsupported
 from .add_rmsnorm_fwd_config import add_config
 
@@ -39,8 +39,7 @@ def add_rms_norm_fwd(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor 
                          store_rstd, contiguous, has_residual=True)
     if contiguous and M == 1:  # one row: any stride, the kernel wants N
         x2d, r2d = x2d.as_strided((M, N), (N, 1)), r2d.as_strided((M, N), (N, 1))
-    if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
-        weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+    weight = aligned_weight(weight)
     if out is None:
         y, h = torch.empty_like(x2d, memory_format=torch.contiguous_format), torch.empty((M, N), dtype=h_dtype,
                                                                                          device=device)

@@ -20,13 +20,7 @@ def add_config(N: int, elem_bytes: int) -> FwdConfig | None:
     """The config for rows of N elements of `elem_bytes` (x, r and h of one dtype); None where the two
     tiles do not fit a CTA's (or a cluster's) shared memory."""
     one_cta = elem_bytes == 2 and SLICE_BYTES < N * elem_bytes <= ONE_CTA_BYTES  # (fp32: the forward's rule)
-    cfg = analytic_config(N, elem_bytes, one_cta_threads=max(ONE_CTA_THREADS, _threads(N, elem_bytes))
-                          if one_cta else None)
+    cfg = analytic_config(N, elem_bytes, one_cta_threads=ONE_CTA_THREADS if one_cta else None)
     if cfg is None or cfg.smem_bytes(elem_bytes, N, operands=2) > SMEM_MAX:
         return None
     return cfg
-
-
-def _threads(N: int, elem_bytes: int) -> int:
-    cfg = analytic_config(N, elem_bytes)
-    return cfg.threads if cfg is not None else 0

@@ -47,6 +47,14 @@ def placeholder_f32(device: torch.device) -> torch.Tensor:
     return workspace("placeholder_f32", 16, torch.float32, device, current_raw_stream(device.index), zero=False)
 
 
+def aligned_weight(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """The weight as the row-tile kernels load it (16-byte vectors): unit stride, 16-byte-aligned data;
+    a copy only where it is not (a strided weight made contiguous, a misaligned view cloned)."""
+    if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
+        return weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+    return weight
+
+
 class CompileCache:
     """Compiled kernels by key, built on first use: from this process's dict, else from the disk
     cache (cutile_norms/_diskcache.py), else compiled (and stored there). `count`: compiles in this

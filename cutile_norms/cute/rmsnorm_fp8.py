@@ -7,7 +7,7 @@ import torch
 
 from ..reference import FP8_MAX, FP8_MIN_AMAX
 from ..fp8 import kernel_outputs
-from .compile import CompileCache, compile_options, cutlass_dtype, placeholder_f32
+from .compile import CompileCache, aligned_weight, compile_options, cutlass_dtype, placeholder_f32
 from .rmsnorm_fp8_config import fp8_config, refusal
 from .rmsnorm_fwd_config import FwdConfig
 
@@ -99,8 +99,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         x2d = x2d.as_strided((M, N), (N, 1))
     if r2d is not None and contiguous and r2d.stride(0) != N:
         r2d = r2d.as_strided((M, N), (N, 1))
-    if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
-        weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+    weight = aligned_weight(weight)
     q, scales, h, rstd = kernel_outputs(M, N, out_dtype, x2d.dtype if r2d is not None else None, scale, group_size,
                                         device)
     spare = placeholder_f32(device)  # the scales' operands a per-tensor or dynamic call does not use

@@ -43,8 +43,8 @@ from cutlass import Float32, Int32, Int64
 from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import (RowTileKernel, as_rows, column_predicate, init_mbarriers_and_sync, inline_asm, load_rows,
-                      vector_copy)
+from ._device import (RowTileKernel, add_residual, as_rows, column_predicate, init_mbarriers_and_sync, inline_asm,
+                      load_rows, vector_copy)
 from .rmsnorm_fwd_config import FwdConfig
 
 STATIC, TOKEN, GROUP = "static", "token", "group"
@@ -258,13 +258,8 @@ class RMSNormFp8TmaSmem(RowTileKernel):
             # pass 1: (h = x + r, stored and kept in shared memory over x) the sum of squares
             cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
             if cutlass.const_expr(self.has_residual):
-                tRsR = thr_x.partition_S(cute.local_tile(sR, tiler, (g, 0)))
-                cute.copy(copy_x, tRsR, tRrR, pred=tXpX)
-                tXrX.store((tXrX.load().to(Float32) + tRrR.load().to(Float32)).to(self.x_dtype))
-                cute.copy(copy_x, tXrX, tXsX, pred=tXpX)
-                if row < M:
-                    tHgH = thr_x.partition_D(cute.local_tile(mH, tiler, (tile * groups + g, 0)))
-                    cute.copy(copy_x, tXrX, tHgH, pred=tXpX)
+                add_residual(copy_x, thr_x, tXsX, thr_x.partition_S(cute.local_tile(sR, tiler, (g, 0))),
+                             cute.local_tile(mH, tiler, (tile * groups + g, 0)), tXrX, tRrR, tXpX, row, M, self.x_dtype)
             x = tXrX.load().to(Float32)
             ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             ss = self._row_reduce(ss, False, sRed, g, warp, lane)

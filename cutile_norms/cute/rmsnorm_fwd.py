@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .._platform import DeviceInfo
-from .compile import CompileCache, compile_options, cutlass_dtype, placeholder_f32
+from .compile import CompileCache, aligned_weight, compile_options, cutlass_dtype, placeholder_f32
 from .rmsnorm_fwd_config import CLUSTER_MAX, FwdConfig, analytic_config
 
 # ================================================================================================
@@ -125,8 +125,7 @@ def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtyp
         M = x2d.shape[0]
         if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
             x2d = x2d.as_strided((M, N), (N, 1))
-        if weight is not None and (weight.stride(0) != 1 or weight.data_ptr() % 16):
-            weight = weight.contiguous() if weight.stride(0) != 1 else weight.clone()
+        weight = aligned_weight(weight)
         if out is not None:
             y, rstd = out
             y2d = y if y.dim() == 2 else y.view(M, N)

@@ -24,8 +24,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
-from ._device import (RowTileKernel, as_rows, cluster_position, column_predicate, init_mbarriers_and_sync,
-                      load_rows, store_f32_to_peer, vector_copy)
+from ._device import (RowTileKernel, add_residual, as_rows, cluster_position, column_predicate,
+                      init_mbarriers_and_sync, load_rows, store_f32_to_peer, vector_copy)
 
 
 class RMSNormFwdTmaSmem(RowTileKernel):
@@ -143,12 +143,9 @@ class RMSNormFwdTmaSmem(RowTileKernel):
             tXrX.fill(0)
             cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
             if cutlass.const_expr(self.has_residual):
-                cute.copy(copy_x, thr_x.partition_S(cute.local_tile(sR, tiler, (g, 0))), tRrR, pred=tXpX)
-                tXrX.store((tXrX.load().to(Float32) + tRrR.load().to(Float32)).to(self.x_dtype))
-                cute.copy(copy_x, tXrX, tXsX, pred=tXpX)  # the thread reads back only its own vectors
-                if row < M:
-                    cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(mH, tiler, (tile * groups + g, rank))),
-                              pred=tXpX)
+                add_residual(copy_x, thr_x, tXsX, thr_x.partition_S(cute.local_tile(sR, tiler, (g, 0))),
+                             cute.local_tile(mH, tiler, (tile * groups + g, rank)), tXrX, tRrR, tXpX, row, M,
+                             self.x_dtype)
             x = tXrX.load().to(Float32)
             ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             ss = cute.arch.warp_reduction(ss, operator.add, threads_in_group=min(c.tpr, 32))

@@ -154,14 +154,15 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
     if has_dh:
-        narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if key and "/" not in key and not fp32_weight else None
+        arch_rules = bool(key) and "/" not in key and not fp32_weight  # (the rules below: the H100's table)
+        narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if arch_rules else None
         if narrow is not None:  # (the arch's table, measured on an H100; a GPU model's own rows keep _dh_fit's)
             cfg = dataclasses.replace(cfg, blocks_per_sm=narrow, prefetch=True)
             source += f"; {narrow} blocks per SM, prefetching (dh, rows of 2-5 KiB)"
         else:
             cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
             source += why
-            if key and "/" not in key and not fp32_weight and _one_dh_piece(cfg, N, elem_bytes):
+            if arch_rules and _one_dh_piece(cfg, N, elem_bytes):
                 cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N))
                 source += "; one padded piece (dh, rows of 4-16 KiB)"
     elif cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
