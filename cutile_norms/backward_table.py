@@ -1,21 +1,28 @@
 """mode=None's backward table: the bands of row bytes where another mode's backward measured ahead of
-the cuTile persistent kernel, per GPU table, with the evidence (dispatch.py decides from it:
-backward_row, _with_best_backward)."""
+the cuTile persistent kernel, per GPU table, with the evidence, and the lookup of a call's row
+(dispatch.py decides from it: choose_forward, _with_best_backward)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
 class BackwardRow:
     """A band of row bytes where mode=None's backward is another mode's than the cuTile persistent
-    kernel (`table`: a measured table's key, as table_key gives it)."""
+    kernel, or that kernel inside another row's band (`table`: a measured table's key, as table_key
+    gives it). The first row that matches a call runs: its table, x's dtype, the row's bytes (with dh,
+    up to dh_bytes_max) and, beside an fp32 weight, a row that holds there."""
     table: str
     dtypes: tuple[str, ...]
     bytes_min: int
     bytes_max: int
     mode: str
     evidence: str
+    fp32_weight: bool = True  # False: not beside an fp32 weight (16-bit x); such calls take the next row
+    dh_bytes_max: int | None = None  # with dh (the residual add's backward) only up to rows of these bytes
 
 
 # mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
@@ -28,6 +35,27 @@ class BackwardRow:
 # is part empty (its columns past the row are zeros in shared memory: no predicated loads), against
 # the cuTile kernel's 0.56-0.86 at those widths. One mode for the whole band: its worst case is the
 # better one (18112, where the cuTile kernel's scaled config happens to hold, 0.900 against 0.932).
+# Except on the H100 at 16-bit rows of 14529-20480 columns (28.4-40 KiB) and a 16-bit weight (or none):
+# there the cuTile kernel's config is one shape at every width, the row split over 4 blocks of 8 warps,
+# 2 blocks per SM, prefetching the next row, each block's part (a multiple of 16 columns) 3648-5120
+# columns in a piece of 4096 (padded by at most 1/8: rmsnorm_fwd_config.cached_piece_min) and a tail of
+# at most 1024: 16-20 values a thread, 115-128 registers and no spills (ptxas); the table's entries at
+# 16384 and 20480 both scale to it. It measured 0.88-0.96 x copy there (0.88-0.91 below 16384, where a
+# part's padded piece idles 1/16-1/8 of its lanes; 0.91-0.96 from 16384), random widths included, where
+# the CuTe kernel's slices hold 7-10 vectors a thread or leave the last one part empty: 0.82-0.92 (at
+# 19336, 255 registers), ahead only at a width it tiles exactly (15200: 0.920 against 0.892). The
+# band's worst case is the better one: 0.877 (14536) against the CuTe kernel's 0.816 (18800). Below
+# 14529 a part of 3632 columns or less is cut into three pieces or more (14336: 0.869 against the CuTe
+# kernel's exact tiling, 0.923); past 20480 a part needs a third piece or 8 blocks a row (21848: 0.894 /
+# 0.901 at best, 23480 0.826 against the CuTe kernel's 0.917). Beside an fp32 weight the held weight and
+# dw's accumulator double: ptxas drops the prefetch at 20480 or spills, and the CuTe kernel measured
+# ahead at every width of the band (0.84-0.93 against 0.71-0.82: 14336-20480, seven widths).
+# With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
+# 128 registers up to 18 values a thread (a 4096 piece and a 512 tail, 18432 columns: 36 KiB), and
+# spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953 against the CuTe kernel's
+# 0.910-0.979 (18440, 18800, 19368, 20352, 20480); up to 36 KiB 0.975-0.995 against 0.83-0.97.
+CUTILE_BWD_BAND = (2 * 14529, 40 * 1024)  # H100, 16-bit rows: the cuTile backward inside the CuTe band
+CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
@@ -39,6 +67,18 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
                 "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
                 "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "multi_wave_cached",
+                "H100 80GB HBM3 2026-11-26, bf16, the cuTile persistent kernel (the row over 4 blocks, 2 per SM, "
+                "prefetching) against the CuTe DSL backward, medians of 3: N=14536 0.877 / 0.849, 14600 0.878 / "
+                "0.853, 15200 0.892 / 0.920, 15800 0.907 / 0.831, 16024 0.912 / 0.824, 16384 0.946 / 0.920, 16440 "
+                "0.915 / 0.843, 16480 0.916 / 0.861, 17720 0.929 / 0.867, 17816 0.937 / 0.873, 18432 0.931 / "
+                "0.894, 18800 0.951 / 0.816, 19368 0.959 / 0.833, 20352 0.958 / 0.859, 20480 0.948 / 0.892 x copy "
+                "(fp16 0.919-0.956 / 0.828-0.911); with dh 14600 / 15200 / 16024 / 16440 / 17816 / 18432 0.975 / "
+                "0.984 / 0.991 / 0.991 / 0.995 / 0.991 against 0.834 / 0.890 / 0.836 / 0.927 / 0.921 / 0.971 "
+                "(python bench/probe/model_widths.py --only bwd --kernels None,cutile,cute,quack --ns ...; python "
+                "bench/residual.py --parts backward --modes multi_wave_cached,tma_smem_cached --ns ...): see "
+                "CUTILE_BWD_BAND",
+                fp32_weight=False, dh_bytes_max=CUTILE_BWD_DH_MAX_BYTES),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "H100 80GB HBM3 2026-11-25, bf16, the CuTe DSL backward against the cuTile persistent kernel: "
                 "N=12288 0.912 / 0.850, 14336 0.925 / 0.868, 16384 0.919 / 0.943, 18432 0.892 / 0.932, "
@@ -70,3 +110,20 @@ BACKWARD_TABLE = (
                 "(python bench/tune/cute_rmsnorm_bwd.py); with 2 slots, 20480-262144: 0.61-0.97 against "
                 "0.44-0.83 (probe, same seed)"),
 )
+
+
+def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = False, dh: bool = False,
+                 refused: Callable[[BackwardRow], bool] = lambda row: False) -> BackwardRow | None:
+    """BACKWARD_TABLE's first row for this table key (a model's, else its arch's), dtype and width,
+    beside an fp32 weight or not, with dh (the residual add's backward) or not, whose mode takes the
+    rows (`refused`: dispatch's answer for the CuTe DSL backward)."""
+    rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
+    table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
+    nbytes = N * getattr(torch, dtype_name).itemsize
+
+    def holds(r: BackwardRow) -> bool:
+        top = min(r.bytes_max, r.dh_bytes_max) if dh and r.dh_bytes_max is not None else r.bytes_max
+        return (r.table == table and r.bytes_min <= nbytes <= top and (r.fp32_weight or not fp32_weight)
+                and not refused(r))
+
+    return next((r for r in rows if holds(r)), None)

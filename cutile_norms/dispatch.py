@@ -11,6 +11,7 @@ and row used and their evidence.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -24,7 +25,7 @@ import torch
 from ._experimental import ENV_VAR, experimental_enabled, is_experimental
 from ._platform import DeviceInfo, Toolchain, table_key, triton_interpreted
 from .backends import BackwardBackend, ForwardBackend
-from .backward_table import BACKWARD_TABLE, CUTE_BWD_MIN_BYTES, BackwardRow
+from .backward_table import CUTE_BWD_MIN_BYTES, BackwardRow, backward_row
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 
@@ -151,10 +152,15 @@ class Choice:
     mode: str
     reason: str
     bwd_mode: str = ""  # the mode whose backward kernel runs behind autograd; "" = the forward's mode
+    dh_bwd_mode: str = ""  # the same for the residual add's backward (with dh); "" = backward_mode
 
     @property
     def backward_mode(self) -> str:
         return self.bwd_mode or self.mode
+
+    @property
+    def dh_backward_mode(self) -> str:
+        return self.dh_bwd_mode or self.backward_mode
 
 
 MEASURE_COMMAND = "python bench/rmsnorm.py --write-table"
@@ -177,11 +183,13 @@ def instead_of(dev: DeviceInfo, tools: Toolchain, mode: str, why: str) -> Choice
     return _fallback(dev, tools, why)
 
 
-def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
+def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int,
+                   fp32_weight: bool = False) -> Choice:
     """mode=None: the measured mode for (GPU model, dtype, N), the same for every M (a row's result
     never depends on the batch it comes in: see FORWARD_RULE); where nothing is measured or what is
     measured cannot run here (AMD, NVIDIA below sm_90, cuTile missing) the Triton kernels; the
-    reference on CPU tensors or where Triton cannot run either."""
+    reference on CPU tensors or where Triton cannot run either. The backward behind it from
+    BACKWARD_TABLE (`fp32_weight`: an fp32 weight beside 16-bit x, which some of its rows exclude)."""
     if dev.vendor == "cpu":
         return Choice("torch", "CPU tensors: the reference runs")
     if dev.vendor == "amd":
@@ -215,7 +223,16 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
             command = src.get("commands", {}).get(dname, {}).get("command", "?")
             why = (f"measured table {key}/{dname}: N in [{row['n_min']}, {row['n_max']}] -> {row['mode']} "
                    f"({row['evidence']}; {src.get('gpu', '?')}, {command}){borrowed}")
-            return _with_best_backward(Choice(mode.name, why), dev, tools, backward_row(key, dname, N))
+            def refused(r: BackwardRow) -> bool:
+                return r.mode == "tma_smem_cached" and cute_backward_refusal(N, dtype) is not None
+            norm, dh = (_with_best_backward(Choice(mode.name, why), dev, tools,
+                                            backward_row(key, dname, N, fp32_weight, with_dh, refused))
+                        for with_dh in (False, True))
+            if dh.backward_mode == norm.backward_mode:
+                return norm
+            dh_why = dh.reason[len(why):].removeprefix("; backward: ") or f"{dh.backward_mode}'s own"
+            return dataclasses.replace(norm, dh_bwd_mode=dh.backward_mode,
+                                       reason=f"{norm.reason}; with dh (the residual add's backward): {dh_why}")
     return _fallback(dev, tools, f"the measured table {key} has no row for {dname}, N={N}, M={M}{borrowed}")
 
 
@@ -258,15 +275,6 @@ def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
     return None
 
 
-def backward_row(key: str | None, dtype_name: str, N: int) -> BackwardRow | None:
-    """BACKWARD_TABLE's row for this table key (a model's, else its arch's), dtype and width."""
-    dtype = getattr(torch, dtype_name)
-    rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
-    table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
-    return next((r for r in rows if r.table == table and r.bytes_min <= N * dtype.itemsize <= r.bytes_max
-                 and (r.mode != "tma_smem_cached" or cute_backward_refusal(N, dtype) is None)), None)
-
-
 def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: BackwardRow | None = None) -> Choice:
     """mode=None: the forward table picks the forward only. `row` (BACKWARD_TABLE's, for this table,
     dtype and N): that mode's backward runs where it can. Else, where the forward has a backward of its
@@ -286,11 +294,13 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
     return choice
 
 
-def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int) -> Choice:
-    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot.
+def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int,
+            fp32_weight: bool = False) -> Choice:
+    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot
+    (`fp32_weight`: an fp32 weight beside 16-bit x; mode=None's backward table tells them apart).
     (rms_norm caches the decision per call signature: rmsnorm._route.)"""
     if mode_name is None:
-        return choose_forward(dev, tools, dtype, M, N)
+        return choose_forward(dev, tools, dtype, M, N, fp32_weight)
     mode = MODES.get(mode_name) if isinstance(mode_name, str) else None
     if mode is None:
         raise ValueError(f"unknown mode {mode_name!r}; modes: None (measured heuristic), "
@@ -418,7 +428,7 @@ def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes:
     6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward kernel
     reads dh with the row (the cuTile and CuTe DSL ones: BackwardBackend.adds_dh); BWD_DH_AFTER: an add
     after it."""
-    bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+    bwd_mode = "torch" if choice.mode == "torch" else choice.dh_backward_mode
     off = _fused_off(choice.mode, dev)
     if off or bwd_mode == "torch":
         return BWD_DH_AFTER, bwd_mode, off or "the reference's backward"

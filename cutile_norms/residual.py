@@ -91,7 +91,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
     if x.numel() == 0:  # the reference's shapes (rstd of x's leading shape), nothing to compute
         y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return (x if in_place else y.contiguous()), h, rstd.float()
-    dev, M, choice = plan(h, mode)
+    dev, M, choice = plan(h, mode, weight)
     kernel, _ = _fused_forward(x, residual, h, mode, choice.mode, dev)
     if kernel is not None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
@@ -156,7 +156,7 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
     g_dtype = grad_dtype(dy.dtype, h.dtype)
     if h.numel() == 0:
         return torch.zeros_like(h, dtype=g_dtype), torch.zeros_like(weight) if need_dw else h.new_empty(0)
-    dev, M, choice = plan(h, mode or None)
+    dev, M, choice = plan(h, mode or None, weight)
     how, bwd_mode, _ = dispatch.residual_backward(mode or None, choice, h.shape[-1], h.element_size(), dev,
                                                   toolchain())
     if how == dispatch.BWD_FUSED:
@@ -289,10 +289,11 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a0 < b1 and b0 < a1
 
 
-def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str | None) -> str:
+def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str | None,
+             weight: torch.Tensor | None = None) -> str:
     """explain()'s line for the add: fused or not, and why."""
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
-    dev, M, choice = plan(h, mode)
+    dev, M, choice = plan(h, mode, weight)
     kernel, why = _fused_forward(x, residual, h, mode, choice.mode, dev)
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")

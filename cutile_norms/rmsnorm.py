@@ -174,7 +174,7 @@ def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: fl
             store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(y in x's shape and dtype, rstd fp32 of x's leading shape, or of x's leading shape + (0,) without
     store_rstd). rstd keeps x's leading dims so that a DTensor sharding of x on them shards it alike."""
-    dev, M, choice = plan(x, mode or None)
+    dev, M, choice = plan(x, mode or None, weight)
     if not store_rstd:
         no_rstd = x.new_empty(x.shape[:-1] + (0,), dtype=torch.float32)
     if choice.mode == "torch" or x.numel() == 0:
@@ -194,7 +194,7 @@ def _fwd_fake(x, weight, eps, offset, mode, store_rstd):
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
             mode: str, need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx in x's shape and dtype, dw [N] in the weight's dtype); an empty tensor for a grad not asked for."""
-    dev, M, choice = plan(x, mode or None)
+    dev, M, choice = plan(x, mode or None, weight)
     need_dw = need_dw and weight is not None
     bwd_mode = "torch" if choice.mode == "torch" else choice.backward_mode
     dx, dw = backward_rows(dy, as_rows(x), weight, rstd.reshape(-1), offset, bwd_mode, need_dx, need_dw, dev)
@@ -239,10 +239,13 @@ def _rms_norm_traced(x, weight, eps: float, offset: float, mode: str | None) -> 
 # ================================================================================================
 # Public entry points
 # ================================================================================================
-def plan(x, mode):
+def plan(x, mode, weight=None):
+    """(device info, M, the dispatch choice) for rows of x under `mode`, with `weight` (its dtype: an fp32
+    weight beside 16-bit x takes its own backward rows in mode=None's table)."""
     N = x.shape[-1]
     M = x.numel() // N if N else 0
-    dev, choice = _route(mode, x.device, x.dtype, M, N, experimental_enabled())
+    fp32_weight = weight is not None and weight.dtype == torch.float32 and x.element_size() == 2
+    dev, choice = _route(mode, x.device, x.dtype, M, N, fp32_weight, experimental_enabled())
     # a backend that does not take every row says why in `unsupported`: checked once per call signature
     # (x's 16-byte alignment is part of the call plans' key)
     backend = None if choice.mode == "torch" else dispatch.backend(choice.mode)
@@ -256,11 +259,11 @@ def plan(x, mode):
 
 
 @functools.lru_cache(maxsize=8192)
-def _route(mode, device, dtype, M, N, _experimental_on):
+def _route(mode, device, dtype, M, N, fp32_weight, _experimental_on):
     """(device info, the dispatch choice) for one call signature; cached so a call hashes plain
     values only (an uncached route cost ~10 us of Python per call on an H200 host)."""
     dev = device_info(device)
-    return dev, dispatch.resolve(mode, dev, toolchain(), dtype, M, N)
+    return dev, dispatch.resolve(mode, dev, toolchain(), dtype, M, N, fp32_weight)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
@@ -314,7 +317,7 @@ _MAX_PLANS = 4096  # a serving loop meets a few signatures per model; past this 
 
 def _call_plan(x, weight, eps, offset, mode, grad: bool):
     validate(x, weight, eps, offset)
-    dev, M, choice = plan(x, mode)
+    dev, M, choice = plan(x, mode, weight)
     eps, offset = float(eps), float(offset)
     if choice.mode == "torch" or x.numel() == 0:  # empty: the reference's ops give empty dx and zero dw
         return lambda x, w: rms_norm_reference(x, w, eps, offset)[0].contiguous()  # y contiguous, as documented
@@ -349,7 +352,7 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
     `residual`: also how the add runs; the norm's lines are then about h = x + residual; with `fp8`:
     also whether `rms_norm_fp8` runs its kernel, with which launch, or the torch ops, and why)."""
     validate(x, weight, eps, offset)
-    dev, M, choice = plan(x, mode)
+    dev, M, choice = plan(x, mode, weight)
     N = x.shape[-1]
     wdesc = "none" if weight is None else str(weight.dtype).removeprefix("torch.")
     lines = [f"rms_norm on {_where(dev)}: x {str(x.dtype).removeprefix('torch.')} {list(x.shape)} "
@@ -366,7 +369,7 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
     if residual is not None:
         from .residual import describe, validate_residual
         validate_residual(x, residual, residual_dtype)
-        lines.append(describe(x, residual, residual_dtype, mode))
+        lines.append(describe(x, residual, residual_dtype, mode, weight))
     if fp8:
         from .fp8 import describe as describe_fp8
         lines.append(describe_fp8(x, mode))

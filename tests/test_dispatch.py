@@ -164,11 +164,24 @@ def test_mode_none_takes_the_backward_table_row():
     assert c.backward_mode == "multi_wave_cached", c
     # 16-bit rows from 24 KiB: that backward (its backend takes misaligned rows to the cuTile kernel),
     # whatever the forward, rows its slices tile exactly and rows whose last slice is part empty
-    for dtype, N in ((torch.bfloat16, 12288), (torch.bfloat16, 20480), (torch.bfloat16, 32768),
-                     (torch.bfloat16, 65536), (torch.float16, 262144), (torch.bfloat16, 98304),
-                     (torch.bfloat16, 18112), (torch.bfloat16, 36568), (torch.float16, 193488)):
+    for dtype, N in ((torch.bfloat16, 12288), (torch.bfloat16, 14336), (torch.bfloat16, 14528), (torch.bfloat16, 20488),
+                     (torch.bfloat16, 32768), (torch.bfloat16, 24576), (torch.bfloat16, 65536),
+                     (torch.float16, 262144), (torch.bfloat16, 98304), (torch.bfloat16, 36568),
+                     (torch.float16, 193488)):
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N)
-        assert c.backward_mode == "tma_smem_cached", (dtype, N, c)
+        assert c.backward_mode == c.dh_backward_mode == "tma_smem_cached", (dtype, N, c)
+    # ... except 14529-20480 columns (backward_table.CUTILE_BWD_BAND): the cuTile kernel with a 16-bit
+    # weight; with an fp32 weight the CuTe one; with dh (the residual add) the cuTile one only to 36 KiB
+    for dtype, N in ((torch.bfloat16, 14536), (torch.bfloat16, 16384), (torch.float16, 18112),
+                     (torch.bfloat16, 18432), (torch.bfloat16, 19336), (torch.float16, 20480)):
+        c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N)
+        assert c.backward_mode == "multi_wave_cached" and "CUTILE_BWD_BAND" in c.reason, (dtype, N, c)
+        assert c.dh_backward_mode == ("multi_wave_cached" if N <= 18432 else "tma_smem_cached"), (dtype, N, c)
+        c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N, fp32_weight=True)
+        assert c.backward_mode == c.dh_backward_mode == "tma_smem_cached", (dtype, N, c)
+        how, mode, _ = dispatch.residual_backward(None, dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N),
+                                                  N, 2, H100, ALL_TOOLS)
+        assert (how, mode) == (dispatch.BWD_DH_INSIDE, "multi_wave_cached" if N <= 18432 else "tma_smem_cached")
     # narrower rows, fp32, too long: the cuTile kernel, also behind mode="tma_smem_cached"
     for dtype, N in ((torch.bfloat16, 8192), (torch.float32, 262144), (torch.bfloat16, 1 << 20)):
         for mode in (None, "tma_smem_cached"):

@@ -117,6 +117,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", choices=["fwd", "bwd"], default=None)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--weight-dtype", default=None, help="the weight's dtype (default: x's; float32 for a "
+                   "16-bit x beside an fp32 weight, as mixed-precision training holds it)")
     p.add_argument("--out", default=None)
     p.add_argument("--write-table", default=None, metavar="JSON[,JSON...]",
                    help="write mode=None's rows from finished runs' --out JSONs of one GPU and dtype (no GPU needed)")
@@ -142,12 +144,12 @@ def main() -> int:
     ns = sorted(set(args.ns) | set(random_widths(args.random, seed)))
     dev = device_info("cuda")
     dtype = getattr(torch, args.dtype)
-    print(f"# {torch.cuda.get_device_name()} {args.dtype}, seed {seed}, widths {ns}", flush=True)
+    print(f"# {torch.cuda.get_device_name()} {args.dtype} (weight {args.weight_dtype or args.dtype}), seed {seed}, widths {ns}", flush=True)
     results = {}
     for N in ns:
         M = ELEMENTS // N
         x = torch.randn(M, N, device="cuda", dtype=dtype)
-        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(getattr(torch, args.weight_dtype or args.dtype))
         row = {}
         if args.only in (None, "fwd"):
             fns = pick(forward_fns(x, w, dev, args.kernels), args.kernels)
@@ -187,7 +189,7 @@ def main() -> int:
         del x, w
         torch.cuda.empty_cache()
         # after every width: a run stopped at its time limit keeps what it measured
-        write_json(args.out, {"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "seed": seed,
+        write_json(args.out, {"gpu": torch.cuda.get_device_name(), "dtype": args.dtype, "weight_dtype": args.weight_dtype or args.dtype, "seed": seed,
                               "arch": dev.arch_name, "date": datetime.date.today().isoformat(), "rows": results})
     return 0
 

@@ -21,7 +21,8 @@ DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.flo
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32"),
           ("float16", "float32")]
 # narrow (several rows per tile), 2^k - 1 / 2^k / 2^k + 1, odd, pieces (2880, 5120, 7168), split rows
-WIDTHS = [1, 7, 127, 128, 129, 1000, 2880, 4095, 4096, 4097, 5120, 7168, 16383, 32768, 65537, 262144]
+# split rows of 4 parts: four pieces (14344), a 4096 piece and a tail (19336; backward_table.CUTILE_BWD_BAND)
+WIDTHS = [1, 7, 127, 128, 129, 1000, 2880, 4095, 4096, 4097, 5120, 7168, 14344, 16383, 19336, 32768, 65537, 262144]
 EPS = 1e-6
 
 
@@ -274,7 +275,8 @@ def test_strided_x_and_non_contiguous_dy(seed, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [128, 1000, 1344, 2880, 4096, 6144, 7168, 8200, 10240, 12288, 16384, 20480, 65536])
+@pytest.mark.parametrize("N", [128, 1000, 1344, 2880, 4096, 6144, 7168, 8200, 10240, 12288, 14600, 16384, 18440,
+                               20480, 65536])
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float32", "float32"),
                                              ("float16", "float32")])
 @pytest.mark.parametrize("M", [1, 300])
@@ -286,6 +288,39 @@ def test_dh_added_inside(seed, N, x_dtype, w_dtype, M):
     w = random_weight(N, DT[w_dtype], "cuda")
     dx, dw = _run_bwd(x, w, dy, 1.0, dh=dh)
     _check(x, w, dy, 1.0, dx, dw, f"N={N} M={M} {x_dtype}/{w_dtype} + dh", seed, dh=dh)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [14600, 18440, 19336])
+@pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
+def test_mode_none_runs_the_backward_its_table_names(seed, N, w_dtype):
+    """mode=None's backward (dispatch.BACKWARD_TABLE) tells a 16-bit weight from an fp32 one and the
+    residual add's backward from the norm's (on an H100, 28-40 KiB rows: this kernel with a bf16 weight,
+    with dh to 36 KiB; the CuTe DSL one otherwise): explain() names the kernel that runs, and the grads
+    of x, the residual and the weight match the fp64 closed form."""
+    import cutile_norms as cn
+    from cutile_norms._platform import toolchain
+
+    M = 96
+    dev = _device_info()
+    choice = dispatch.resolve(None, dev, toolchain(), torch.bfloat16, M, N, fp32_weight=w_dtype == "float32")
+    names = {"multi_wave_cached": "cuTile", "tma_smem_cached": "CuTe DSL", "triton": "Triton"}
+    x0, r0, dy = (random_rows((M, N), torch.bfloat16, "cuda") for _ in range(3))
+    w0 = random_weight(N, DT[w_dtype], "cuda")
+    text = cn.explain(x0, w0, residual=r0)
+    assert text.split("\nbackward:")[1].lstrip().startswith(names[choice.backward_mode]), text
+    how, dh_mode, _ = dispatch.residual_backward(None, choice, N, 2, dev, toolchain())
+    assert dh_mode == choice.dh_backward_mode and f"the norm's backward ({dh_mode}" in text, text
+    x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+    cn.rms_norm(x, w, EPS).backward(dy)
+    _check(x0, w0, dy, 0.0, x.grad, w.grad, f"mode=None N={N} w {w_dtype}", seed)
+    x, r, w = x0.clone().requires_grad_(), r0.clone().requires_grad_(), w0.clone().requires_grad_()
+    dh = random_rows((M, N), torch.bfloat16, "cuda")
+    y, h = cn.rms_norm(x, w, EPS, residual=r)
+    torch.autograd.backward((y, h), (dy, dh))
+    h0 = (x0.float() + r0.float()).to(torch.bfloat16)
+    _check(h0, w0, dy, 0.0, x.grad, w.grad, f"mode=None N={N} w {w_dtype} + residual", seed, dh=dh)
+    assert torch.equal(x.grad, r.grad)
 
 
 @pytest.mark.gpu

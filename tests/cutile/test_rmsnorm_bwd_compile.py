@@ -186,3 +186,27 @@ def test_atomics_and_waits_are_what_the_protocol_needs():
     assert "atom.global.acquire.add.u32" in ptx
     assert "atom.global.add.u64" in ptx and "atom.global.exch.b64" in ptx
     assert "ld.relaxed" not in ptx and "ld.acquire" not in ptx
+
+
+@pytest.mark.parametrize("N", [14536, 14600, 16024, 17816, 18432, 19336, 20480])
+def test_band_configs_fit_and_dh_spills_past_36_kib(N):
+    """backward_table.CUTILE_BWD_BAND (H100's table, 16-bit rows of 28-40 KiB and weight): the row over 4
+    blocks at 2 per SM, prefetching, in a 4096 piece and a tail of at most 1024, fits its 128 registers
+    without spills; with dh it fits (at most a few bytes) to 18432 columns and spills past them, where
+    mode=None's residual backward runs the CuTe DSL kernel instead (CUTILE_BWD_DH_MAX_BYTES)."""
+    from cutile_norms.backward_table import CUTILE_BWD_BAND, CUTILE_BWD_DH_MAX_BYTES
+
+    assert CUTILE_BWD_BAND[0] <= 2 * N <= CUTILE_BWD_BAND[1]
+    below = _config(CUTILE_BWD_BAND[0] // 2 - 8, "bfloat16", "sm_90")  # the band's edge: a part in pieces below
+    assert below.split == 4 and below.piece_min < 4096, below
+    cfg = _config(N, "bfloat16", "sm_90")
+    assert (cfg.split, cfg.blocks_per_sm, cfg.prefetch, cfg.piece_min) == (4, 2, True, 4096), cfg
+    report = ptxas_report(compile_bwd(cfg, N, "bfloat16", "bfloat16"))
+    assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
+    assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
+    dh_cfg = rmsnorm_bwd_config.default_config(N, 2, ARCHS["sm_90"], "bfloat16", has_dh=True)
+    dh = ptxas_report(compile_bwd(dh_cfg, N, "bfloat16", "bfloat16", has_dh=True))
+    if 2 * N <= CUTILE_BWD_DH_MAX_BYTES:
+        assert dh["spill_stores"] <= 16, f"N={N} {dh_cfg.short()} + dh: {dh}"
+    else:
+        assert dh_cfg == cfg and dh["spill_stores"] > 16, f"N={N} {dh_cfg.short()} + dh: {dh}"
