@@ -165,10 +165,35 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
             if arch_rules and _one_dh_piece(cfg, N, elem_bytes):
                 cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N))
                 source += "; one padded piece (dh, rows of 4-16 KiB)"
-    elif cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
-        cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
-        source += why
+    else:
+        if cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
+            cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
+            source += why
+        if bool(key) and "/" not in key and not fp32_weight and _three_blocks(cfg, N, elem_bytes):
+            cfg = dataclasses.replace(cfg, blocks_per_sm=3)
+            source += "; 3 blocks per SM (at most 3 pieces, 14 values a thread)"
     return cfg, source
+
+
+# 16-bit rows in one-row prefetching tiles of at most 3 pieces and 3584 lanes (14 values a thread at 8
+# warps) run 3 blocks per SM where the table's config, or _prefetch_fit's estimate of it, left 2. ptxas
+# (sm_90, bf16) fits them in 80 registers with 0-20 bytes of spills at every width of 2056-3584 (step 8);
+# a fourth piece or one 4096 piece spills 52-116. H100, bf16, 3 M N e bytes over a copy, 3 against 2
+# blocks per SM: 3080 0.907 / 0.855, 3112 0.956 / 0.861, 3240 0.962 / 0.867, 3360 0.936 / 0.909, 3456
+# 0.949 / 0.923, 3560 0.968 / 0.902 (`python bench/tune/cutile_rmsnorm_bwd.py --ns
+# 3080,3112,3240,3360,3456,3560`): 3073-3591 ran 2 (the 2880 entry's 3 demoted by the estimate's 12
+# registers for a third piece; the 4096 entry's own 2), as did 2049-2431. The arch's table (measured on an
+# H100) only, as NARROW_DH_ROW: a GPU model's own rows keep theirs (the H200's 3584 entry runs 3 already).
+THREE_BLOCK_LANES = 3584
+
+
+def _three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
+    """Whether a launch without dh takes 3 blocks per SM for its pieces (see THREE_BLOCK_LANES)."""
+    if (elem_bytes != 2 or cfg.blocks_per_sm >= 3 or cfg.split != 1 or cfg.tile_m != 1 or not cfg.prefetch
+            or cfg.num_worker_warps != 8):
+        return False
+    pieces = row_pieces(N, piece_min(cfg, N))
+    return len(pieces) <= 3 and sum(size for _, size in pieces) <= THREE_BLOCK_LANES
 
 
 # The residual add's backward on 16-bit rows of 2-5 KiB (N = 1025 ... 2560: mode=None runs Triton's fused

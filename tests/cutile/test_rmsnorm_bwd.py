@@ -20,9 +20,11 @@ MODES = dispatch.modes_of("cutile")
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32"),
           ("float16", "float32")]
-# narrow (several rows per tile), 2^k - 1 / 2^k / 2^k + 1, odd, pieces (2880, 5120, 7168), split rows
+# narrow (several rows per tile), 2^k - 1 / 2^k / 2^k + 1, odd, pieces (2880, 5120, 7168; 2312 / 3112 at 3
+# blocks per SM: rmsnorm_bwd_config.THREE_BLOCK_LANES), split rows
 # split rows of 4 parts: four pieces (14344), a 4096 piece and a tail (19336; backward_table.CUTILE_BWD_BAND)
-WIDTHS = [1, 7, 127, 128, 129, 1000, 2880, 4095, 4096, 4097, 5120, 7168, 14344, 16383, 19336, 32768, 65537, 262144]
+WIDTHS = [1, 7, 127, 128, 129, 1000, 2312, 2880, 3112, 4095, 4096, 4097, 5120, 7168, 14344, 16383, 19336, 32768, 65537,
+          262144]
 EPS = 1e-6
 
 
@@ -145,6 +147,27 @@ def test_prefetch_is_kept_where_its_registers_fit():
     # a fourth piece at 3624 (3584's config has three): 3 blocks per SM spilled 76 bytes, 0.61 x copy
     cfg = config_and_source(3624, 2, h200, "bfloat16")[0]
     assert cfg.blocks_per_sm == 2 and cfg.prefetch
+
+
+def test_three_blocks_where_three_pieces_fit():
+    """rmsnorm_bwd_config.THREE_BLOCK_LANES (the H100's table): 16-bit rows in one-row prefetching tiles
+    of at most 3 pieces and 3584 lanes run 3 blocks per SM, where the table's config or the estimate
+    left 2 (2049-2431 from the 2048 entry, 3073-3584 from the 2880 and 4096 entries); a fourth piece,
+    one 4096 piece, an fp32 weight and the H200's own rows keep theirs."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cutile.rmsnorm_bwd_config import THREE_BLOCK_LANES, config_and_source
+
+    h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    for N in (2056, 2312, 2424, 3080, 3112, 3240, 3456, THREE_BLOCK_LANES):
+        for dtype in ("bfloat16", "float16"):
+            cfg, why = config_and_source(N, 2, h100, dtype)
+            assert cfg.blocks_per_sm == 3 and cfg.prefetch and cfg.split == 1, (N, cfg)
+        assert "at most 3 pieces" in why, why
+        assert config_and_source(N, 2, h100, "bfloat16", fp32_weight=True)[0].blocks_per_sm == 2, N
+    for N in (3592, 3648, 4000):  # a fourth piece, one 4096 piece
+        assert config_and_source(N, 2, h100, "bfloat16")[0].blocks_per_sm == 2, N
+    assert config_and_source(2056, 2, h200, "bfloat16")[0].blocks_per_sm == 2
 
 
 # ------------------------------------------------------------------------------------------------

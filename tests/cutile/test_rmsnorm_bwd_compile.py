@@ -210,3 +210,18 @@ def test_band_configs_fit_and_dh_spills_past_36_kib(N):
         assert dh["spill_stores"] <= 16, f"N={N} {dh_cfg.short()} + dh: {dh}"
     else:
         assert dh_cfg == cfg and dh["spill_stores"] > 16, f"N={N} {dh_cfg.short()} + dh: {dh}"
+
+
+@pytest.mark.parametrize("N", [2056, 2200, 2432, 3080, 3096, 3112, 3240, 3344, 3456, 3560, 3584])
+def test_three_block_configs_fit(N):
+    """rmsnorm_bwd_config.THREE_BLOCK_LANES: 16-bit rows of at most 3 pieces and 3584 lanes at 3 blocks
+    per SM fit 80 registers with at most 20 bytes of spills (none at 2056-2432); a fourth piece at 3 blocks
+    (3592) spills 56, which is why the rule stops there."""
+    cfg = _config(N, "bfloat16", "sm_90")
+    assert cfg.blocks_per_sm == 3 and cfg.prefetch, cfg
+    report = ptxas_report(compile_bwd(cfg, N, "bfloat16", "bfloat16"))
+    assert report["registers"] * report["threads"][0] * 3 <= 65536, report
+    assert report["spill_stores"] <= (0 if N <= 2560 else 20), f"N={N} {cfg.short()}: {report}"
+    if N == 3584:
+        four = dataclasses.replace(_config(3592, "bfloat16", "sm_90"), blocks_per_sm=3)
+        assert ptxas_report(compile_bwd(four, 3592, "bfloat16", "bfloat16"))["spill_stores"] > 20
