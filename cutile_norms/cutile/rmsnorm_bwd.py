@@ -42,10 +42,24 @@ def export_signature(cfg: BwdConfig, N: int, x_dtype, w_dtype, has_w: bool = Tru
               flat_array(wd, div16), flat_array(ct.float32, True), dx, flat_array(wd, div16),
               flat_array(ct.float32, True), flat_array(ct.int32, True), flat_array(ct.int64, True)]
     params += [ScalarConstraint(ct.int32)] * 4 + [ScalarConstraint(ct.float32)] + [ScalarConstraint(ct.int32)] * 2
-    align = align_elems(N, elem)
+    align = row_align(cfg, N, elem, {ct.float16: 2, ct.bfloat16: 2, ct.float32: 4}[wd])
     return (kernel_for(tuple(sorted(cfg.hints().items()))),
             signature(params, constants(cfg, N, align, align, has_w, need_dx, need_dw, sm_count,
                                         align if has_dh else 1, has_dh)))
+
+
+def row_align(cfg: BwdConfig, stride: int, elem_bytes: int, w_elem_bytes: int) -> int:
+    """The alignment hint, in elements, of x's, dy's and dh's rows: 16 bytes' worth where the stride
+    allows; in one-row tiles no more elements than a 16-byte vector of the weight holds (4 for an fp32
+    weight beside 16-bit x), so the held weight and each row's x and dy are tiles of one layout. With 8
+    bf16 a vector against the weight's 4 fp32, tileiras converted between the two through shared memory
+    on every row: sm_90 SASS at N = 8192, 65 shared loads and 49 barriers against 25 and 20 at 4 a vector
+    (a bf16 weight: 31 and 28). H100, bf16 x, fp32 weight, 3 M N e bytes over a copy, 8 against 4 a
+    vector: 4096 0.920 / 0.967, 8192 0.810 / 0.959, 16384 0.821 / 0.915, 32768 0.793 / 0.902 (a bf16
+    weight 0.973 / 0.961 / 0.944 / 0.938). Multi-row tiles hold the weight as one row against a tile of
+    rows, whatever the vector: 1024 measured 0.751 at 8 and 0.702 at 4 (docs/performance.md 2.23)."""
+    cap = 16 // w_elem_bytes if cfg.tile_m == 1 else 16 // elem_bytes
+    return min(align_elems(stride, elem_bytes), max(cap, 1))
 
 
 # ================================================================================================
@@ -108,8 +122,10 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     else:
         dx = dx_buffer(cfg, M, N, x2d.dtype, device) if need_dx else None
         dw = torch.empty(N, dtype=weight.dtype, device=device) if need_dw else None
-    two_d, kernel, consts, npad = prepared(cfg, N, align_elems(sx, e), align_elems(sdy, e), has_w, need_dx,
-                                           need_dw, sm_count, align_elems(sdh, e) if has_dh else 1, has_dh)
+    we = weight.element_size() if has_w else e
+    two_d, kernel, consts, npad = prepared(cfg, N, row_align(cfg, sx, e, we), row_align(cfg, sdy, e, we), has_w,
+                                           need_dx, need_dw, sm_count, row_align(cfg, sdh, e, we) if has_dh else 1,
+                                           has_dh)
     tickets = workspace("tickets", 16, torch.int32, device, stream, zero=True)
     w_arg = weight if has_w else rstd  # never read without HAS_W
 
