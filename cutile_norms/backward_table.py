@@ -47,10 +47,11 @@ class BackwardRow:
 # band's worst case is the better one: 0.877 (14536) against the CuTe kernel's 0.816 (18800). Below
 # 14529 a part of 3632 columns or less is cut into three pieces or more (14336: 0.869 against the CuTe
 # kernel's exact tiling, 0.923); past 20480 a part needs a third piece or 8 blocks a row (21848: 0.894 /
-# 0.901 at best, 23480 0.826 against the CuTe kernel's 0.917). Beside an fp32 weight the CuTe kernel
-# measured ahead at every width of the band (0.84-0.93 against 0.71-0.82 at 14336-20480, seven widths);
-# since the cuTile kernel's rows share the fp32 weight's layout (cutile/rmsnorm_bwd.row_align) it ties
-# at 16384 (0.915) and trails at 20480, where its estimate drops the prefetch (0.765 against 0.876).
+# 0.901 at best, 23480 0.826 against the CuTe kernel's 0.917). Beside an fp32 weight the row does not
+# hold: the cuTile kernel (its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and the
+# bf16 weight's configs) measured 0.857 / 0.918 / 0.923 / 0.943 / 0.945 at 14600 / 16384 / 18432 / 19368
+# / 20480 against the CuTe kernel's 0.877 / 0.920 / 0.897 / 0.888 / 0.870: the CuTe kernel's worst case
+# is the better one, by 1.3 % (0.870 against 0.857).
 # With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
 # 128 registers up to 18 values a thread (a 4096 piece and a 512 tail, 18432 columns: 36 KiB), and
 # spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953 against the CuTe kernel's

@@ -166,10 +166,16 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
                 cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N))
                 source += "; one padded piece (dh, rows of 4-16 KiB)"
     else:
-        if cfg.prefetch and ((fp32_weight and elem_bytes == 2) or (rows and N > n)):
-            cfg, why = _prefetch_fit(cfg, N, fp32_weight and elem_bytes == 2, n if rows else None)
+        # An fp32 weight's term on the arch's table (H100) is gone: a prefetching tile is one row, and
+        # one-row tiles hold the weight in fp32 registers whatever its dtype, in the rows' layout
+        # (rmsnorm_bwd.row_align). ptxas counts the same registers and spills with an fp32 weight as with
+        # a bf16 one at 22 widths of 2056-262144 (within 16 bytes); the H200's own 6144 entry spills 36
+        # bytes with an fp32 weight against 8 (no H200 lent to measure it), so a GPU model's rows keep it.
+        w32 = fp32_weight and elem_bytes == 2 and bool(key) and "/" in key
+        if cfg.prefetch and (w32 or (rows and N > n)):
+            cfg, why = _prefetch_fit(cfg, N, w32, n if rows else None)
             source += why
-        if bool(key) and "/" not in key and not fp32_weight and _three_blocks(cfg, N, elem_bytes):
+        if bool(key) and "/" not in key and _three_blocks(cfg, N, elem_bytes):
             cfg = dataclasses.replace(cfg, blocks_per_sm=3)
             source += "; 3 blocks per SM (at most 3 pieces, 14 values a thread)"
     return cfg, source

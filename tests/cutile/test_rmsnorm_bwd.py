@@ -152,8 +152,9 @@ def test_prefetch_is_kept_where_its_registers_fit():
 def test_three_blocks_where_three_pieces_fit():
     """rmsnorm_bwd_config.THREE_BLOCK_LANES (the H100's table): 16-bit rows in one-row prefetching tiles
     of at most 3 pieces and 3584 lanes run 3 blocks per SM, where the table's config or the estimate
-    left 2 (2049-2431 from the 2048 entry, 3073-3584 from the 2880 and 4096 entries); a fourth piece,
-    one 4096 piece, an fp32 weight and the H200's own rows keep theirs."""
+    left 2 (2049-2431 from the 2048 entry, 3073-3584 from the 2880 and 4096 entries), with an fp32
+    weight too (its registers are the bf16 weight's: rmsnorm_bwd.row_align); a fourth piece, one 4096
+    piece and the H200's own rows keep theirs."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile.rmsnorm_bwd_config import THREE_BLOCK_LANES, config_and_source
 
@@ -164,7 +165,7 @@ def test_three_blocks_where_three_pieces_fit():
             cfg, why = config_and_source(N, 2, h100, dtype)
             assert cfg.blocks_per_sm == 3 and cfg.prefetch and cfg.split == 1, (N, cfg)
         assert "at most 3 pieces" in why, why
-        assert config_and_source(N, 2, h100, "bfloat16", fp32_weight=True)[0].blocks_per_sm == 2, N
+        assert config_and_source(N, 2, h100, "bfloat16", fp32_weight=True)[0] == cfg, N
     for N in (3592, 3648, 4000):  # a fourth piece, one 4096 piece
         assert config_and_source(N, 2, h100, "bfloat16")[0].blocks_per_sm == 2, N
     assert config_and_source(2056, 2, h200, "bfloat16")[0].blocks_per_sm == 2
