@@ -28,13 +28,15 @@ class BackwardRow:
 # mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
 # ahead of it in the same run. The cuTile backward's configs are measured at the sweep's widths and
 # scaled to the nearest (cutile/rmsnorm_bwd.py), which holds at the powers of two (0.94-0.97 x copy)
-# and not between them (H100 bf16, N = 12288 / 20480 / 24576 / 28672: 0.849 / 0.561 / 0.838 / 0.865).
+# and not between them (H100 bf16, N = 12288 / 20480 / 24576 / 28672: 0.849 / 0.561 / 0.838 / 0.865
+# before the 20480 entry).
 # The CuTe DSL kernel exchanges a row's sum through a cluster's shared memory and holds from 24 KiB
 # rows: 0.89-0.97 at 12288-262144 where its slices tile the row exactly (the config takes such a
 # tiling where one exists: cute/rmsnorm_bwd_config.py, exact_tiling), 0.82-0.94 where the last slice
 # is part empty (its columns past the row are zeros in shared memory: no predicated loads), against
 # the cuTile kernel's 0.56-0.86 at those widths. One mode for the whole band: its worst case is the
-# better one (18112, where the cuTile kernel's scaled config happens to hold, 0.900 against 0.932).
+# better one (18112, where the cuTile kernel's scaled config happened to hold, 0.900 against 0.932:
+# inside the cuTile band below since).
 # Except on the H100 at 16-bit rows of 14529-20480 columns (28.4-40 KiB) and a 16-bit weight (or none):
 # there the cuTile kernel's config is one shape at every width, the row split over 4 blocks of 8 warps,
 # 2 blocks per SM, prefetching the next row, each block's part (a multiple of 16 columns) 3648-5120
@@ -46,15 +48,17 @@ class BackwardRow:
 # 19336, 255 registers), ahead only at a width it tiles exactly (15200: 0.920 against 0.892). The
 # band's worst case is the better one: 0.877 (14536) against the CuTe kernel's 0.816 (18800). Below
 # 14529 a part of 3632 columns or less is cut into three pieces or more (14336: 0.869 against the CuTe
-# kernel's exact tiling, 0.923); past 20480 a part needs a third piece or 8 blocks a row (21848: 0.894 /
-# 0.901 at best, 23480 0.826 against the CuTe kernel's 0.917). Beside an fp32 weight the row does not
-# hold: the cuTile kernel (its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and the
-# bf16 weight's configs) measured 0.857 / 0.918 / 0.923 / 0.943 / 0.945 at 14600 / 16384 / 18432 / 19368
-# / 20480 against the CuTe kernel's 0.877 / 0.920 / 0.897 / 0.888 / 0.870: the CuTe kernel's worst case
-# is the better one, by 1.3 % (0.870 against 0.857).
+# kernel's exact tiling, 0.923); past 20480 the shape changes with the width (20488 / 21520: a 4096
+# piece, a 1024 one and a tail, 0.954 / 0.965; 22176: a 4096 piece and a padded 2048, 0.899; 23480: 8
+# blocks a row, 0.826 against the CuTe kernel's 0.917), and the sweep's best at 21848 was 0.901. Beside
+# an fp32 weight the row does not apply, a choice the measurements leave open: the cuTile kernel (its rows
+# in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and the bf16 weight's configs) measured
+# 0.857 / 0.918 / 0.923 / 0.943 / 0.945 at 14600 / 16384 / 18432 / 19368 / 20480 against the CuTe
+# kernel's 0.877 / 0.920 / 0.897 / 0.888 / 0.870, and the CuTe kernel 0.835 at 16024 (not measured on the
+# cuTile kernel since row_align); the CuTe kernel is what ran there before.
 # With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
-# 128 registers up to 18 values a thread (a 4096 piece and a 512 tail, 18432 columns: 36 KiB), and
-# spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953 against the CuTe kernel's
+# 128 registers with at most 16 bytes of spills up to 18 values a thread (a 4096 piece and a 512 tail,
+# 18432 columns: 36 KiB), and spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953 against the CuTe kernel's
 # 0.910-0.979 (18440, 18800, 19368, 20352, 20480); up to 36 KiB 0.975-0.995 against 0.83-0.97.
 CUTILE_BWD_BAND = (2 * 14529, 40 * 1024)  # H100, 16-bit rows: the cuTile backward inside the CuTe band
 CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
@@ -75,8 +79,8 @@ BACKWARD_TABLE = (
                 "0.853, 15200 0.892 / 0.920, 15800 0.907 / 0.831, 16024 0.912 / 0.824, 16384 0.946 / 0.920, 16440 "
                 "0.915 / 0.843, 16480 0.916 / 0.861, 17720 0.929 / 0.867, 17816 0.937 / 0.873, 18432 0.931 / "
                 "0.894, 18800 0.951 / 0.816, 19368 0.959 / 0.833, 20352 0.958 / 0.859, 20480 0.948 / 0.892 x copy "
-                "(fp16 0.919-0.956 / 0.828-0.911); with dh 14600 / 15200 / 16024 / 16440 / 17816 / 18432 0.975 / "
-                "0.984 / 0.991 / 0.991 / 0.995 / 0.991 against 0.834 / 0.890 / 0.836 / 0.927 / 0.921 / 0.971 "
+                "(fp16 0.919-0.956 / 0.828-0.911); with dh 14600 / 15200 / 16024 / 16440 / 17816 / 18432 0.978 / "
+                "0.983 / 0.991 / 0.990 / 0.995 / 0.989 against 0.834 / 0.890 / 0.836 / 0.927 / 0.921 / 0.968 "
                 "(python bench/probe/model_widths.py --only bwd --kernels None,cutile,cute,quack --ns ...; python "
                 "bench/residual.py --parts backward --modes multi_wave_cached,tma_smem_cached --ns ...): see "
                 "CUTILE_BWD_BAND",

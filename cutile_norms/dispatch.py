@@ -430,8 +430,9 @@ def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes:
     after it."""
     bwd_mode = "torch" if choice.mode == "torch" else choice.dh_backward_mode
     off = _fused_off(choice.mode, dev)
-    if off or bwd_mode == "torch":
-        return BWD_DH_AFTER, bwd_mode, off or "the reference's backward"
+    if off or bwd_mode == "torch":  # no dh read: the norm's own backward (without dh)
+        norm_mode = "torch" if choice.mode == "torch" else choice.backward_mode
+        return BWD_DH_AFTER, norm_mode, off or "the reference's backward"
     triton_fits = (mode_name in (None, "triton") and N <= FUSED_ADD_BWD_MAX_N
                    and not unavailable_reason(MODES["triton"], dev, tools))
     why_triton = f"Triton, the row in registers (N <= {FUSED_ADD_BWD_MAX_N})"

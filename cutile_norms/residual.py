@@ -167,6 +167,8 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
     inside = how == dispatch.BWD_DH_INSIDE and dh is not None
+    if how == dispatch.BWD_DH_INSIDE and not inside:  # h has no later use: the norm's backward without dh
+        bwd_mode = choice.backward_mode
     g2d, dw = backward_rows(dy, as_rows(rows), _weight_for(weight, rows.dtype), rstd.reshape(-1), offset, bwd_mode,
                             True, need_dw, dev, dh=dh if inside else None)
     g = g2d.view(h.shape)

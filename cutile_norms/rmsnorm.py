@@ -8,7 +8,7 @@ Kernels assume valid input; every check lives here. Contract:
     (e.g. a transposed view) is copied to contiguous first.
   * Autograd: differentiable in x and weight. The GPU kernels save rstd (fp32) for the backward,
     which runs the mode's backward kernel (`dispatch.backward_backend`; the persistent cuTile kernel
-    for every cuTile mode; for mode=None the kernel dispatch.BACKWARD_TABLE names for the row's
+    for every cuTile mode; for mode=None the kernel backward_table.BACKWARD_TABLE names for the row's
     bytes, else the forward mode's); mode="torch" differentiates the reference's ops.
 """
 from __future__ import annotations

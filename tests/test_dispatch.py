@@ -190,6 +190,49 @@ def test_mode_none_takes_the_backward_table_row():
     assert "under 24 KiB" in dispatch.resolve("tma_smem_cached", H100, ALL_TOOLS, torch.bfloat16, 512, 8192).reason
 
 
+def test_residual_backward_without_dh_runs_the_norms_backward(monkeypatch):
+    """Where no dh is read (the fused kernels switched off: dh added after), the residual add's backward
+    runs the norm's own backward, not the one chosen for dh (at 19336 columns: the cuTile kernel, where
+    the with-dh answer is the CuTe DSL one)."""
+    choice = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 512, 19336)
+    assert (choice.backward_mode, choice.dh_backward_mode) == ("multi_wave_cached", "tma_smem_cached")
+    assert dispatch.residual_backward(None, choice, 19336, 2, H100, ALL_TOOLS)[:2] == (dispatch.BWD_DH_INSIDE,
+                                                                                     "tma_smem_cached")
+    monkeypatch.setenv(dispatch.ENV_FUSED, "0")
+    assert dispatch.residual_backward(None, choice, 19336, 2, H100, ALL_TOOLS)[:2] == (dispatch.BWD_DH_AFTER,
+                                                                                     "multi_wave_cached")
+
+
+def test_every_entry_point_routes_with_the_weights_dtype(monkeypatch):
+    """rms_norm (no grad, autograd, under the op), add_rms_norm (forward and backward) and explain hand
+    dispatch.resolve whether the weight is fp32 beside 16-bit x (BACKWARD_TABLE's rows tell them apart)."""
+    import cutile_norms as cn
+    from cutile_norms import rmsnorm
+
+    seen = []
+    real = dispatch.resolve
+
+    def spy(mode, dev, tools, dtype, M, N, fp32_weight=False):
+        seen.append(fp32_weight)
+        return real(mode, dev, tools, dtype, M, N, fp32_weight)
+
+    monkeypatch.setattr(dispatch, "resolve", spy)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    for w_dtype, expect in ((torch.float32, True), (torch.bfloat16, False)):
+        w = torch.randn(64, dtype=w_dtype)
+        for call in (lambda: cn.rms_norm(x, w),
+                     lambda: cn.rms_norm(x.clone().requires_grad_(), w).float().sum().backward(),
+                     lambda: torch.ops.cutile_norms.rms_norm_fwd(x, w, 1e-6, 0.0, "", False),
+                     lambda: torch.autograd.backward(cn.rms_norm(x.clone().requires_grad_(), w,
+                                                                 residual=x.clone().requires_grad_())[0].float().sum()),
+                     lambda: cn.explain(x, w, residual=x)):
+            rmsnorm._route.cache_clear()
+            rmsnorm._PLANS.clear()
+            seen.clear()
+            call()
+            assert seen and all(f == expect for f in seen), (w_dtype, seen)
+
+
 def test_an_h200_takes_its_own_backward_rows():
     """BACKWARD_TABLE's sm_90/H200 rows replace the arch's on an H200 (with the shipped forward table):
     at 8192 (16 KiB) Triton's backward there, the cuTile kernel's on an H100; the CuTe kernel from 24 KiB

@@ -132,6 +132,8 @@ def main() -> int:
         run = runs[0]
         if any((r["gpu"], r["dtype"]) != (run["gpu"], run["dtype"]) for r in runs):
             sys.exit("--write-table: the runs are of different GPUs or dtypes")
+        if any(r.get("weight_dtype", r["dtype"]) != r["dtype"] for r in runs):
+            sys.exit("--write-table: a run with --weight-dtype times another weight than the table's rows assume")
         names = {"tma analytic": "tma_smem_cached"}  # the probe's name of the mode's own config
         points = merge_points([{n: {names.get(k, k): v for k, v in row.get("fwd", {}).items()}
                                 for n, row in r["rows"].items()} for r in runs])
