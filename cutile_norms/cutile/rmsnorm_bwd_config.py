@@ -153,8 +153,9 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
+    arch_table = bool(key) and "/" not in key  # the rules below adjust the arch's table (an H100's) only
     if has_dh:
-        arch_rules = bool(key) and "/" not in key and not fp32_weight  # (the rules below: the H100's table)
+        arch_rules = arch_table and not fp32_weight
         narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if arch_rules else None
         if narrow is not None:  # (the arch's table, measured on an H100; a GPU model's own rows keep _dh_fit's)
             cfg = dataclasses.replace(cfg, blocks_per_sm=narrow, prefetch=True)
@@ -171,11 +172,11 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         # (rmsnorm_bwd.row_align). ptxas counts the same registers and spills with an fp32 weight as with
         # a bf16 one at 22 widths of 2056-262144 (within 16 bytes); the H200's own 6144 entry spills 36
         # bytes with an fp32 weight against 8 (no H200 lent to measure it), so a GPU model's rows keep it.
-        w32 = fp32_weight and elem_bytes == 2 and bool(key) and "/" in key
+        w32 = fp32_weight and elem_bytes == 2 and not arch_table
         if cfg.prefetch and (w32 or (rows and N > n)):
             cfg, why = _prefetch_fit(cfg, N, w32, n if rows else None)
             source += why
-        if bool(key) and "/" not in key and _three_blocks(cfg, N, elem_bytes):
+        if arch_table and _three_blocks(cfg, N, elem_bytes):
             cfg = dataclasses.replace(cfg, blocks_per_sm=3)
             source += "; 3 blocks per SM (at most 3 pieces, 14 values a thread)"
     return cfg, source
@@ -195,11 +196,20 @@ THREE_BLOCK_LANES = 3584
 
 def _three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
     """Whether a launch without dh takes 3 blocks per SM for its pieces (see THREE_BLOCK_LANES)."""
-    if (elem_bytes != 2 or cfg.blocks_per_sm >= 3 or cfg.split != 1 or cfg.tile_m != 1 or not cfg.prefetch
-            or cfg.num_worker_warps != 8):
+    shape = _one_row_shape(cfg, N, elem_bytes)
+    if shape is None or cfg.blocks_per_sm >= 3 or not cfg.prefetch:
         return False
+    pieces, lanes = shape
+    return pieces <= 3 and lanes <= THREE_BLOCK_LANES
+
+
+def _one_row_shape(cfg: BwdConfig, N: int, elem_bytes: int) -> tuple[int, int] | None:
+    """(pieces, lanes) of a 16-bit row in a one-row tile of 8 warps, the one block a row, which the H100
+    table's rules here (THREE_BLOCK_LANES, NARROW_DH_ROW, ONE_DH_PIECE_LANES) adjust; None for any other."""
+    if elem_bytes != 2 or cfg.split != 1 or cfg.tile_m != 1 or cfg.num_worker_warps != 8:
+        return None
     pieces = row_pieces(N, piece_min(cfg, N))
-    return len(pieces) <= 3 and sum(size for _, size in pieces) <= THREE_BLOCK_LANES
+    return len(pieces), sum(size for _, size in pieces)
 
 
 # The residual add's backward on 16-bit rows of 2-5 KiB (N = 1025 ... 2560: mode=None runs Triton's fused
@@ -225,13 +235,13 @@ NARROW_DH_ROW = (1025, 2560)
 def _narrow_dh_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> int | None:
     """Blocks per SM for a launch with dh on rows of NARROW_DH_ROW (see there), or None outside it."""
     lo, hi = NARROW_DH_ROW
-    if elem_bytes != 2 or not lo <= N <= hi or cfg.split != 1 or cfg.tile_m != 1 or cfg.num_worker_warps != 8:
+    shape = _one_row_shape(cfg, N, elem_bytes) if lo <= N <= hi else None
+    if shape is None:
         return None
-    pieces = row_pieces(N, piece_min(cfg, N))
-    lanes = sum(size for _, size in pieces)
+    pieces, lanes = shape
     if N > 2048:  # a 2048-column piece and its tail
-        return 3 if len(pieces) <= 2 and lanes <= 10 * 256 else None
-    fits = (len(pieces) <= 3 and lanes <= 7 * 256) or (len(pieces) == 1 and lanes == N)
+        return 3 if pieces <= 2 and lanes <= 10 * 256 else None
+    fits = (pieces <= 3 and lanes <= 7 * 256) or (pieces == 1 and lanes == N)
     return 4 if fits else 3
 
 
@@ -249,8 +259,8 @@ ONE_DH_PIECE_MAX_N = 8192
 
 def _one_dh_piece(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
     """Whether a launch with dh on rows of N takes one padded piece (see ONE_DH_PIECE_LANES)."""
-    return (elem_bytes == 2 and NARROW_DH_ROW[1] < N <= ONE_DH_PIECE_MAX_N and cfg.split == 1 and cfg.tile_m == 1
-            and cfg.prefetch and cfg.num_worker_warps == 8 and pow2_ceil(N) * cfg.blocks_per_sm <= ONE_DH_PIECE_LANES)
+    return (NARROW_DH_ROW[1] < N <= ONE_DH_PIECE_MAX_N and cfg.prefetch
+            and _one_row_shape(cfg, N, elem_bytes) is not None and pow2_ceil(N) * cfg.blocks_per_sm <= ONE_DH_PIECE_LANES)
 
 
 def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,
