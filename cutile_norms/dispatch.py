@@ -421,13 +421,13 @@ FUSED_ADD_BWD_TRITON_BYTES = 2 * 1024
 
 
 def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes: int, dev: DeviceInfo,
-                      tools: Toolchain) -> tuple[str, str, str]:
+                      tools: Toolchain, has_dh: bool = True) -> tuple[str, str, str]:
     """(how, the backward's mode, why) the residual add's backward runs for a call that asked for
     `mode_name`, whose norm `resolve` gave as `choice`, rows of N elements of h of elem_bytes. The grad into h is the norm's backward on h plus dh (the grad from h's later uses):
     reading dy, h and dh once and writing one grad moves 4 M N e bytes, the norm's backward then an add
     6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward kernel
     reads dh with the row (the cuTile and CuTe DSL ones: BackwardBackend.adds_dh); BWD_DH_AFTER: an add
-    after it."""
+    after it (with has_dh False, h having no later use: nothing to add)."""
     bwd_mode = "torch" if choice.mode == "torch" else choice.dh_backward_mode
     off = _fused_off(choice.mode, dev)
     if off or bwd_mode == "torch":  # no dh read: the norm's own backward (without dh)
@@ -442,8 +442,9 @@ def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes:
     if (mode_name is None and not backward_backend(bwd_mode).adds_dh
             and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)):
         bwd_mode = "multi_wave_cached"  # the cuTile persistent backward, which reads dh (measured above)
-    if backward_backend(bwd_mode).adds_dh:
-        return BWD_DH_INSIDE, bwd_mode, f"{bwd_mode}'s backward kernel reads dh with the row"
+    if backward_backend(bwd_mode).adds_dh:  # (no dh to read: the norm's own backward, chosen without dh)
+        return ((BWD_DH_INSIDE, bwd_mode, f"{bwd_mode}'s backward kernel reads dh with the row") if has_dh else
+                (BWD_DH_AFTER, choice.backward_mode, "no dh: h has no later use"))
     if triton_fits:
         return BWD_FUSED, bwd_mode, why_triton
     return BWD_DH_AFTER, bwd_mode, f"{bwd_mode}'s backward kernel does not read dh"

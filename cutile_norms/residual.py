@@ -158,7 +158,7 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
         return torch.zeros_like(h, dtype=g_dtype), torch.zeros_like(weight) if need_dw else h.new_empty(0)
     dev, M, choice = plan(h, mode or None, weight)
     how, bwd_mode, _ = dispatch.residual_backward(mode or None, choice, h.shape[-1], h.element_size(), dev,
-                                                  toolchain())
+                                                  toolchain(), has_dh=dh is not None)
     if how == dispatch.BWD_FUSED:
         h2d = as_rows(h)
         g2d, dw = dispatch.load(dispatch.FUSED_ADD_BWD_KERNEL)(
@@ -166,9 +166,7 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
             offset, need_dw, 2 * max(dev.sm_count, 1), g_dtype)  # 2 per SM: the kernel's measured grid
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
-    inside = how == dispatch.BWD_DH_INSIDE and dh is not None
-    if how == dispatch.BWD_DH_INSIDE and not inside:  # h has no later use: the norm's backward without dh
-        bwd_mode = choice.backward_mode
+    inside = how == dispatch.BWD_DH_INSIDE
     g2d, dw = backward_rows(dy, as_rows(rows), _weight_for(weight, rows.dtype), rstd.reshape(-1), offset, bwd_mode,
                             True, need_dw, dev, dh=dh if inside else None)
     g = g2d.view(h.shape)

@@ -191,13 +191,18 @@ def test_mode_none_takes_the_backward_table_row():
 
 
 def test_residual_backward_without_dh_runs_the_norms_backward(monkeypatch):
-    """Where no dh is read (the fused kernels switched off: dh added after), the residual add's backward
-    runs the norm's own backward, not the one chosen for dh (at 19336 columns: the cuTile kernel, where
-    the with-dh answer is the CuTe DSL one)."""
+    """Where no dh is read (h has no later use, or the fused kernels are switched off: dh added after),
+    the residual add's backward runs the norm's own backward, not the one chosen for dh (at 19336 columns:
+    the cuTile kernel, where the with-dh answer is the CuTe DSL one); Triton's fused kernel, which takes
+    a missing dh, stays where it runs."""
     choice = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 512, 19336)
     assert (choice.backward_mode, choice.dh_backward_mode) == ("multi_wave_cached", "tma_smem_cached")
     assert dispatch.residual_backward(None, choice, 19336, 2, H100, ALL_TOOLS)[:2] == (dispatch.BWD_DH_INSIDE,
                                                                                      "tma_smem_cached")
+    assert dispatch.residual_backward(None, choice, 19336, 2, H100, ALL_TOOLS, has_dh=False)[:2] == (
+        dispatch.BWD_DH_AFTER, "multi_wave_cached")
+    narrow = dispatch.resolve(None, H100, ALL_TOOLS, torch.bfloat16, 512, 1024)
+    assert dispatch.residual_backward(None, narrow, 1024, 2, H100, ALL_TOOLS, has_dh=False)[0] == dispatch.BWD_FUSED
     monkeypatch.setenv(dispatch.ENV_FUSED, "0")
     assert dispatch.residual_backward(None, choice, 19336, 2, H100, ALL_TOOLS)[:2] == (dispatch.BWD_DH_AFTER,
                                                                                      "multi_wave_cached")
