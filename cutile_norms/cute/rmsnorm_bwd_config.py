@@ -74,7 +74,31 @@ MAX_STAGES = 4
 SMALL_CLUSTER = 8
 MAX_THREADS = 1024
 MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers)
-RED_ROUNDS = 4  # column tiles a dw reducer sums at once: 4 16-byte loads per thread in flight per partial
+# dw's reduction over the clusters' partial rows (rmsnorm_bwd_kernel.reduce_dw): a reducer sums one column
+# tile of rounds x 4 x threads columns at a time over the C partial rows, loading `rows` partial rows'
+# tiles before adding them. The partials were just written and sit in L2, so a reducer's time is its
+# chain of dependent L2 round trips: C / rows of them (C = 66 clusters of 2, 39 of 3, 30 of 4).
+# One row at a time (4 tiles a round) dw took 5-10 % of the launch at 10240-28672 on an H200 (the same
+# config with and without dw); 4 rows at a time 1-6 %. mode=None's backward, bf16, one row at a time ->
+# 4 rows of one tile (two runs): H200 12288 0.876 -> 0.920 / 0.925, 14336 0.894 -> 0.935 / 0.933, 20480
+# 0.875 -> 0.929 / 0.934, 28672 0.895 -> 0.901 / 0.899; H100 12288 0.910 -> 0.947 / 0.946, 20488 0.832
+# -> 0.918 (docs/performance.md 2.24). One tile a round keeps a thread's loads in flight at 4 over 4 x
+# the reducers; 4 tiles and 4 rows at once held more registers, and ptxas spilled 16 bytes in the row
+# loop at bf16 N = 19336 (cluster 3 x 128 x 7), which it does not with one tile.
+# Where the row loop already sits at 255 registers beside other state (an fp32 weight beside 16-bit x,
+# dh's third ring) the reduction keeps one row at a time: ptxas's allocation of the row loop moved with
+# the reducer's code there, e.g. bf16 N = 20480 (2 x 128 x 10) spilled 128 bytes beside an fp32 weight
+# (28 one row at a time) and, with dh and 3 ring slots, 2596 at 32 registers (8); not measured on a GPU.
+RED_ROUNDS = 1
+RED_CLUSTERS = 4
+
+
+def reduction_shape(x_bytes: int, w_bytes: int | None, has_dh: bool) -> tuple[int, int]:
+    """(column tiles a round, partial rows loaded at once) of dw's reducers for a kernel of x elements
+    of x_bytes, a weight of w_bytes (None: no weight) and dh or not: see RED_CLUSTERS."""
+    if has_dh or (w_bytes is not None and w_bytes > x_bytes):
+        return 4, 1
+    return RED_ROUNDS, RED_CLUSTERS
 
 
 def exact_tiling(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES) -> tuple[int, int, int] | None:

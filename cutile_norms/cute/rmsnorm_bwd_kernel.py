@@ -35,7 +35,7 @@ from cutlass.memory.smem import SmemAllocator
 
 from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
                       row_tv_layout, store_f32_to_peer, vector_copy)
-from .rmsnorm_bwd_config import RED_ROUNDS, BwdConfig
+from .rmsnorm_bwd_config import BwdConfig, reduction_shape
 
 
 def _fill_slot(mbar, mbar_addr, rings, s, row, slot_bytes, nbytes):
@@ -63,6 +63,9 @@ class RMSNormBwdTmaSmem:
         self.need_dw = need_dw and has_weight
         self.vec = 128 // x_dtype.width
         self.elem_bytes = x_dtype.width // 8
+        # dw's reducers: column tiles a round, partial rows loaded at once (rmsnorm_bwd_config.RED_CLUSTERS)
+        self.red_rounds, self.red_rows = reduction_shape(self.elem_bytes, w_dtype.width // 8 if has_weight else None,
+                                                         self.has_dh)
 
     # ---- host side ----------------------------------------------------------------------------
     def _tv_layout(self):
@@ -310,7 +313,8 @@ class RMSNormBwdTmaSmem:
         j = sTicket[0] - first_reducer
         if j >= 0:
             cute.arch.fence_acq_rel_gpu()
-            R = RED_ROUNDS
+            R = self.red_rounds
+            U = self.red_rows
             width = 4 * T  # columns of one tile: a 16-byte fp32 vector per thread
             n_groups = -(-N // (width * R))
             rtiler = (1, width)
@@ -323,19 +327,41 @@ class RMSNormBwdTmaSmem:
             mDW2 = as_rows(mDW, 1)
             proto = thr_r.partition_S(cute.local_tile(mPart, rtiler, (0, 0)))
             acc = [cute.make_fragment_like(proto) for _ in range(R)]
-            tmp = [cute.make_fragment_like(proto) for _ in range(R)]
+            tmp = [[cute.make_fragment_like(proto) for _ in range(R)] for _ in range(U)]
             out = cute.make_fragment_like(thr_o.partition_D(cute.local_tile(mDW2, rtiler, (0, 0))))
+            if cutlass.const_expr(U > 1):
+                whole = clusters - clusters % U
             for grp in cutlass.range(j, n_groups, reducers, unroll=1):
                 preds = [column_predicate(tRcR, 4, N - (grp * R + r) * width) for r in range(R)]
                 for r in cutlass.range_constexpr(R):
                     acc[r].fill(0)
-                    tmp[r].fill(0)
-                for k in cutlass.range(clusters, unroll=1):
+                for u in cutlass.range_constexpr(U):
                     for r in cutlass.range_constexpr(R):
-                        cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k, grp * R + r))), tmp[r],
-                                  pred=preds[r])
-                    for r in cutlass.range_constexpr(R):
-                        acc[r].store(acc[r].load() + tmp[r].load())
+                        tmp[u][r].fill(0)
+                if cutlass.const_expr(U > 1):
+                    # U partial rows' tiles loaded before any is added (the sum stays in cluster order),
+                    # then the rows left over one at a time
+                    for k0 in cutlass.range(0, whole, U, unroll=1):
+                        for u in cutlass.range_constexpr(U):
+                            for r in cutlass.range_constexpr(R):
+                                cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k0 + u, grp * R + r))),
+                                          tmp[u][r], pred=preds[r])
+                        for u in cutlass.range_constexpr(U):
+                            for r in cutlass.range_constexpr(R):
+                                acc[r].store(acc[r].load() + tmp[u][r].load())
+                    for k in cutlass.range(whole, clusters, unroll=1):
+                        for r in cutlass.range_constexpr(R):
+                            cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k, grp * R + r))),
+                                      tmp[0][r], pred=preds[r])
+                        for r in cutlass.range_constexpr(R):
+                            acc[r].store(acc[r].load() + tmp[0][r].load())
+                else:
+                    for k in cutlass.range(clusters, unroll=1):
+                        for r in cutlass.range_constexpr(R):
+                            cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k, grp * R + r))),
+                                      tmp[0][r], pred=preds[r])
+                        for r in cutlass.range_constexpr(R):
+                            acc[r].store(acc[r].load() + tmp[0][r].load())
                 for r in cutlass.range_constexpr(R):
                     out.store(acc[r].load().to(self.w_dtype))
                     cute.copy(copy_o, out, thr_o.partition_D(cute.local_tile(mDW2, rtiler, (0, grp * R + r))),

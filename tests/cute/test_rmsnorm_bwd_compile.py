@@ -110,3 +110,28 @@ def test_no_spills_with_part_empty_slices(N, dtype):
     fn = compile_backward(dtype, dtype, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
     report = ptxas_report(fn.__ptx__, "sm_90a")
     assert report["spill_stores"] <= 8, f"N={N} {cfg.short()}: {report}"
+
+
+def test_reduction_shape():
+    """dw's reducers load 4 partial rows at once (one column tile a round) for a weight of x's width
+    or none; beside an fp32 weight with 16-bit x, or with dh, one row at a time (4 tiles a round), the
+    kernels whose row loop ptxas fits only that way (rmsnorm_bwd_config.RED_CLUSTERS)."""
+    from cutile_norms.cute.rmsnorm_bwd_config import RED_CLUSTERS, RED_ROUNDS, reduction_shape
+
+    assert RED_CLUSTERS > 1
+    for x_bytes, w_bytes in ((2, 2), (4, 4), (2, None)):
+        assert reduction_shape(x_bytes, w_bytes, False) == (RED_ROUNDS, RED_CLUSTERS)
+    assert reduction_shape(2, 4, False) == (4, 1)
+    for w_bytes in (2, 4, None):
+        assert reduction_shape(2, w_bytes, True) == (4, 1)
+
+
+@pytest.mark.parametrize("N", [10240, 12288, 14336, 18432, 19336, 20480, 28672])
+def test_reducer_rows_leave_the_row_loop_alone(N):
+    """The 4-row reduction compiles the bf16 row loop of the widths measured with it (the H100's 2 and
+    the H200's 3 ring slots) without spills, where the one-row reduction spilled 8 bytes at 19336."""
+    for ring in (2, 3):
+        cfg = analytic_config(N, 2, small_ring=ring)
+        fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
+        report = ptxas_report(fn.__ptx__, "sm_90a")
+        assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
