@@ -171,7 +171,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         # registers whatever its dtype, in the rows' layout (rmsnorm_bwd.row_align). ptxas counts the same
         # registers and spills with an fp32 weight as with a bf16 one at 22 widths of 2056-262144 (within
         # 16 bytes). The H200's own 6144 entry spills 36 bytes against 8, and runs the faster for its
-        # prefetch all the same: H200, bf16 x beside an fp32 weight, 5120 / 6144 0.912 / 0.895 x copy
+        # prefetch all the same: the kernel on an H200, bf16 x beside an fp32 weight, 5120 / 6144 0.912 / 0.895 x copy
         # against 0.577 / 0.759 without it (`python bench/probe/model_widths.py --only bwd --weight-dtype
         # float32`).
         if cfg.prefetch and rows and N > n:

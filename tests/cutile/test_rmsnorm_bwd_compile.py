@@ -80,8 +80,7 @@ def test_picked_configs_fit_without_spilling(N, x_dtype, w_dtype):
     cfg = _config(N, x_dtype, "sm_90", w_dtype)
     report = ptxas_report(compile_bwd(cfg, N, x_dtype, w_dtype))
     assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
-    limit = 40 if w_dtype == "float32" else 32
-    assert report["spill_stores"] <= limit, f"N={N} {x_dtype}/{w_dtype} {cfg.short()}: {report}"
+    assert report["spill_stores"] <= 32, f"N={N} {x_dtype}/{w_dtype} {cfg.short()}: {report}"
 
 
 @pytest.mark.parametrize("N", [768, 896, 1000, 1280, 1536, 1792,
@@ -156,8 +155,8 @@ def test_one_dh_piece_fits_without_spilling(N):
 def test_h200_configs_fit_without_spilling(N, x_dtype, w_dtype):
     """The H200's own table (tuning/rmsnorm_bwd_configs.json, sm_90/H200) at its widths and between
     them: as test_picked_configs_fit_without_spilling, with the H200's up to 4 blocks per SM. Beside an
-    fp32 weight the 6144 entry's prefetch spills 36 bytes, and measured 0.895 x copy on an H200 against
-    0.759 without it (rmsnorm_bwd_config.config_and_source): 40 there."""
+    fp32 weight the 6144 entry's prefetch spills 36 bytes, and the cuTile kernel measured 0.895 x copy on an
+    H200 against 0.759 without it (rmsnorm_bwd_config.config_and_source): 40 there."""
     cfg = rmsnorm_bwd_config.default_config(N, ELEM[x_dtype], H200, x_dtype, w_dtype == "float32")
     assert "sm_90/H200" in rmsnorm_bwd_config.config_and_source(N, ELEM[x_dtype], H200, x_dtype)[1]
     report = ptxas_report(compile_bwd(cfg, N, x_dtype, w_dtype))
