@@ -171,8 +171,8 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         # registers whatever its dtype, in the rows' layout (rmsnorm_bwd.row_align). ptxas counts the same
         # registers and spills with an fp32 weight as with a bf16 one at 22 widths of 2056-262144 (within
         # 16 bytes). The H200's own 6144 entry spills 36 bytes against 8, and runs the faster for its
-        # prefetch all the same: the kernel on an H200, bf16 x beside an fp32 weight, 5120 / 6144 0.912 / 0.895 x copy
-        # against 0.577 / 0.759 without it (`python bench/probe/model_widths.py --only bwd --weight-dtype
+        # prefetch all the same: the kernel on an H200, bf16 x beside an fp32 weight, 5120 / 6144 0.912 /
+        # 0.895 x copy against 0.577 / 0.759 without it (`python bench/probe/model_widths.py --only bwd --weight-dtype
         # float32`).
         if cfg.prefetch and rows and N > n:
             cfg, why = _prefetch_fit(cfg, N, False, n)
@@ -311,15 +311,15 @@ def _registers_needed(cfg: BwdConfig, N: int, per_elem: float, pieces_past: int)
 def _prefetch_fit(cfg: BwdConfig, N: int, fp32_weight: bool, measured_n: int | None,
                   extra_per_elem: float = 0.0, registers: str = "the next row's registers") -> tuple[BwdConfig, str]:
     """A prefetching config where its registers were not measured (a wider row than the config's, or
-    the residual add's backward beside an fp32 weight: _dh_fit): the next row's x and dy wait in registers beside this row's fp32
-    temporaries. Estimate (a fit of ptxas's counts on sm_90, bf16 x): 4.5 registers per element of
-    the part a thread holds (5.5 with an fp32 weight), plus 20, plus 12 per piece more than the
-    measured width's. The counts: N = 3584 at 3 blocks per SM (85 registers each) spilled 4 bytes per
-    thread, 3616-3632 there (a fourth piece) 52-76, and measured 0.61-0.69 x copy on an H200 against
-    0.85 at 2 blocks; with an fp32 weight (before rmsnorm_bwd.row_align) 3584 at 3 blocks spilled 88,
-    6144 at 2 blocks 92; the H200's
-    6144 config at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where
-    the estimate exceeds a block's share of the register file: 2 blocks per SM if that fits, else no
+    the residual add's backward beside an fp32 weight: _dh_fit): the next row's x and dy wait in
+    registers beside this row's fp32 temporaries. Estimate (a fit of ptxas's counts on sm_90, bf16
+    x): 4.5 registers per element of the part a thread holds (5.5 with an fp32 weight), plus 20,
+    plus 12 per piece more than the measured width's. The counts: N = 3584 at 3 blocks per SM (85
+    registers each) spilled 4 bytes per thread, 3616-3632 there (a fourth piece) 52-76, and measured
+    0.61-0.69 x copy on an H200 against 0.85 at 2 blocks; with an fp32 weight (before
+    rmsnorm_bwd.row_align) 3584 at 3 blocks spilled 88, 6144 at 2 blocks 92; the H200's 6144 config
+    at 6264 52; the H100's 5120 config at 5296 (a third piece) fits 128 with none. Where the
+    estimate exceeds a block's share of the register file: 2 blocks per SM if that fits, else no
     prefetch. Where it fits the prefetch stays: at 1 block per SM it is what hides a row's latency
     (H200, N = 10728 with the 10240 config: 0.469 x copy without it)."""
     extra = 0
