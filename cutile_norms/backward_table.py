@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cute.rmsnorm_bwd_config import exact_tiling
+
 
 @dataclass(frozen=True)
 class BackwardRow:
@@ -22,7 +24,8 @@ class BackwardRow:
     mode: str
     evidence: str
     fp32_weight: bool = True  # False: not beside an fp32 weight (16-bit x); such calls take the next row
-    dh_bytes_max: int | None = None  # with dh (the residual add's backward) only up to rows of these bytes
+    dh_bytes_max: int | None = None  # with dh (the residual add's backward) only up to rows of these bytes (0: never)
+    exact_only: bool = False  # only rows the CuTe DSL backward's slices tile exactly (its exact_tiling)
 
 
 # mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
@@ -63,6 +66,17 @@ class BackwardRow:
 CUTILE_BWD_BAND = (2 * 14529, 40 * 1024)  # H100, 16-bit rows: the cuTile backward inside the CuTe band
 CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
+# On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns) with a 16-bit weight (or none) and no dh:
+# the CuTe DSL backward where its slices tile the row exactly (from 16 KiB to 24 KiB, N a multiple of
+# 1024: one CTA of 128 threads x 9-11 vectors) and at every row from H200_CUTE_BWD_MIN_BYTES; the cuTile
+# kernel below it where the CuTe slice would be part empty. The cuTile kernel's H200 table has entries at
+# 10240 and 12288; rows nearer 12288 (from 11218, the two's geometric mean) run its 12288 config, the
+# row split over 4 blocks, which measured 0.815-0.846 at 11264-12160 against the CuTe kernel's
+# 0.903-0.979 (part-empty slices included); rows nearer 10240 run one block a row (a piece of 8192 and a
+# tail), 0.811-0.931 at the padded widths 8200-11136 against the CuTe kernel's 0.754-0.900 (9736 the
+# exception: 0.821 against 0.852), and 0.878-0.945 at the exact ones against 0.911-0.971. The band's
+# start is a round width just before the cuTile kernel's switch (11136: 0.916 against 0.900).
+H200_CUTE_BWD_MIN_BYTES = 2 * 11200
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
                 "H100 80GB HBM3 2026-11-24/25, bf16, Triton's backward against the cuTile persistent kernel: "
@@ -109,6 +123,22 @@ BACKWARD_TABLE = (
                 "NVIDIA H200 2026-11-26, bf16 N=7168 / 8192: triton 0.887 / 0.914 x copy, the cuTile persistent "
                 "kernel 0.749 / 0.897 (its sweep's best 0.753 / 0.893), while at 6144 the cuTile kernel's H200 "
                 "config measured 0.901 against 0.842; same commands"),
+    BackwardRow("sm_90/H200", ("bfloat16", "float16"), 16 * 1024 + 1, H200_CUTE_BWD_MIN_BYTES - 1, "tma_smem_cached",
+                "NVIDIA H200 2026-11-27, bf16, rows the CuTe DSL backward's slices tile exactly, against the "
+                "cuTile persistent kernel (medians of 3, two runs): N=9216 0.971 / 0.945, 0.967 / 0.943; 10240 "
+                "0.915 / 0.882, 0.911 / 0.878; the padded rows stay with the cuTile kernel: 8200 0.754 / 0.811, "
+                "8704 0.782 / 0.920, 9472 0.848 / 0.903, 10000 0.864 / 0.902, 10496 0.875 / 0.925, 10752 0.883 / "
+                "0.931, 11008 0.877 / 0.893, 11136 0.900 / 0.916 (9736 0.852 / 0.821); python "
+                "bench/probe/model_widths.py --only bwd --random 0 --kernels None,cutile,cute,triton --ns ...: "
+                "see H200_CUTE_BWD_MIN_BYTES",
+                fp32_weight=False, dh_bytes_max=0, exact_only=True),
+    BackwardRow("sm_90/H200", ("bfloat16", "float16"), H200_CUTE_BWD_MIN_BYTES, CUTE_BWD_MIN_BYTES - 1,
+                "tma_smem_cached",
+                "NVIDIA H200 2026-11-27, bf16, the CuTe DSL backward against the cuTile persistent kernel on its "
+                "12288 entry's config (medians of 3): N=11264 0.969 / 0.822, 0.979 / 0.832; 11392 0.906 / 0.815, "
+                "11520 0.916 / 0.835, 11648 0.918 / 0.828, 11776 0.924 / 0.846, 11904 0.928 / 0.839, 12040 0.903 "
+                "/ 0.830, 12160 0.926 / 0.839; same command: see H200_CUTE_BWD_MIN_BYTES",
+                fp32_weight=False, dh_bytes_max=0),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward with 3 ring slots against the cuTile "
                 "persistent kernel: N=12288 0.876 / 0.847 (the cuTile sweep's best), 18432 0.863 / 0.816, "
@@ -125,11 +155,12 @@ def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = F
     rows (`refused`: dispatch's answer for the CuTe DSL backward)."""
     rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
     table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
-    nbytes = N * getattr(torch, dtype_name).itemsize
+    itemsize = getattr(torch, dtype_name).itemsize
+    nbytes = N * itemsize
 
     def holds(r: BackwardRow) -> bool:
         top = min(r.bytes_max, r.dh_bytes_max) if dh and r.dh_bytes_max is not None else r.bytes_max
         return (r.table == table and r.bytes_min <= nbytes <= top and (r.fp32_weight or not fp32_weight)
-                and not refused(r))
+                and (not r.exact_only or exact_tiling(N, itemsize) is not None) and not refused(r))
 
     return next((r for r in rows if holds(r)), None)

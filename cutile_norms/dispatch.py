@@ -223,8 +223,8 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
             command = src.get("commands", {}).get(dname, {}).get("command", "?")
             why = (f"measured table {key}/{dname}: N in [{row['n_min']}, {row['n_max']}] -> {row['mode']} "
                    f"({row['evidence']}; {src.get('gpu', '?')}, {command}){borrowed}")
-            def refused(r: BackwardRow) -> bool:
-                return r.mode == "tma_smem_cached" and cute_backward_refusal(N, dtype) is not None
+            def refused(r: BackwardRow) -> bool:  # a row's own band decides its widths
+                return r.mode == "tma_smem_cached" and cute_backward_refusal(N, dtype, r.bytes_min) is not None
             norm, dh = (_with_best_backward(Choice(mode.name, why), dev, tools,
                                             backward_row(key, dname, N, fp32_weight, with_dh, refused))
                         for with_dh in (False, True))
@@ -259,16 +259,18 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 FORWARD_BAND_EDGES = (48 * 1024, 64 * 1024)
 
 
-def cute_backward_refusal(N: int, dtype: torch.dtype) -> str | None:
+def cute_backward_refusal(N: int, dtype: torch.dtype, min_bytes: int = CUTE_BWD_MIN_BYTES) -> str | None:
     """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment),
     or None. This is where tma_smem_cached's backward is decided, for mode=None and for the mode
-    asked for by name: the cuTile persistent backward takes every other row."""
+    asked for by name: the cuTile persistent backward takes every other row. `min_bytes`: the
+    narrowest row it takes (mode=None: its BACKWARD_TABLE row's band; by name CUTE_BWD_MIN_BYTES, where
+    it measured ahead on both GPUs)."""
     from .cute.rmsnorm_bwd_config import analytic_config
 
     if dtype == torch.float32:
         return "fp32 rows: the cuTile backward measured ahead"
-    if N * dtype.itemsize < CUTE_BWD_MIN_BYTES:
-        return f"rows under {CUTE_BWD_MIN_BYTES // 1024} KiB: the cuTile backward measured ahead"
+    if N * dtype.itemsize < min_bytes:
+        return f"rows under {min_bytes / 1024:g} KiB: the cuTile backward measured ahead"
     cfg = analytic_config(N, dtype.itemsize)
     if N % (16 // dtype.itemsize) or cfg is None:
         return f"the CuTe DSL backward does not take N={N}"

@@ -77,21 +77,29 @@ MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as 
 # dw's reduction over the clusters' partial rows (rmsnorm_bwd_kernel.reduce_dw): a reducer sums one
 # column tile of rounds x 4 x threads columns at a time over the C partial rows, loading `rows` partial
 # rows' tiles before adding them. The partials were just written and sit in L2, so a reducer's time is
-# its chain of dependent L2 round trips: C / rows of them (C = 66 clusters of 2, 39 of 3, 30 of 4). One
-# row at a time (4 tiles a round) dw took 4.7-10.3 % of the launch at 10240-14336, 20480 and 28672 on an
-# H200 (the same config with and without dw); 4 rows of 4 tiles at a time -1.9 to 5.7 % (one run each).
-# mode=None's backward, bf16, one row at a time -> 4 rows of one tile (two runs): H200 12288 0.876 ->
-# 0.920 / 0.925, 14336 0.894 -> 0.935 / 0.933, 20480 0.875 -> 0.929 / 0.934, 28672 0.895 -> 0.901 /
-# 0.899; H100 12288 0.910 -> 0.947 / 0.946, 20488 0.832 -> 0.918 (docs/performance.md 2.24). One tile a
-# round keeps a thread's loads in flight at 4 over 4 x the reducers; 4 tiles and 4 rows at once held
-# more registers, and ptxas spilled 16 bytes in the row loop at bf16 N = 19336 (cluster 3 x 128 x 7),
-# which it does not with one tile.
+# its chain of dependent L2 round trips: ceil(C / rows) of them (C = 66 clusters of 2, 39 of 3, 30 of 4,
+# 15 of 8, 7 of 16 on 132 SMs). In the last group the rows past C load row C - 1 again (in bounds, in
+# L2) and skip their add, so the sum stays in cluster order (dw as deterministic as before) and the
+# remainder costs no round trips of its own; adding one row at a time after the last multiple cost up
+# to rows - 1 more (at 7 clusters all of them).
+# One row at a time (4 tiles a round) dw took 4.7-10.3 % of the launch at 10240-14336, 20480 and 28672
+# on an H200 (the same config with and without dw). mode=None's backward, bf16, one row at a time -> 4
+# rows of one tile with the remainder one at a time (two runs): H200 12288 0.876 -> 0.920 / 0.925,
+# 14336 0.894 -> 0.935 / 0.933, 20480 0.875 -> 0.929 / 0.934; H100 12288 0.910 -> 0.947, 20488 0.832
+# -> 0.918. 8 rows, remainder in the group, against that (same run, medians of 3, docs/performance.md
+# 2.25): H200 +0.1 to +0.9 % at clusters of 2-5 and +1.3 / +2.2 / +2.7 % at 65536 / 118632 / 262144
+# (clusters of 8, 15, 16); H100 -0.1 to +0.5 % and +0.9 / +1.9 / +2.0 %. 16 rows measured within 0.6 %
+# of 8 either way. One tile
+# a round keeps a thread's loads in flight at `rows` over 4 x the reducers of 4 tiles; 4 tiles and 4
+# rows at once held more registers, and ptxas spilled 16 bytes in the row loop at bf16 N = 19336
+# (cluster 3 x 128 x 7); 8 rows of one tile spill none at the bf16 widths measured, both rings
+# (tests/cute/test_rmsnorm_bwd_compile.py).
 # Where the row loop already sits at 255 registers beside other state (an fp32 weight beside 16-bit x,
 # dh's third ring) the reduction keeps one row at a time: ptxas's allocation of the row loop moved with
 # the reducer's code there, e.g. bf16 N = 20480 (2 x 128 x 10) spilled 128 bytes beside an fp32 weight
 # (28 one row at a time) and, with dh and 3 ring slots, 2596 at 32 registers (8); not measured on a GPU.
 RED_ROUNDS = 1
-RED_CLUSTERS = 4
+RED_CLUSTERS = 8
 
 
 def reduction_shape(x_bytes: int, w_bytes: int | None, has_dh: bool) -> tuple[int, int]:

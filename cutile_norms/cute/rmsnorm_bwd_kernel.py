@@ -329,9 +329,7 @@ class RMSNormBwdTmaSmem:
             acc = [cute.make_fragment_like(proto) for _ in range(R)]
             tmp = [[cute.make_fragment_like(proto) for _ in range(R)] for _ in range(U)]
             out = cute.make_fragment_like(thr_o.partition_D(cute.local_tile(mDW2, rtiler, (0, 0))))
-            first = 0  # the first partial row added alone, after U at a time up to it
-            if cutlass.const_expr(U > 1):
-                first = clusters - clusters % U
+            last = clusters - 1
             for grp in cutlass.range(j, n_groups, reducers, unroll=1):
                 preds = [column_predicate(tRcR, 4, N - (grp * R + r) * width) for r in range(R)]
                 for r in cutlass.range_constexpr(R):
@@ -339,22 +337,25 @@ class RMSNormBwdTmaSmem:
                 for u in cutlass.range_constexpr(U):
                     for r in cutlass.range_constexpr(R):
                         tmp[u][r].fill(0)
-                if cutlass.const_expr(U > 1):
-                    # U partial rows' tiles loaded before any is added (the sum stays in cluster order)
-                    for k0 in cutlass.range(0, first, U, unroll=1):
-                        for u in cutlass.range_constexpr(U):
-                            for r in cutlass.range_constexpr(R):
-                                cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k0 + u, grp * R + r))),
-                                          tmp[u][r], pred=preds[r])
-                        for u in cutlass.range_constexpr(U):
+                # U partial rows' tiles loaded before any is added, the sum in cluster order; past the
+                # last row a load repeats it (in bounds, in L2) and its add is skipped, so the chain is
+                # ceil(clusters / U) round trips whatever the remainder
+                for k0 in cutlass.range(0, clusters, U, unroll=1):
+                    for u in cutlass.range_constexpr(U):
+                        k = k0 + u
+                        if cutlass.const_expr(U > 1):
+                            k = cutlass.min(k, last)
+                        for r in cutlass.range_constexpr(R):
+                            cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k, grp * R + r))),
+                                      tmp[u][r], pred=preds[r])
+                    for u in cutlass.range_constexpr(U):
+                        if cutlass.const_expr(u == 0):
                             for r in cutlass.range_constexpr(R):
                                 acc[r].store(acc[r].load() + tmp[u][r].load())
-                for k in cutlass.range(first, clusters, unroll=1):
-                    for r in cutlass.range_constexpr(R):
-                        cute.copy(copy_r, thr_r.partition_S(cute.local_tile(mPart, rtiler, (k, grp * R + r))),
-                                  tmp[0][r], pred=preds[r])
-                    for r in cutlass.range_constexpr(R):
-                        acc[r].store(acc[r].load() + tmp[0][r].load())
+                        else:
+                            if k0 + u <= last:
+                                for r in cutlass.range_constexpr(R):
+                                    acc[r].store(acc[r].load() + tmp[u][r].load())
                 for r in cutlass.range_constexpr(R):
                     out.store(acc[r].load().to(self.w_dtype))
                     cute.copy(copy_o, out, thr_o.partition_D(cute.local_tile(mDW2, rtiler, (0, grp * R + r))),

@@ -178,6 +178,24 @@ def test_dw_is_bit_identical_over_runs(seed, N):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32])
+def test_dw_at_every_remainder_of_the_reduction(seed, w_dtype):
+    """M rows on M clusters (one row each, M under the grid's 66 clusters of 2 CTAs at N = 12288): dw's
+    reducers load RED_CLUSTERS partial rows at a time, and in the last group the rows past the last
+    cluster repeat it with their add skipped. Every remainder of M by RED_CLUSTERS and two full
+    groups; beside an fp32 weight, the one-row reduction (rmsnorm_bwd_config.reduction_shape)."""
+    from cutile_norms.cute.rmsnorm_bwd_config import RED_CLUSTERS
+
+    N = 12288
+    w = random_weight(N, w_dtype, "cuda")
+    for M in range(2, 2 * RED_CLUSTERS + 2):
+        x = random_rows((M, N), torch.bfloat16, "cuda")
+        dy = random_rows((M, N), torch.bfloat16, "cuda")
+        dx, dw = _run(x, w, dy, 0.0)
+        _check(x, w, dy, 0.0, dx, dw, f"M={M} clusters, weight {w_dtype}", seed)
+
+
+@pytest.mark.gpu
 def test_cluster_count_is_the_same_from_another_thread():
     """autograd runs the backward on its own thread, where the occupancy query once failed (no current
     context) and the fallback launched more clusters than fit at once (0.68 x copy instead of 0.94)."""

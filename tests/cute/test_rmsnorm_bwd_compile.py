@@ -98,7 +98,7 @@ def test_ptx_dx_offsets_are_64_bit(N):
 # and a spread of others) and at exactly tiled ones: ptxas keeps every one in registers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N", [6440, 10848, 18112, 19336, 36392, 58680, 85912, 135688, 193488, 239496,
-                               20480, 65536, 262144])
+                               20480, 65536, 262144, 11264])
 def test_no_spills_with_part_empty_slices(N, dtype):
     """The loop's shared-memory loads take no predicates (the slots' columns past the row are zeros):
     predicated loads kept the fragments alive across rows and spilled up to 504 bytes per thread
@@ -126,10 +126,12 @@ def test_reduction_shape():
         assert reduction_shape(2, w_bytes, True) == (4, 1)
 
 
-@pytest.mark.parametrize("N", [10240, 12288, 14336, 18432, 19336, 20480, 28672])
+@pytest.mark.parametrize("N", [9216, 10240, 11392, 12288, 14336, 18432, 19336, 20480, 25464, 28672, 38040])
 def test_reducer_rows_leave_the_row_loop_alone(N):
-    """The 4-row reduction compiles the bf16 row loop of the widths measured with it (the H100's 2 and
-    the H200's 3 ring slots) without spills, where the one-row reduction spilled 8 bytes at 19336."""
+    """The RED_CLUSTERS-row reduction compiles the bf16 row loop of the widths measured with it (the
+    H100's 2 and the H200's 3 ring slots) without spills, where the one-row reduction spilled 8 bytes
+    at 19336 and 4 rows of 4 tiles 16. (11264, one CTA of 11 vectors a thread, sits at 255 registers
+    and spills 8 bytes with any reduction: test_no_spills_with_part_empty_slices' bound.)"""
     for ring in (2, 3):
         cfg = analytic_config(N, 2, small_ring=ring)
         fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
