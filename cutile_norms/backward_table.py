@@ -67,16 +67,16 @@ CUTILE_BWD_BAND = (2 * 14529, 40 * 1024)  # H100, 16-bit rows: the cuTile backwa
 CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
 # On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns) with a 16-bit weight (or none) and no dh:
-# the CuTe DSL backward where its slices tile the row exactly (from 16 KiB to 24 KiB, N a multiple of
-# 1024: one CTA of 128 threads x 9-11 vectors) and at every row from H200_CUTE_BWD_MIN_BYTES; the cuTile
-# kernel below it where the CuTe slice would be part empty. The cuTile kernel's H200 table has entries at
-# 10240 and 12288; rows nearer 12288 (from 11218, the two's geometric mean) run its 12288 config, the
-# row split over 4 blocks, which measured 0.815-0.846 at 11264-12160 against the CuTe kernel's
-# 0.903-0.979 (part-empty slices included); rows nearer 10240 run one block a row (a piece of 8192 and a
-# tail), 0.811-0.931 at the padded widths 8200-11136 against the CuTe kernel's 0.754-0.900 (9736 the
-# exception: 0.821 against 0.852), and 0.878-0.945 at the exact ones against 0.911-0.971. The band's
-# start is a round width just before the cuTile kernel's switch (11136: 0.916 against 0.900).
-H200_CUTE_BWD_MIN_BYTES = 2 * 11200
+# the CuTe DSL backward where its slices tile the row exactly (N a multiple of 1024 there: 9216 over 1 x
+# 128 x 9 vectors, 10240 over 2 x 128 x 5) and at every row from H200_CUTE_BWD_MIN_BYTES; the cuTile
+# kernel at the other rows below it, where the CuTe kernel's last slice would be part empty. The cuTile
+# kernel's H200 table has entries at 10240 and 12288, taken by the nearest in log2: rows from 11218 (the
+# two's geometric mean) run its 12288 config, the row split over 4 blocks, which measured 0.815-0.846 at
+# 11264-12160 against the CuTe kernel's 0.903-0.979 (part-empty slices included); rows below run one
+# block a row (a piece of 8192 and a tail), 0.811-0.931 at the padded widths 8200-11136 against the CuTe
+# kernel's 0.754-0.900 (9736 the exception: 0.821 against 0.852), and 0.878-0.945 at the exact ones
+# against 0.911-0.971. The band starts at the first whole 16-byte vector past that switch (11224).
+H200_CUTE_BWD_MIN_BYTES = 2 * 11224
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
                 "H100 80GB HBM3 2026-11-24/25, bf16, Triton's backward against the cuTile persistent kernel: "
@@ -124,7 +124,7 @@ BACKWARD_TABLE = (
                 "kernel 0.749 / 0.897 (its sweep's best 0.753 / 0.893), while at 6144 the cuTile kernel's H200 "
                 "config measured 0.901 against 0.842; same commands"),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), 16 * 1024 + 1, H200_CUTE_BWD_MIN_BYTES - 1, "tma_smem_cached",
-                "NVIDIA H200 2026-11-27, bf16, rows the CuTe DSL backward's slices tile exactly, against the "
+                "NVIDIA H200 2026-11-26, bf16, rows the CuTe DSL backward's slices tile exactly, against the "
                 "cuTile persistent kernel (medians of 3, two runs): N=9216 0.971 / 0.945, 0.967 / 0.943; 10240 "
                 "0.915 / 0.882, 0.911 / 0.878; the padded rows stay with the cuTile kernel: 8200 0.754 / 0.811, "
                 "8704 0.782 / 0.920, 9472 0.848 / 0.903, 10000 0.864 / 0.902, 10496 0.875 / 0.925, 10752 0.883 / "
@@ -134,7 +134,7 @@ BACKWARD_TABLE = (
                 fp32_weight=False, dh_bytes_max=0, exact_only=True),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), H200_CUTE_BWD_MIN_BYTES, CUTE_BWD_MIN_BYTES - 1,
                 "tma_smem_cached",
-                "NVIDIA H200 2026-11-27, bf16, the CuTe DSL backward against the cuTile persistent kernel on its "
+                "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward against the cuTile persistent kernel on its "
                 "12288 entry's config (medians of 3): N=11264 0.969 / 0.822, 0.979 / 0.832; 11392 0.906 / 0.815, "
                 "11520 0.916 / 0.835, 11648 0.918 / 0.828, 11776 0.924 / 0.846, 11904 0.928 / 0.839, 12040 0.903 "
                 "/ 0.830, 12160 0.926 / 0.839; same command: see H200_CUTE_BWD_MIN_BYTES",

@@ -261,10 +261,8 @@ FORWARD_BAND_EDGES = (48 * 1024, 64 * 1024)
 
 def cute_backward_refusal(N: int, dtype: torch.dtype, min_bytes: int = CUTE_BWD_MIN_BYTES) -> str | None:
     """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment),
-    or None. This is where tma_smem_cached's backward is decided, for mode=None and for the mode
-    asked for by name: the cuTile persistent backward takes every other row. `min_bytes`: the
-    narrowest row it takes (mode=None: its BACKWARD_TABLE row's band; by name CUTE_BWD_MIN_BYTES, where
-    it measured ahead on both GPUs)."""
+    or None: tma_smem_cached's backward for mode=None (`min_bytes`: its BACKWARD_TABLE row's band) and
+    by name (CUTE_BWD_MIN_BYTES); the cuTile persistent backward takes every other row."""
     from .cute.rmsnorm_bwd_config import analytic_config
 
     if dtype == torch.float32:

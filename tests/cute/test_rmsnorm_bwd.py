@@ -20,7 +20,8 @@ from tests.conftest import (assert_grad_close, check_backward, check_backward_pa
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
-WIDTHS = [128, 1000, 4096, 16384, 16392, 40000, 65536, 131072, 262144]
+# 10240 and 11264: mode=None runs the kernel there on an H200 (backward_table.H200_CUTE_BWD_MIN_BYTES)
+WIDTHS = [128, 1000, 4096, 10240, 11264, 16384, 16392, 40000, 65536, 131072, 262144]
 EPS = 1e-6
 
 

@@ -18,9 +18,9 @@ from tests.cute.ptx_util import address_ops, check_kernel_ptx, ptxas_report
 ARCHS = ["sm_90a", "sm_100a"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
-# widths dispatch runs it at (exactly tiled rows from 24 KiB), one it tiles exactly only by the exact rule
-# (20480), and narrow and padded ones the tests run
-WIDTHS = [1000, 4096, 16384, 20480, 24576, 32768, 40000, 65536, 131072, 262144]
+# widths dispatch runs it at (exactly tiled rows from 24 KiB, and from 16 KiB on an H200: 10240), one it
+# tiles exactly only by the exact rule (20480), and narrow and padded ones the tests run
+WIDTHS = [1000, 4096, 10240, 16384, 20480, 24576, 32768, 40000, 65536, 131072, 262144]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -113,9 +113,9 @@ def test_no_spills_with_part_empty_slices(N, dtype):
 
 
 def test_reduction_shape():
-    """dw's reducers load 4 partial rows at once (one column tile a round) for a weight of x's width
-    or none; beside an fp32 weight with 16-bit x, or with dh, one row at a time (4 tiles a round), the
-    kernels whose row loop ptxas fits only that way (rmsnorm_bwd_config.RED_CLUSTERS)."""
+    """dw's reducers load RED_CLUSTERS partial rows at once (one column tile a round) for a weight of
+    x's width or none; beside an fp32 weight with 16-bit x, or with dh, one row at a time (4 tiles a
+    round), the kernels whose row loop ptxas fits only that way (rmsnorm_bwd_config.RED_CLUSTERS)."""
     from cutile_norms.cute.rmsnorm_bwd_config import RED_CLUSTERS, RED_ROUNDS, reduction_shape
 
     assert RED_CLUSTERS > 1
