@@ -31,17 +31,19 @@ CACHE = CompileCache()
 
 def compile_backward(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: BwdConfig, need_dx: bool,
                      need_dw: bool, arch: str | None = None, keep_ptx: bool = False, has_offset: bool = True,
-                     has_dh: bool = False):
+                     has_dh: bool = False, reduction: tuple[int, int] | None = None):
     """The compiled backward for these compile-time parameters (cached). `arch` ("sm_90a", "sm_100a")
     compiles for that target without a GPU; `keep_ptx`: the result's `__ptx__` holds the PTX;
     `has_offset` False: a variant that takes offset as 0; `has_dh`: dh read and added to dx (a config
-    of 3 streams)."""
-    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset, has_dh)
+    of 3 streams); `reduction`: dw's reducers' (column tiles a round, partial rows at once) instead of
+    rmsnorm_bwd_config.reduction_shape's (probes)."""
+    key = (x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset, has_dh, reduction)
     return CACHE.get(key, lambda: _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx,
-                                                  has_offset, has_dh), arch=arch, persist=not keep_ptx)
+                                                  has_offset, has_dh, reduction), arch=arch, persist=not keep_ptx)
 
 
-def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset, has_dh):
+def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, has_offset, has_dh,
+                    reduction=None):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -63,7 +65,7 @@ def _build_backward(x_dtype, w_dtype, N, cfg, need_dx, need_dw, arch, keep_ptx, 
     mR = make_fake_tensor(cutlass.Float32, (M,), stride=(1,), assumed_align=4)
     mP = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="clusters"), N), stride=(N, 1), assumed_align=16)
     mT = make_fake_tensor(cutlass.Int32, (16,), stride=(1,), assumed_align=16)
-    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw, has_offset, has_dh)
+    kernel = RMSNormBwdTmaSmem(dx, dw, N, cfg, w_dtype is not None, need_dx, need_dw, has_offset, has_dh, reduction)
     fn = cute.compile(kernel, mX, mDY, mDH, mW, mR, mDX, mDW, mP, mT, cutlass.Float32(0.0), cutlass.Int32(1),
                       cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                       options=compile_options(arch, keep_ptx))
@@ -121,11 +123,12 @@ def max_clusters(device_index: int, cluster_n: int, sm_count: int) -> int:
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
            rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
-           out: tuple | None = None, reducers: int | None = None, dh2d: torch.Tensor | None = None):
+           out: tuple | None = None, reducers: int | None = None, dh2d: torch.Tensor | None = None,
+           reduction: tuple[int, int] | None = None):
     """(dx [M, N] contiguous in x's dtype or None, dw [N] in the weight's dtype or None) for rows
     `unsupported` accepts, M >= 1; rstd [M] fp32 contiguous. `out`: (dx, dw) to write into.
     `reducers`: the CTAs that sum dw's partials (probes; default: the heuristic below). `dh2d`: rows
-    in x's dtype added to dx (cfg of 3 streams), or None."""
+    in x's dtype added to dx (cfg of 3 streams), or None. `reduction`: compile_backward's (probes)."""
     M, N = x2d.shape
     device = x2d.device
     has_w = weight is not None
@@ -143,10 +146,10 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     part = workspace("cute_bwd_partials", (clusters if need_dw else 1) * N, torch.float32, device, stream, zero=False)
     tickets = workspace("cute_bwd_tickets", 16, torch.int32, device, stream, zero=True)
     fn = compile_backward(x2d.dtype, weight.dtype if has_w else None, N, cfg, need_dx, need_dw,
-                          has_offset=has_w and offset != 0.0, has_dh=has_dh)
+                          has_offset=has_w and offset != 0.0, has_dh=has_dh, reduction=reduction)
     w_arg = weight if has_w else x2d[0]
     ctas = clusters * cfg.cluster_n
-    rounds = reduction_shape(x2d.element_size(), weight.element_size() if has_w else None, has_dh)[0]
+    rounds = (reduction or reduction_shape(x2d.element_size(), weight.element_size() if has_w else None, has_dh))[0]
     reducers = min(ctas, reducers or min(max(1, sm_count // 2), -(-N // (4 * cfg.threads * rounds))))
     fn(x2d, dy2d, dh2d if has_dh else dy2d, w_arg, rstd, dx if need_dx else x2d, dw if need_dw else w_arg,
        part[:(clusters if need_dw else 1) * N].view(-1, N), tickets, offset, clusters, reducers)

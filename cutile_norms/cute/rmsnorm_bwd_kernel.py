@@ -52,7 +52,8 @@ class RMSNormBwdTmaSmem:
     strides of x, dy and dh, offset, the number of clusters."""
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: BwdConfig, has_weight: bool, need_dx: bool,
-                 need_dw: bool, has_offset: bool = True, has_dh: bool = False):
+                 need_dw: bool, has_offset: bool = True, has_dh: bool = False,
+                 reduction: tuple[int, int] | None = None):
         self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
         self.has_weight, self.need_dx = has_weight, need_dx
         self.has_dh = has_dh and need_dx
@@ -63,9 +64,10 @@ class RMSNormBwdTmaSmem:
         self.need_dw = need_dw and has_weight
         self.vec = 128 // x_dtype.width
         self.elem_bytes = x_dtype.width // 8
-        # dw's reducers: column tiles a round, partial rows loaded at once (rmsnorm_bwd_config.RED_CLUSTERS)
-        self.red_rounds, self.red_rows = reduction_shape(self.elem_bytes, w_dtype.width // 8 if has_weight else None,
-                                                         self.has_dh)
+        # dw's reducers: column tiles a round, partial rows loaded at once (rmsnorm_bwd_config.RED_CLUSTERS;
+        # `reduction`: that shape instead, for probes)
+        self.red_rounds, self.red_rows = reduction or reduction_shape(
+            self.elem_bytes, w_dtype.width // 8 if has_weight else None, self.has_dh)
 
     # ---- host side ----------------------------------------------------------------------------
     def _tv_layout(self):

@@ -137,3 +137,19 @@ def test_reducer_rows_leave_the_row_loop_alone(N):
         fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
         report = ptxas_report(fn.__ptx__, "sm_90a")
         assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
+
+
+def test_a_probes_reduction_shape_is_its_own_kernel():
+    """compile_backward's `reduction` (bench/probe/cute_bwd_reduction.py) is part of the compile key (so
+    a probe's shape never stands in for the config's, in process or on disk), and the config's own shape
+    given explicitly builds the same kernel as none."""
+    from cutile_norms.cute.rmsnorm_bwd_config import RED_CLUSTERS, RED_ROUNDS
+
+    cfg = analytic_config(12288, 2)
+    args = (torch.bfloat16, torch.bfloat16, 12288, cfg, True, True, "sm_90a")
+    default = compile_backward(*args, keep_ptx=True)
+    same = compile_backward(*args, keep_ptx=True, reduction=(RED_ROUNDS, RED_CLUSTERS))
+    other = compile_backward(*args, keep_ptx=True, reduction=(1, 16))
+    assert same is not default and other is not default
+    assert same.__ptx__ == default.__ptx__ != other.__ptx__
+    assert ptxas_report(other.__ptx__, "sm_90a")["spill_stores"] == 0

@@ -1,0 +1,93 @@
+"""Probe: the tma_smem_cached backward's dw reduction at other shapes than the config's (column tiles a
+round : partial rows loaded at once, rmsnorm_bwd_config.RED_CLUSTERS), bf16, each as a ratio to a
+same-run copy (bytes: x, dy and dx, 1.5 x the copy's), medians of --rounds interleaved rounds. Every
+shape's dx and dw are checked against the reference first, and dw must be bit-identical across shapes
+(each sums the partial rows in cluster order).
+
+    python bench/probe/cute_bwd_reduction.py [--ns 10240,12288,...] [--shapes 1:4,1:8,1:16] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.probe.common import no_gpu, write_json  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import width_inputs  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, reduction_shape, ring_stages  # noqa: E402
+from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+
+NS = [10240, 12288, 14336, 18432, 18984, 20480, 25464, 28672, 38040, 65536, 118632, 262144]
+
+
+def shapes_arg(text: str) -> list[tuple[int, int]]:
+    """"1:4,1:8" -> [(1, 4), (1, 8)]: (column tiles a round, partial rows at once) each."""
+    out = []
+    for item in text.split(","):
+        rounds, rows = (int(v) for v in item.split(":"))
+        if rounds < 1 or rows < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: both numbers must be at least 1")
+        out.append((rounds, rows))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",") if v], default=NS)
+    p.add_argument("--shapes", type=shapes_arg, default=shapes_arg("4:1,1:4,1:8,1:16"))
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    if no_gpu():
+        return 0
+    dev = device_info(torch.device("cuda"))
+    print(f"# {torch.cuda.get_device_name()}, ring slots {ring_stages(dev)}, the config's shape "
+          f"{reduction_shape(2, 2, False)}", flush=True)
+    rows = {}
+    for N in args.ns:
+        cfg = analytic_config(N, 2, small_ring=ring_stages(dev))
+        M, x, w = width_inputs(N, torch.bfloat16)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
+        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.0)
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+
+        def run(shape):
+            return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), reduction=shape)
+        first = None
+        for shape in args.shapes:
+            dx.fill_(float("nan"))
+            dw.fill_(float("nan"))
+            run(shape)
+            ok = (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=3e-2)
+                  and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))
+            first = dw.clone() if first is None else first
+            if not ok or not torch.equal(dw, first):
+                print(f"N={N} shape={shape}: WRONG ({'not the reference' if not ok else 'dw differs'})", flush=True)
+        times = {s: [] for s in args.shapes}
+        for rnd in range(args.rounds):
+            copy = copy_baseline_ms(x, reps=20)["median_ms"]
+            for shape in (args.shapes if rnd % 2 == 0 else args.shapes[::-1]):
+                times[shape].append(1.5 * copy / device_ms(lambda: run(shape), reps=20)["median_ms"])
+        med = {f"{r}:{u}": statistics.median(v) for (r, u), v in times.items()}
+        clusters = min(M, B.max_clusters(x.device.index, cfg.cluster_n, dev.sm_count))
+        rows[N] = {"config": cfg.short(), "clusters": clusters, "vs_copy": med}
+        print(f"N={N:>6} {cfg.short():<52} C={clusters:>3} " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()),
+              flush=True)
+        del x, dy, dx_ref, dx
+        torch.cuda.empty_cache()
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
