@@ -1,6 +1,8 @@
-"""What the probes and sweeps share: the exit where there is no GPU, and the JSON they write with --out."""
+"""What the probes and sweeps share: their common options, the exit where there is no GPU, and the JSON they
+write with --out."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import torch
@@ -19,3 +21,18 @@ def write_json(path: str | None, obj) -> None:
     if path:
         with open(path, "w") as f:
             json.dump(obj, f, indent=1)
+
+
+def ints(text: str) -> list[int]:
+    """"1,2,3" -> [1, 2, 3]."""
+    return [int(v) for v in text.split(",") if v]
+
+
+def width_parser(doc: str, ns: list[int]) -> argparse.ArgumentParser:
+    """A probe's parser with the options every width probe takes: --ns (default `ns`), --rounds (3,
+    medians of that many interleaved rounds) and --out (the JSON)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=ints, default=ns)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", default=None)
+    return p

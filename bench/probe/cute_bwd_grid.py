@@ -7,7 +7,6 @@ each as a ratio to a same-run copy (bytes: x, dy and dx, and dh: 1.5 or 2 x the 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -17,7 +16,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.common import no_gpu, write_json  # noqa: E402
+from bench.probe.common import ints, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
@@ -27,12 +26,8 @@ from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa
 
 
 def main() -> int:
-    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ns", type=ints, default=[12288, 16384, 18432, 20480, 24576, 32768])
+    p = width_parser(__doc__, [12288, 16384, 18432, 20480, 24576, 32768])
     p.add_argument("--ks", type=ints, default=[1, 2])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default=None)
     args = p.parse_args()
     if no_gpu():
         return 0

@@ -18,7 +18,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.common import no_gpu, write_json  # noqa: E402
+from bench.probe.common import no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
@@ -41,11 +41,8 @@ def shapes_arg(text: str) -> list[tuple[int, int]]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ns", type=lambda s: [int(v) for v in s.split(",") if v], default=NS)
+    p = width_parser(__doc__, NS)
     p.add_argument("--shapes", type=shapes_arg, default=shapes_arg("4:1,1:4,1:8,1:16"))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--out", default=None)
     args = p.parse_args()
     if no_gpu():
         return 0
