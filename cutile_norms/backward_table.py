@@ -8,8 +8,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .cute.rmsnorm_bwd_config import exact_tiling
-
 
 @dataclass(frozen=True)
 class BackwardRow:
@@ -153,6 +151,8 @@ def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = F
     """BACKWARD_TABLE's first row for this table key (a model's, else its arch's), dtype and width,
     beside an fp32 weight or not, with dh (the residual add's backward) or not, whose mode takes the
     rows (`refused`: dispatch's answer for the CuTe DSL backward)."""
+    from .cute.rmsnorm_bwd_config import exact_tiling  # (as dispatch does: no CuTe module at import)
+
     rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
     table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
     itemsize = getattr(torch, dtype_name).itemsize

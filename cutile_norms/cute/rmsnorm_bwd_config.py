@@ -88,15 +88,16 @@ MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as 
 # 14336 0.894 -> 0.935 / 0.933, 20480 0.875 -> 0.929 / 0.934; H100 12288 0.910 -> 0.947, 20488 0.832
 # -> 0.918. Same run, medians of 3 (docs/performance.md 2.25), 8 rows with the remainder in the group
 # against 4 rows with it (a chain of ceil(C / 4), 1-2 round trips fewer than the 4-row loop before,
-# floor(C / 4) + C mod 4; its numbers are 2.24's within 0.6 %, 0.9 % at 262144 on the H200): H200 +0.3 to +1.0 % at clusters of 2-5, +2.9 / +4.3 % at 14336 / 28672,
-# -0.5 to +0.4 % at clusters of 8-16; H100 +0.1 to +1.1 %. Against 8 rows with the remainder one at a
-# time: +0.1 to +0.9 % at clusters of 2-5 and +1.3 / +2.2 / +2.7 % at 65536 / 118632 / 262144 on the
-# H200 (clusters of 8, 15, 16), -0.1 to +0.5 % and +0.9 / +1.9 / +2.0 % on the H100. 16 rows measured
-# within 0.6 % of 8 either way. One tile a round keeps a thread's loads in flight at `rows` over 4 x the
-# reducers of 4 tiles; 4 tiles and 4 rows at once held more registers, and ptxas spilled 16 bytes in
-# the row loop at bf16 N = 19336 (cluster 3 x 128 x 7); 8 rows of one tile spill none at 11 bf16 widths
-# of 10240-262144, both rings (tests/cute/test_rmsnorm_bwd_compile.py), and 8 bytes at 11264 (one CTA of
-# 11 vectors a thread, 255 registers), as every reduction there does.
+# floor(C / 4) + C mod 4; its numbers are 2.24's within 0.6 %, 0.9 % at 262144 on the H200): H200 +0.3
+# to +1.0 % at clusters of 2-5, +2.9 / +4.3 % at 14336 / 28672, -0.5 to +0.4 % at clusters of 8-16; H100
+# +0.1 to +1.1 %. Against 8 rows with the remainder one at a time: +0.1 to +0.9 % at clusters of 2-5 and
+# +1.3 / +2.2 / +2.7 % at 65536 / 118632 / 262144 on the H200 (clusters of 8, 15, 16), -0.1 to +0.5 %
+# and +0.9 / +1.9 / +2.0 % on the H100. 16 rows measured within 0.6 % of 8 either way. One tile a round
+# keeps a thread's loads in flight at `rows` over 4 x the reducers of 4 tiles; 4 tiles and 4 rows at
+# once held more registers, and ptxas spilled 16 bytes in the row loop at bf16 N = 19336 (cluster 3 x
+# 128 x 7); 8 rows of one tile spill none at 11 bf16 widths of 10240-262144, both rings
+# (tests/cute/test_rmsnorm_bwd_compile.py), and 8 bytes at 11264 (one CTA of 11 vectors a thread, 255
+# registers), as every reduction there does.
 # Where the row loop already sits at 255 registers beside other state (an fp32 weight beside 16-bit x,
 # dh's third ring) the reduction keeps one row at a time: ptxas's allocation of the row loop moved with
 # the reducer's code there, e.g. bf16 N = 20480 (2 x 128 x 10) spilled 128 bytes beside an fp32 weight
