@@ -1,5 +1,5 @@
-"""What the probes and sweeps share: their common options, the exit where there is no GPU, and the JSON they
-write with --out."""
+"""What the probes and sweeps share: their common options, the exit where there is no GPU, the check of a
+backward's grads before it is timed, and the JSON they write with --out."""
 from __future__ import annotations
 
 import argparse
@@ -36,3 +36,10 @@ def width_parser(doc: str, ns: list[int]) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default=None)
     return p
+
+
+def backward_close(dx: torch.Tensor, dw: torch.Tensor, dx_ref: torch.Tensor, dw_ref: torch.Tensor) -> bool:
+    """A 16-bit backward's dx and dw against the reference's (fp32 accumulations: these bounds hold for
+    every kernel the CuTe backward probes time, and a wrong or unwritten row breaks them)."""
+    return (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=3e-2)
+            and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))

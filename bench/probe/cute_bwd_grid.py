@@ -16,7 +16,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.common import ints, no_gpu, width_parser, write_json  # noqa: E402
+from bench.probe.common import backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
@@ -55,8 +55,7 @@ def main() -> int:
                         if rnd == 0:
                             dx, dw = run()
                             ref = dx_ref.float() + (dh.float() if has_dh else 0)
-                            if not (torch.allclose(dx.float(), ref, rtol=2e-2, atol=3e-2)
-                                    and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1)):
+                            if not backward_close(dx, dw, ref, dw_ref):
                                 print(f"N={N} dh={has_dh} k={k}: WRONG", flush=True)
                         times[k].append((2.0 if has_dh else 1.5) * copy / device_ms(run, reps=20)["median_ms"])
                     B.max_clusters = one_per_sm

@@ -18,7 +18,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.common import no_gpu, width_parser, write_json  # noqa: E402
+from bench.probe.common import backward_close, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
@@ -65,8 +65,7 @@ def main() -> int:
             dx.fill_(float("nan"))
             dw.fill_(float("nan"))
             run(shape)
-            ok = (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=3e-2)
-                  and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))
+            ok = backward_close(dx, dw, dx_ref, dw_ref)
             first = dw.clone() if first is None else first
             if not ok or not torch.equal(dw, first):
                 print(f"N={N} shape={shape}: WRONG ({'not the reference' if not ok else 'dw differs'})", flush=True)
