@@ -10,8 +10,10 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._platform import DeviceInfo
 from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
-from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config)
-from .rmsnorm_bwd_kernel import dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel
+from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_config,
+                                 tma_rows_rule)
+from .rmsnorm_bwd_kernel import (dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
+                                 rms_norm_bwd_tma_rows_kernel)
 from .tiling import needs_int64, offset_align
 
 
@@ -32,6 +34,16 @@ def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, 
     return (tma_capable and need_dx and tma_config(cfg, x2d.shape[1])
             and all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0
                     for t, s in ((x2d, sx), (dy2d, sdy))))
+
+
+def tma_rows_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, dx: torch.Tensor | None, sx: int,
+                     sdy: int, tma_capable: bool) -> bool:
+    """Whether `rms_norm_bwd_tma_rows_kernel` runs: the config has its tile (`tma_rows`), dx is wanted,
+    the device has TMA (or Triton is interpreted), and x, dy and dx are TMA-addressable (16-byte
+    aligned starts and row strides, no zero stride)."""
+    return (tma_capable and cfg.tma_rows > 0 and cfg.split == 1 and dx is not None
+            and all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0
+                    for t, s in ((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1]))))
 
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
@@ -59,7 +71,17 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
                           torch.int64, device, stream, zero=True)
     w_arg = weight if weight is not None else rstd
     dx_arg = dx if need_dx else rstd
-    if tma_applies(cfg, x2d, dy2d, sx, sdy, need_dx, tma_capable):
+    if tma_rows_applies(cfg, x2d, dy2d, dx, sx, sdy, tma_capable):
+        cfg = tma_rows_config(cfg)
+        kernel = rms_norm_bwd_tma_rows_kernel
+        xd, dyd, dxd = (TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, cfg.block_n])
+                        for t, s in ((x2d, sx), (dy2d, sdy), (dx, N)))
+        consts = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, HAS_W=weight is not None, NEED_DW=need_dw,
+                      STAGES=cfg.tma_stages)
+
+        def kernel_args(dw_arg):
+            return (xd, dyd, dxd, w_arg, rstd, dw_arg, M, offset, N)
+    elif tma_applies(cfg, x2d, dy2d, sx, sdy, need_dx, tma_capable):
         kernel = rms_norm_bwd_tma_kernel
         inner = min(256, cfg.part)  # a TMA box is at most 256 elements along each dimension
         shape, block = [M, N // inner, inner], [1, cfg.part // inner, inner]
@@ -82,9 +104,12 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         def kernel_args(dw_arg):
             return (dy2d, x2d, w_arg, rstd, dx_arg, dw_arg, slots, M, sx, sdy, offset, N, cfg.part)
 
+    # the launches' PHASE: split rows under the interpreter run two (`exchange`); the rows kernel has none
+    phases = ([{}] if kernel is rms_norm_bwd_tma_rows_kernel
+              else [dict(PHASE=1), dict(PHASE=2)] if cfg.split > 1 and need_dx and INTERPRET else [dict(PHASE=0)])
     R = grid_groups(cfg, M, sm_count)
     if R > 1:  # one wave of the compiled kernel (its dw argument: the fp32 partials, as in the launch below)
-        resident = resident_programs(kernel, kernel_args(rstd), dict(consts, PHASE=0), cfg.num_warps,
+        resident = resident_programs(kernel, kernel_args(rstd), dict(consts, **phases[-1]), cfg.num_warps,
                                      cfg.num_stages, device, (tuple(consts.items()), x2d.dtype, dy2d.dtype, w_arg.dtype))
         R = grid_groups(cfg, M, sm_count, resident)
     direct = R == 1 and cfg.chunks == 1
@@ -97,9 +122,8 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
             if cfg.chunks > 1:
                 dw_arg[:R * N].zero_()
     args = kernel_args(dw_arg)
-    phases = (1, 2) if cfg.split > 1 and need_dx and INTERPRET else (0,)
     for phase in phases:
-        kernel[(R * cfg.split,)](*args, **consts, PHASE=phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        kernel[(R * cfg.split,)](*args, **consts, **phase, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if need_dw and not direct:
         dw_reduce_kernel[(-(-N // REDUCE_COLS),)](dw_arg, dw, R, N, BLOCK_C=REDUCE_COLS, num_warps=4)
     return dx, dw
@@ -111,12 +135,16 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
 @dataclass(frozen=True)
 class TritonBackward:
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> BwdConfig:
-        return analytic_config(N, dtype.itemsize, dev.vendor, max(1, dev.sm_count))
+        return analytic_config(N, dtype.itemsize, dev.vendor, max(1, dev.sm_count), tma_rows=tma_rows_rule(dev))
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
-        cfg = self.config(N, dtype, dev)
-        R = grid_groups(cfg, M, max(1, dev.sm_count))
-        kernel = "rms_norm_bwd_tma_kernel" if has_tma(dev) and tma_config(cfg, N) else "rms_norm_bwd_kernel"
+        cfg = grid_cfg = self.config(N, dtype, dev)
+        kernel = "rms_norm_bwd_kernel"
+        if has_tma(dev) and cfg.tma_rows:
+            kernel, grid_cfg = "rms_norm_bwd_tma_rows_kernel (where TMA can address the rows)", tma_rows_config(cfg)
+        elif has_tma(dev) and tma_config(cfg, N):
+            kernel = "rms_norm_bwd_tma_kernel"
+        R = grid_groups(grid_cfg, M, max(1, dev.sm_count))
         return (f"Triton {kernel} (persistent), grid ({R * cfg.split},) = {R} row groups x {cfg.split} "
                 f"parts, {cfg.short()}" + (", then dw_reduce_kernel over the R partial rows" if R > 1 else "")
                 + f"; config: analytic (N, dtype, {dev.vendor})")

@@ -3,8 +3,9 @@ without Triton)."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .._platform import DeviceInfo, gpu_model
 from .._util import pow2_ceil
 from .tiling import TileConfig, lanes_per_warp, split_for, warps_for
 
@@ -15,9 +16,13 @@ from .tiling import TileConfig, lanes_per_warp, split_for, warps_for
 @dataclass(frozen=True)
 class BwdConfig(TileConfig):
     acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
-    tma_stages: int = 0  # split rows: x and dy by TMA, pipelined this many stages (0: pointer loads)
+    tma_stages: int = 0  # x and dy by TMA, pipelined this many stages (0: pointer loads)
+    tma_rows: int = 0  # narrow rows by TMA (rms_norm_bwd_tma_rows_kernel): rows per tile (0: split rows or none)
 
     def short(self) -> str:
+        if self.tma_rows:
+            return super().short() + (f"; where the rows allow TMA: tiles of {self.tma_rows} rows x {self.block_n} "
+                                      f"cols, {TMA_ROWS_WARPS} warps, {self.tma_stages} stages")
         return super().short() + (f", TMA {self.tma_stages} stages where the rows allow" if self.tma_stages else "")
 
 
@@ -53,21 +58,76 @@ PART_ELEMS = 2048
 SPLIT_MAX = 32
 TMA_STAGES = 3
 REDUCE_COLS = 256  # the dw reduction's columns per program
+# 16-bit rows of TMA_ROWS_MIN-TMA_ROWS_MAX columns (a multiple of 8: 16-byte rows) on NVIDIA sm_90+:
+# rms_norm_bwd_tma_rows_kernel, tiles of TILE_ELEMS // block_n rows (4-8) read by TMA into shared memory,
+# Triton's pipeliner issuing them STAGES - 1 tiles ahead, dx written back by TMA, 8 warps (32 values a
+# thread). The pointer kernel's register prefetch holds one tile ahead, 24-32 KiB of x and dy per SM
+# here, short of what the DRAM needs to stream (Little's law: bandwidth x latency / SMs). The stages are
+# the fewest that keep the GPU's `in_flight` bytes of x and dy issued ahead (tma_rows_stages). Measured
+# (python bench/probe/triton_bwd_rows.py, bf16, medians of 3, docs/performance.md 2.26) against the
+# pointer kernel, at the rule's stages:
+#   * rows filling 3/4 of their power-of-two block or more: H100 +0.6 to +3.8 % at 768, 896, 960, 992,
+#     1536, 1800, 1920, 1984, -1.0 / -1.3 / 0 % at 1000 / 2040 / 2048; H200 +2.2 / +3.9 / +4.5 / +0.2 /
+#     +1.5 / +3.0 % at 768 / 896 / 960 / 1800 / 2040 / 2048, -1.5 % at 1536;
+#   * rows filling less (a quarter to half of the tile's lanes idle, in shared memory and registers as
+#     in the pointer kernel): H100 +0.1 to +8.9 % at 576, 600, 640, 720, 1088, 1120, 1152, 1280, 1368,
+#     1480, -0.9 % at 1040; the H200 lost 3-16 % (640, 1040, 1152, 1280, 1480), so there they keep the
+#     pointer kernel (TmaRowsRule.min_fill; why the H200 loses there is not known);
+#   * 512 columns (a full block, 16 rows a tile): H100 -0.9 %, so the band starts past 512. Past 2048
+#     columns (tiles of 1-2 rows of a 4096 or 8192 block) it lost 15-16 % at 4104 and 5000 and was level
+#     at 6400-7680 (H100), so those keep the pointer kernel.
+TMA_ROWS_MIN, TMA_ROWS_MAX = 520, 2048
+TMA_ROWS_WARPS = 8
+TMA_ROWS_STAGES = (3, 5)  # at most 5: 4 x 32 KiB of x and dy + 16 KiB of dx in shared memory (144 KiB)
+
+
+@dataclass(frozen=True)
+class TmaRowsRule:
+    """The narrow rows' TMA kernel on one GPU model: `in_flight`, the bytes of x and dy a program (one per
+    SM) keeps issued ahead; `min_fill`, the least share of its block a row fills to take the kernel."""
+    in_flight: int
+    min_fill: float = 0.0
+
+
+# On an H100 the stage rule's choices hold for any target in 49.2-57.4 KiB: at 768 it takes 4 stages (3
+# hold 2 x 24 KiB; 640 lost 4 % with 3), at 896 / 1800 three (4 stages, 3 x 28 KiB, lost 2.2-2.8 %). An
+# H200 moves 1.43 x the H100's bytes a second with the same 132 SMs, so by Little's law it needs 1.43 x
+# as many in flight: its measured best was the rule's count or within 1 % of it at 768-2048 (896: 4
+# stages 0.914, 3 stages 0.883). A GPU model not named here takes the H100's rule.
+H100_TMA_ROWS = TmaRowsRule(in_flight=52 * 1024)
+TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75)}  # _platform.gpu_model -> rule
+
+
+def tma_rows_rule(dev: DeviceInfo | None) -> TmaRowsRule:
+    """The narrow rows' TMA rule of `dev`'s GPU model (the H100's where it has none of its own)."""
+    return TMA_ROWS_BY_MODEL.get(gpu_model(dev.name), H100_TMA_ROWS) if dev is not None else H100_TMA_ROWS
+
+
+def tma_rows_stages(N: int, rows: int, elem_bytes: int, in_flight: int) -> int:
+    """The pipeliner's stages for tiles of `rows` rows of N: STAGES - 1 tiles of x and dy in flight
+    cover `in_flight` bytes, within TMA_ROWS_STAGES."""
+    ahead = -(-in_flight // (rows * N * 2 * elem_bytes))
+    return max(TMA_ROWS_STAGES[0], min(TMA_ROWS_STAGES[1], 1 + ahead))
 
 
 @functools.lru_cache(maxsize=4096)
-def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> BwdConfig:
-    """The measured rules above."""
+def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS,
+                    tma_rows: TmaRowsRule = H100_TMA_ROWS) -> BwdConfig:
+    """The measured rules above (`tma_rows`: tma_rows_rule of the GPU)."""
     lanes = lanes_per_warp(vendor)
     if N <= tile_elems:
         block_n = pow2_ceil(N)
         rows = max(1, min(64, tile_elems // block_n))
         per_thread = 16 if block_n == N or (elem_bytes == 2 and block_n <= NARROW_16) else 8
+        tma = {}
+        if (vendor == "nvidia" and elem_bytes == 2 and TMA_ROWS_MIN <= N <= TMA_ROWS_MAX and N % 8 == 0
+                and N >= tma_rows.min_fill * block_n):
+            tma = dict(tma_rows=rows, tma_stages=tma_rows_stages(N, rows, elem_bytes, tma_rows.in_flight))
         if elem_bytes == 2 and PAD_32[0] < N <= PAD_32[1]:
             rows, per_thread = 2, 32
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor, per_thread=per_thread)
         return BwdConfig(rows=rows, split=1, part=N, block_n=block_n, chunks=1, num_warps=warps,
-                         programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True)
+                         programs_per_sm=max(1, 2048 // (warps * lanes)), prefetch=True, **tma)
     split, part, block_n, chunks = split_for(N, PART_ELEMS, min(SPLIT_MAX, sm_count))
     if chunks > 1 and part <= 4 * PART_ELEMS:  # parts up to 8192 stay in registers (measured to 262144)
         block_n, chunks = pow2_ceil(part), 1
@@ -82,6 +142,12 @@ def grid_groups(cfg: BwdConfig, M: int, sm_count: int, resident: int = 32) -> in
     the programs of the compiled kernel one SM holds; a split row's programs wait for each other)."""
     tiles = -(-M // cfg.rows)
     return max(1, min(tiles, min(cfg.programs_per_sm, resident) * sm_count // cfg.split))
+
+def tma_rows_config(cfg: BwdConfig) -> BwdConfig:
+    """The launch config of rms_norm_bwd_tma_rows_kernel for `cfg` (tma_rows > 0): its tile, its warps,
+    one program per SM."""
+    return replace(cfg, rows=cfg.tma_rows, num_warps=TMA_ROWS_WARPS, programs_per_sm=1, prefetch=False)
+
 
 def tma_config(cfg: BwdConfig, N: int) -> bool:
     """The config asks for TMA and its parts can be read by it: split rows whose parts are one

@@ -21,6 +21,8 @@ p // SPLIT, p // SPLIT + R, ...), the forward's tiling (`split_for`, rows per ti
   * split rows on sm_90+ (parts a power of two that tile the row, TMA-addressable rows) run
     `rms_norm_bwd_tma_kernel`: x and dy by TMA, Triton's pipeliner issuing them rows ahead into
     shared memory instead of the register prefetch; same exchange and dw.
+  * narrow 16-bit rows on sm_90+ (TMA-addressable) run `rms_norm_bwd_tma_rows_kernel`: tiles of
+    several rows by TMA, pipelined tiles ahead, dx written by TMA; same dw.
 """
 from __future__ import annotations
 
@@ -248,6 +250,39 @@ def rms_norm_bwd_tma_kernel(XD, DYD, W, RSTD, DX, DW, SLOTS, M, offset, N,
             tl.store(DX + row_off + cols, dx.to(DX.dtype.element_ty))
     if NEED_DW and PHASE != 2:
         tl.store(DW + group.to(tl.int64) * N + cols, dw_acc.to(DW.dtype.element_ty))
+
+
+@triton.jit
+def rms_norm_bwd_tma_rows_kernel(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr,
+                                 BLOCK_N: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
+                                 STAGES: tl.constexpr):
+    """Whole rows (N <= BLOCK_N, a power of two), tiles of ROWS rows through the descriptors XD, DYD
+    and DXD ([M, N], boxes [ROWS, BLOCK_N]): the columns past N and the rows past M read as zeros and
+    are not written. Triton's pipeliner (`tl.range(num_stages=STAGES)`) issues each tile's bulk
+    copies STAGES - 1 tiles ahead into shared memory. dw as in rms_norm_bwd_kernel (this program's
+    row of the R x N partials, or dw itself with one program)."""
+    group = tl.program_id(0)
+    groups = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_W:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for tile in tl.range(group, tl.cdiv(M, ROWS), groups, num_stages=STAGES):
+        rows = tile * ROWS + tl.arange(0, ROWS)
+        rstd = tl.load(RSTD + rows, mask=rows < M, other=0.0)
+        x = XD.load([tile * ROWS, 0]).to(tl.float32)
+        dy = DYD.load([tile * ROWS, 0]).to(tl.float32)
+        xhat = x * rstd[:, None]
+        g = dy
+        if HAS_W:
+            g = dy * w[None, :]
+        mean = tl.sum(g * xhat, axis=1) / N
+        if NEED_DW:
+            dw_acc += dy * xhat
+        DXD.store([tile * ROWS, 0], (rstd[:, None] * (g - xhat * mean[:, None])).to(DXD.dtype))
+    if NEED_DW:
+        tl.store(DW + group.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit

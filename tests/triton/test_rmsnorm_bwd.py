@@ -3,7 +3,8 @@
 CPU (Triton's interpreter, small shapes) and GPU: dx and dw against the fp64 closed form on
 NaN-poisoned outputs, over dtype pairs, widths (narrow rows several per tile, 2^k +- 1, odd, split
 rows, chunked parts), weight None, offset, dx or dw alone, strided x, expanded dy; dw bit-identical
-over repeated runs; split rows by TMA (rms_norm_bwd_tma_kernel) and the rows it declines. GPU only:
+over repeated runs; split rows by TMA (rms_norm_bwd_tma_kernel), narrow rows by TMA
+(rms_norm_bwd_tma_rows_kernel) and the rows they decline. GPU only:
 full-size rows, CUDA graphs, M * N >= 2^31 (both kernels).
 """
 from __future__ import annotations
@@ -182,6 +183,72 @@ def test_tma_declined_rows_take_the_pointer_kernel(seed, device, case):
     _check(x, w, dy.contiguous(), 0.0, dx, dw, case, seed)
 
 
+@pytest.mark.parametrize("N", [1, 512, 520, 760, 768, 1000, 1004, 1040, 1528, 1536, 2048, 2056, 7168])
+@pytest.mark.parametrize("e", [2, 4])
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+@pytest.mark.parametrize("model", ["H100", "H200"])
+def test_narrow_rows_by_tma_where_the_rule_says(N, e, vendor, model):
+    """rms_norm_bwd_tma_rows_kernel's tile: NVIDIA, 16-bit rows of 520-2048 columns that are 16-byte
+    vectors (rmsnorm_bwd_config.TMA_ROWS_MIN / MAX), on an H200 only rows filling 3/4 of their block;
+    TILE_ELEMS a tile; its stages keep the GPU's bytes in flight (one stage fewer covers less), within
+    TMA_ROWS_STAGES, and an H200 keeps at least as many as an H100."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms._util import pow2_ceil
+    from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS, TMA_ROWS_STAGES, analytic_config, tma_rows_rule
+
+    rule = tma_rows_rule(DeviceInfo(vendor, f"NVIDIA {model}", (9, 0), 132))
+    cfg = analytic_config(N, e, vendor, 132, tma_rows=rule)
+    fill = 0.75 if model == "H200" else 0.0
+    takes = vendor == "nvidia" and e == 2 and 520 <= N <= 2048 and N % 8 == 0 and N >= fill * pow2_ceil(N)
+    assert bool(cfg.tma_rows) == takes, cfg
+    if not takes:
+        return
+    assert cfg.tma_rows * cfg.block_n == TILE_ELEMS and cfg.split == 1
+    per_stage = cfg.tma_rows * N * 2 * e
+    lo, hi = TMA_ROWS_STAGES
+    assert lo <= cfg.tma_stages <= hi
+    assert cfg.tma_stages == lo or (cfg.tma_stages - 2) * per_stage < rule.in_flight
+    assert cfg.tma_stages == hi or (cfg.tma_stages - 1) * per_stage >= rule.in_flight
+    h100 = analytic_config(N, e, vendor, 132)
+    assert cfg.tma_stages >= h100.tma_stages and cfg.tma_rows == h100.tma_rows
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [768, 896, 1536, 2040])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("bfloat16", None)])
+def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype):
+    """rms_norm_bwd_tma_rows_kernel: one row (one program, dw stored by it), rows that leave the last
+    tile part empty (M = 37, 4 "SMs": several tiles a program, dw through the reduction), x's rows
+    strided (16-byte aligned), offset 1, dx alone; the rows TMA cannot address (a start or row stride
+    not 16-byte aligned, dy's row stride 0) go to the pointer kernel with the same config."""
+    from cutile_norms.triton.rmsnorm_bwd import TRITON_BACKWARD, tma_rows_applies
+
+    dev = device_for(device)
+    cfg = TRITON_BACKWARD.config(N, DT[x_dtype], dev)
+    assert cfg.tma_rows > 0, cfg
+    for M in (1, 37):
+        x = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
+        w = random_weight(N, DT[w_dtype], device) if w_dtype else None
+        dy = torch.randn(M, N, device=device).to(DT[x_dtype])
+        assert tma_rows_applies(cfg, x, dy, torch.empty(M, N, dtype=x.dtype, device=device), x.stride(0) if M > 1 else N,
+                                N, True)
+        dx, dw = _run(x, w, dy, 1.0, device)
+        _check(x, w, dy, 1.0, dx, dw, f"TMA rows N={N} M={M} {x_dtype}/{w_dtype}", seed)
+        dx, _ = _run(x, w, dy, 1.0, device, need_dw=False)
+        _check(x, w, dy, 1.0, dx, None, f"TMA rows, dx alone, N={N} M={M}", seed, need_dw=False)
+    M = 37
+    base = random_rows((M, N + 9), DT[x_dtype], device)
+    w = random_weight(N, DT[w_dtype], device) if w_dtype else None
+    for what, x, dy in (("misaligned x", base[:, 1:N + 1], torch.randn(M, N, device=device).to(DT[x_dtype])),
+                        ("odd row stride", base[:, :N], torch.randn(M, N, device=device).to(DT[x_dtype])),
+                        ("expanded dy", base[:, :N].contiguous(),
+                         torch.randn(1, N, device=device).to(DT[x_dtype]).expand(M, N))):
+        dx_probe = torch.empty(M, N, dtype=x.dtype, device=device)
+        assert not tma_rows_applies(cfg, x, dy, dx_probe, x.stride(0), dy.stride(0), True), what
+        dx, dw = _run(x, w, dy, 0.0, device)
+        _check(x, w, dy.contiguous(), 0.0, dx, dw, f"TMA rows declined ({what}) N={N}", seed)
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU only
 # ------------------------------------------------------------------------------------------------
@@ -245,7 +312,8 @@ def test_full_size_bf16(seed):
 
 @pytest.mark.gpu
 @pytest.mark.big
-@pytest.mark.parametrize("N", [8192, 65536])
+@pytest.mark.parametrize("N", [1536, 8192, 65536])
 def test_past_2_31_elements(seed, N):
-    """int64 row offsets: rms_norm_bwd_kernel (8192) and rms_norm_bwd_tma_kernel (65536)."""
+    """int64 row offsets: rms_norm_bwd_tma_rows_kernel (1536), rms_norm_bwd_kernel (8192) and
+    rms_norm_bwd_tma_kernel (65536)."""
     check_backward_past_2_31(lambda x, w, dy: _run(x, w, dy, 0.0, "cuda"), N, seed, EPS)

@@ -137,3 +137,59 @@ def test_narrow_rows_fit_in_registers(row_kernel, N, per_thread):
     r = row_kernel[f"{N}-90"]
     assert r["per_thread"] == per_thread, r
     assert r["spill_stores"] == 0 and r["registers"] <= 255, r
+
+
+ROWS_TMA_CHILD = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from cutile_norms._platform import DeviceInfo
+from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_config, tma_rows_rule
+from cutile_norms.triton.rmsnorm_bwd_kernel import rms_norm_bwd_tma_rows_kernel as K
+from tests.cute.ptx_util import ptxas_report
+
+TY = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+out = {}
+for N, x, w, model, arch in json.loads(sys.argv[1]):
+    rule = tma_rows_rule(DeviceInfo("nvidia", f"NVIDIA {model}", (9, 0), 132))
+    cfg = tma_rows_config(analytic_config(N, 2, "nvidia", 132, tma_rows=rule))
+    desc = f"tensordesc<{TY[x]}[{cfg.rows},{cfg.block_n}]>"
+    sig = {"XD": desc, "DYD": desc, "DXD": desc, "W": f"*{TY[w or x]}", "RSTD": "*fp32", "DW": "*fp32",
+           "M": "i32", "offset": "fp32", "N": "i32"}
+    consts = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, HAS_W=w is not None, NEED_DW=True, STAGES=cfg.tma_stages)
+    sig.update({k: "constexpr" for k in consts})
+    src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
+    c = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    ptx = c.asm["ptx"]
+    out["-".join(map(str, (N, x, w, model, arch)))] = dict(
+        stages=cfg.tma_stages, shared=c.metadata.shared,
+        loads=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global", ptx)),
+        stores=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)),
+        **(ptxas_report(ptx, "sm_90a") if arch == 90 else {}))
+print("RESULT " + json.dumps(out))
+"""
+
+# (N, x dtype, weight dtype, GPU model, arch): both ends of the band and padded blocks, the H100's and the
+# H200's bytes in flight (3 to 5 stages)
+ROWS_TMA_CASES = [(N, x, w, m, a) for N, x, w in ((520, "bfloat16", "bfloat16"), (768, "bfloat16", "bfloat16"),
+                                                  (1536, "float16", "float32"), (2048, "bfloat16", None))
+                  for m in ("H100", "H200") for a in ARCHS if m == "H100" or N >= 768]
+
+
+@pytest.fixture(scope="module")
+def rows_tma():
+    from tests.triton._util import compile_in_child
+    return compile_in_child(ROWS_TMA_CHILD, ROWS_TMA_CASES)
+
+
+@pytest.mark.parametrize("case", ROWS_TMA_CASES, ids=case_id)
+def test_narrow_rows_tma_kernel_pipelines_its_tiles(rows_tma, case):
+    """rms_norm_bwd_tma_rows_kernel: x's and dy's bulk tensor copies issued tiles ahead (at least two a
+    stage), dx written by a bulk tensor copy, its STAGES - 1 tiles of x and dy plus one of dx within an
+    SM's shared memory, and no spills on sm_90a (ptxas)."""
+    r = rows_tma[case_id(case)]
+    assert r["loads"] >= 2 * r["stages"] and r["stores"] >= 1, r
+    assert r["shared"] <= 227 * 1024, r
+    assert r.get("spill_stores", 0) == 0, r

@@ -1,0 +1,90 @@
+"""Probe: Triton's backward on narrow 16-bit rows, the pointer kernel (its register prefetch) against
+rms_norm_bwd_tma_rows_kernel at each of --stages (the rule's count marked *), beside mode=None and
+QuACK; bf16, 2^27 elements, each as a ratio to a same-run copy (bytes: x, dy and dx, 1.5 x the copy's),
+medians of --rounds interleaved rounds. Every kernel's dx and dw are checked against the reference
+first. The rule: rmsnorm_bwd_config.tma_rows_stages and the GPU's TmaRowsRule (docs/performance.md 2.26);
+widths the rule leaves to the pointer kernel are timed with the TMA kernel too.
+
+    python bench/probe/triton_bwd_rows.py [--ns 640,768,896,...] [--stages 2,3,4,5] [--rounds 3]
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from dataclasses import replace
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench import anchors as anchor_registry  # noqa: E402
+from bench.probe.common import backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.tune.sweep import width_inputs  # noqa: E402
+import cutile_norms as cn  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
+from cutile_norms.triton.rmsnorm_bwd_config import TmaRowsRule, analytic_config, tma_rows_rule  # noqa: E402
+
+NS = [512, 640, 768, 896, 1040, 1152, 1280, 1480, 1536, 1800, 2040, 2048]
+
+
+def main() -> int:
+    p = width_parser(__doc__, NS)
+    p.add_argument("--stages", type=ints, default=[3, 4, 5])
+    args = p.parse_args()
+    if no_gpu():
+        return 0
+    dev = device_info(torch.device("cuda"))
+    rule = tma_rows_rule(dev)
+    print(f"# {torch.cuda.get_device_name()}, {rule}", flush=True)
+    quack, _ = anchor_registry.load(["quack"])
+    rows = {}
+    for N in args.ns:
+        cfg = T.TRITON_BACKWARD.config(N, torch.bfloat16, dev)
+        tma = analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=TmaRowsRule(rule.in_flight))  # any fill
+        M, x, w = width_inputs(N, torch.bfloat16)
+        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
+        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.0)
+        dx, dw = torch.empty_like(x), torch.empty_like(w)
+
+        def run(c):
+            return lambda: T.launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), tma_capable=True)
+        fns = {"pointer": run(replace(cfg, tma_rows=0, tma_stages=0))}
+        for s in args.stages if tma.tma_rows else ():  # * the rule's stages where the rule takes the kernel
+            fns[f"tma {s}" + ("*" if s == cfg.tma_stages and cfg.tma_rows else "")] = run(replace(tma, tma_stages=s))
+        for name, fn in list(fns.items()):
+            dx.fill_(float("nan"))
+            dw.fill_(float("nan"))
+            fn()
+            if not backward_close(dx, dw, dx_ref, dw_ref):
+                print(f"N={N} {name}: WRONG", flush=True)
+                del fns[name]
+        xn, wn = x.detach().requires_grad_(), w.detach().requires_grad_()
+        yn = cn.rms_norm(xn, wn, 1e-6)
+        fns["None"] = lambda: torch.autograd.grad(yn, (xn, wn), dy, retain_graph=True)
+        if quack:
+            xq, wq = x.detach().requires_grad_(), w.detach().requires_grad_()
+            yq = quack["quack"](xq, wq, 1e-6)
+            fns["quack"] = lambda: torch.autograd.grad(yq, (xq, wq), dy, retain_graph=True)
+        names = list(fns)
+        times = {k: [] for k in names}
+        for rnd in range(args.rounds):
+            copy = copy_baseline_ms(x, reps=20)["median_ms"]
+            for k in (names if rnd % 2 == 0 else names[::-1]):
+                times[k].append(1.5 * copy / device_ms(fns[k], reps=20)["median_ms"])
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows[N] = {"config": cfg.short(), "vs_copy": med}
+        print(f"N={N:>5} " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
+        del x, dy, dx_ref, dx, yn, xn
+        torch.cuda.empty_cache()
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
