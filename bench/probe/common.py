@@ -1,5 +1,5 @@
-"""What the probes and sweeps share: their common options, the exit where there is no GPU, the check of a
-backward's grads before it is timed, and the JSON they write with --out."""
+"""What the probes and sweeps share: their common options, the exit where there is no GPU, a backward's
+inputs and reference grads, their check before a kernel is timed, and the JSON they write with --out."""
 from __future__ import annotations
 
 import argparse
@@ -43,3 +43,15 @@ def backward_close(dx: torch.Tensor, dw: torch.Tensor, dx_ref: torch.Tensor, dw_
     every kernel the CuTe backward probes time, and a wrong or unwritten row breaks them)."""
     return (torch.allclose(dx.float(), dx_ref.float(), rtol=2e-2, atol=3e-2)
             and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))
+
+
+def backward_case(N: int) -> tuple:
+    """(M, x, w, dy, rstd, dx_ref, dw_ref): bf16 rows of N at the bench size (bench.tune.sweep.width_inputs),
+    dy normal, the forward's fp32 rstd, and the reference's grads (offset 0, eps 1e-6)."""
+    from bench.tune.sweep import width_inputs
+    from cutile_norms.reference import rms_norm_backward, rms_norm_reference
+
+    M, x, w = width_inputs(N, torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
+    return (M, x, w, dy, rstd, *rms_norm_backward(dy, x, w, rstd, 0.0))

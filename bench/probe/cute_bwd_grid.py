@@ -16,13 +16,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.common import backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
+from bench.probe.common import backward_case, backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
-from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, ring_stages  # noqa: E402
-from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 
 def main() -> int:
@@ -37,11 +35,8 @@ def main() -> int:
     rows = {}
     try:
         for N in args.ns:
-            M, x, w = width_inputs(N, torch.bfloat16)
-            dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+            M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
             dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-            rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
-            dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.0)
             for has_dh in (False, True):
                 cfg = analytic_config(N, 2, small_ring=ring_stages(dev), streams=3 if has_dh else 2)
                 times = {k: [] for k in args.ks}

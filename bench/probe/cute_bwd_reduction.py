@@ -18,13 +18,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bench.probe.common import backward_close, no_gpu, width_parser, write_json  # noqa: E402
+from bench.probe.common import backward_case, backward_close, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
-from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, reduction_shape, ring_stages  # noqa: E402
-from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 NS = [10240, 12288, 14336, 18432, 18984, 20480, 25464, 28672, 38040, 65536, 118632, 262144]
 
@@ -52,10 +50,7 @@ def main() -> int:
     rows = {}
     for N in args.ns:
         cfg = analytic_config(N, 2, small_ring=ring_stages(dev))
-        M, x, w = width_inputs(N, torch.bfloat16)
-        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-        rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
-        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.0)
+        M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
         dx, dw = torch.empty_like(x), torch.empty_like(w)
 
         def run(shape):

@@ -20,12 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench import anchors as anchor_registry  # noqa: E402
-from bench.probe.common import backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
+from bench.probe.common import backward_case, backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
-from bench.tune.sweep import width_inputs  # noqa: E402
 import cutile_norms as cn  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
-from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
 from cutile_norms.triton.rmsnorm_bwd_config import TmaRowsRule, analytic_config, tma_rows_rule  # noqa: E402
 
@@ -46,10 +44,7 @@ def main() -> int:
     for N in args.ns:
         cfg = T.TRITON_BACKWARD.config(N, torch.bfloat16, dev)
         tma = analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=TmaRowsRule(rule.in_flight))  # any fill
-        M, x, w = width_inputs(N, torch.bfloat16)
-        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
-        rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
-        dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd, 0.0)
+        M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
         dx, dw = torch.empty_like(x), torch.empty_like(w)
 
         def run(c):
