@@ -85,7 +85,7 @@ def fwd_variants(N, dev):
 
 
 def bwd_variants(N, dev):
-    base = BC.analytic_config(N, 2, dev.vendor, dev.sm_count)
+    base = BC.analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=BC.tma_rows_rule(dev))  # this GPU's rule
     out = {"analytic": base, "analytic prefetch": dataclasses.replace(base, prefetch=True)}
     if N <= 8192:
         block = pow2_ceil(N)

@@ -181,6 +181,22 @@ def resident_programs(kernel, args: tuple, consts: dict, num_warps: int, num_sta
     return hit
 
 
+_SHARED: dict = {}  # device index -> shared memory one block may take (bytes)
+
+
+def shared_per_block(device: torch.device) -> int | None:
+    """The shared memory one block may take on `device` (its opt-in maximum: 227 KiB on an H100 or H200,
+    99 KiB on sm_120); None under the interpreter and off NVIDIA GPUs (no limit checked)."""
+    if INTERPRET or device.type != "cuda" or torch.version.hip:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    hit = _SHARED.get(index)
+    if hit is None:
+        props = torch.cuda.get_device_properties(index)
+        hit = _SHARED[index] = getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+    return hit
+
+
 def raw_stream(device: torch.device) -> int:
     """The current stream's handle (the workspaces are kept per stream); 0 for CPU tensors."""
     return current_raw_stream(device.index if device.index is not None else torch.cuda.current_device()) \

@@ -9,7 +9,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._platform import DeviceInfo
 from .._workspace import grad_outputs, workspace
-from ._common import INTERPRET, raw_stream, resident_programs, slot_count
+from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block, slot_count
 from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_config,
                                  tma_rows_rule)
 from .rmsnorm_bwd_kernel import (dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
@@ -38,9 +38,10 @@ def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, 
 
 def tma_rows_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, dx: torch.Tensor | None, sx: int,
                      sdy: int, tma_capable: bool) -> bool:
-    """Whether `rms_norm_bwd_tma_rows_kernel` runs: the config has its tile (`tma_rows`), dx is wanted,
-    the device has TMA (or Triton is interpreted), and x, dy and dx are TMA-addressable (16-byte
-    aligned starts and row strides, no zero stride)."""
+    """Whether `rms_norm_bwd_tma_rows_kernel` may run: the config has its tile (`tma_rows`), dx is wanted
+    (`dx` None otherwise), the device has TMA (or Triton is interpreted), and x, dy and dx are
+    TMA-addressable (16-byte aligned starts and row strides, no zero stride). Its stages must also fit
+    the device's shared memory (`launch`: tma_rows_config)."""
     return (tma_capable and cfg.tma_rows > 0 and cfg.split == 1 and dx is not None
             and all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0
                     for t, s in ((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1]))))
@@ -71,8 +72,11 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
                           torch.int64, device, stream, zero=True)
     w_arg = weight if weight is not None else rstd
     dx_arg = dx if need_dx else rstd
-    if tma_rows_applies(cfg, x2d, dy2d, dx, sx, sdy, tma_capable):
-        cfg = tma_rows_config(cfg)
+    rows_cfg = None
+    if tma_rows_applies(cfg, x2d, dy2d, dx if need_dx else None, sx, sdy, tma_capable):
+        rows_cfg = tma_rows_config(cfg, shared_per_block(device), x2d.element_size(), dy2d.element_size())
+    if rows_cfg is not None:
+        cfg = rows_cfg
         kernel = rms_norm_bwd_tma_rows_kernel
         xd, dyd, dxd = (TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, cfg.block_n])
                         for t, s in ((x2d, sx), (dy2d, sdy), (dx, N)))
@@ -141,7 +145,7 @@ class TritonBackward:
         cfg = grid_cfg = self.config(N, dtype, dev)
         kernel = "rms_norm_bwd_kernel"
         if has_tma(dev) and cfg.tma_rows:
-            kernel, grid_cfg = "rms_norm_bwd_tma_rows_kernel (where TMA can address the rows)", tma_rows_config(cfg)
+            kernel, grid_cfg = "rms_norm_bwd_tma_rows_kernel", tma_rows_config(cfg)
         elif has_tma(dev) and tma_config(cfg, N):
             kernel = "rms_norm_bwd_tma_kernel"
         R = grid_groups(grid_cfg, M, max(1, dev.sm_count))

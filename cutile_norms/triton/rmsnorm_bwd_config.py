@@ -21,8 +21,9 @@ class BwdConfig(TileConfig):
 
     def short(self) -> str:
         if self.tma_rows:
-            return super().short() + (f"; where the rows allow TMA: tiles of {self.tma_rows} rows x {self.block_n} "
-                                      f"cols, {TMA_ROWS_WARPS} warps, {self.tma_stages} stages")
+            return (f"TMA tiles of {self.tma_rows} rows x {self.block_n} cols, {TMA_ROWS_WARPS} warps, 1 program/SM, "
+                    f"{self.tma_stages} stages; where TMA cannot address the rows, does not fit the SM's shared "
+                    f"memory or dx is not needed, rms_norm_bwd_kernel: " + super().short())
         return super().short() + (f", TMA {self.tma_stages} stages where the rows allow" if self.tma_stages else "")
 
 
@@ -89,8 +90,9 @@ class TmaRowsRule:
     min_fill: float = 0.0
 
 
-# On an H100 the stage rule's choices hold for any target in 49.2-57.4 KiB: at 768 it takes 4 stages (3
-# hold 2 x 24 KiB; 640 lost 4 % with 3), at 896 / 1800 three (4 stages, 3 x 28 KiB, lost 2.2-2.8 %). An
+# On an H100 the target is 52 KiB: at 768 the rule takes 4 stages (3 keep 2 x 24 KiB ahead: 0.939 against
+# 0.944; 640 lost 4 % with 3), at 896 / 1800 three (2 x 28 KiB; 4 stages lost 2.2-2.8 %): any target
+# over 48 KiB and up to 56 KiB gives those widths the same counts. An
 # H200 moves 1.43 x the H100's bytes a second with the same 132 SMs, so by Little's law it needs 1.43 x
 # as many in flight: its measured best was the rule's count or within 1 % of it at 768-2048 (896: 4
 # stages 0.914, 3 stages 0.883). A GPU model not named here takes the H100's rule.
@@ -143,10 +145,28 @@ def grid_groups(cfg: BwdConfig, M: int, sm_count: int, resident: int = 32) -> in
     tiles = -(-M // cfg.rows)
     return max(1, min(tiles, min(cfg.programs_per_sm, resident) * sm_count // cfg.split))
 
-def tma_rows_config(cfg: BwdConfig) -> BwdConfig:
+def tma_rows_shared_bytes(cfg: BwdConfig, stages: int, x_bytes: int, dy_bytes: int) -> int:
+    """The shared memory rms_norm_bwd_tma_rows_kernel takes at `stages`: Triton's pipeliner keeps
+    stages - 1 tiles of x and dy, plus one tile of dx for its TMA store and 1 KiB of barriers and
+    scratch (compiled for sm_90: 82112 bytes at 3 stages, 147712 at 5, 16-bit tiles of 8192 elements)."""
+    tile = cfg.tma_rows * cfg.block_n
+    return (stages - 1) * tile * (x_bytes + dy_bytes) + tile * x_bytes + 1024
+
+
+def tma_rows_config(cfg: BwdConfig, shared_max: int | None = None, x_bytes: int = 2,
+                    dy_bytes: int = 2) -> BwdConfig | None:
     """The launch config of rms_norm_bwd_tma_rows_kernel for `cfg` (tma_rows > 0): its tile, its warps,
-    one program per SM."""
-    return replace(cfg, rows=cfg.tma_rows, num_warps=TMA_ROWS_WARPS, programs_per_sm=1, prefetch=False)
+    one program per SM, its stages capped to what `shared_max` bytes a block may take (None: no cap); None
+    where not even TMA_ROWS_STAGES[0] fit (the GPUs with 99 KiB a block, sm_120, at rows of up to 1536
+    16-bit columns take 3 stages; with an fp32 dy fewer fit)."""
+    stages = cfg.tma_stages
+    while shared_max is not None and stages >= TMA_ROWS_STAGES[0] and \
+            tma_rows_shared_bytes(cfg, stages, x_bytes, dy_bytes) > shared_max:
+        stages -= 1
+    if stages < TMA_ROWS_STAGES[0]:
+        return None
+    return replace(cfg, rows=cfg.tma_rows, num_warps=TMA_ROWS_WARPS, programs_per_sm=1, prefetch=False,
+                   tma_stages=stages)
 
 
 def tma_config(cfg: BwdConfig, N: int) -> bool:

@@ -213,16 +213,48 @@ def test_narrow_rows_by_tma_where_the_rule_says(N, e, vendor, model):
     assert cfg.tma_stages >= h100.tma_stages and cfg.tma_rows == h100.tma_rows
 
 
+def test_narrow_rows_tma_stages_fit_the_shared_memory():
+    """tma_rows_config caps the stages to what a block may take (sm_120: 99 KiB), and declines (None) where
+    not even 3 fit; an H100's 227 KiB takes the rule's stages."""
+    from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_config, tma_rows_shared_bytes
+
+    for N in (520, 768, 1536, 2048):
+        cfg = analytic_config(N, 2, "nvidia", 132)
+        assert tma_rows_config(cfg, 227 * 1024).tma_stages == cfg.tma_stages
+        small = tma_rows_config(cfg, 99 * 1024)
+        assert small.tma_stages == min(3, cfg.tma_stages) and tma_rows_shared_bytes(cfg, 3, 2, 2) <= 99 * 1024
+        assert tma_rows_config(cfg, 99 * 1024, 2, 4) is None  # an fp32 dy: 3 stages take 113 KiB
+        assert tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2) <= 227 * 1024
+
+
+class _Launches:
+    """A kernel that counts its launches (kernel[grid](...)) and is the kernel otherwise."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [768, 896, 1536, 2040])
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("bfloat16", None)])
-def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype):
-    """rms_norm_bwd_tma_rows_kernel: one row (one program, dw stored by it), rows that leave the last
-    tile part empty (M = 37, 4 "SMs": several tiles a program, dw through the reduction), x's rows
-    strided (16-byte aligned), offset 1, dx alone; the rows TMA cannot address (a start or row stride
-    not 16-byte aligned, dy's row stride 0) go to the pointer kernel with the same config."""
-    from cutile_norms.triton.rmsnorm_bwd import TRITON_BACKWARD, tma_rows_applies
+def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype, monkeypatch):
+    """rms_norm_bwd_tma_rows_kernel (its launches counted): one row (one program, dw stored by it), rows
+    that leave the last tile part empty (M = 37, 4 "SMs": several tiles a program, dw through the
+    reduction), x's rows strided (16-byte aligned), offset 1, dx alone; the rows TMA cannot address (a
+    start or row stride not 16-byte aligned, dy's row stride 0) and dw alone go to the pointer kernel with
+    the same config, a dx passed in then left as it was."""
+    from cutile_norms.triton import rmsnorm_bwd
+    from cutile_norms.triton.rmsnorm_bwd import TRITON_BACKWARD
 
+    spy = _Launches(rmsnorm_bwd.rms_norm_bwd_tma_rows_kernel)
+    monkeypatch.setattr(rmsnorm_bwd, "rms_norm_bwd_tma_rows_kernel", spy)
     dev = device_for(device)
     cfg = TRITON_BACKWARD.config(N, DT[x_dtype], dev)
     assert cfg.tma_rows > 0, cfg
@@ -230,11 +262,12 @@ def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype):
         x = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
         w = random_weight(N, DT[w_dtype], device) if w_dtype else None
         dy = torch.randn(M, N, device=device).to(DT[x_dtype])
-        assert tma_rows_applies(cfg, x, dy, torch.empty(M, N, dtype=x.dtype, device=device), x.stride(0) if M > 1 else N,
-                                N, True)
+        before = spy.count
         dx, dw = _run(x, w, dy, 1.0, device)
+        assert spy.count == before + 1, "the TMA rows kernel did not run"
         _check(x, w, dy, 1.0, dx, dw, f"TMA rows N={N} M={M} {x_dtype}/{w_dtype}", seed)
         dx, _ = _run(x, w, dy, 1.0, device, need_dw=False)
+        assert spy.count == before + 2, "the TMA rows kernel did not run (dx alone)"
         _check(x, w, dy, 1.0, dx, None, f"TMA rows, dx alone, N={N} M={M}", seed, need_dw=False)
     M = 37
     base = random_rows((M, N + 9), DT[x_dtype], device)
@@ -243,10 +276,20 @@ def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype):
                         ("odd row stride", base[:, :N], torch.randn(M, N, device=device).to(DT[x_dtype])),
                         ("expanded dy", base[:, :N].contiguous(),
                          torch.randn(1, N, device=device).to(DT[x_dtype]).expand(M, N))):
-        dx_probe = torch.empty(M, N, dtype=x.dtype, device=device)
-        assert not tma_rows_applies(cfg, x, dy, dx_probe, x.stride(0), dy.stride(0), True), what
+        before = spy.count
         dx, dw = _run(x, w, dy, 0.0, device)
+        assert spy.count == before, f"{what}: the TMA rows kernel ran on rows TMA cannot address"
         _check(x, w, dy.contiguous(), 0.0, dx, dw, f"TMA rows declined ({what}) N={N}", seed)
+    if w is not None:  # dw alone, a dx passed in: not written
+        x = base[:, :N].contiguous()
+        dy = torch.randn(M, N, device=device).to(DT[x_dtype])
+        dx_in = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device))
+        dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device))
+        before = spy.count
+        TRITON_BACKWARD.backward(dy, x, w, _rstd(x), 0.0, False, True, dev, out=(dx_in, dw))
+        sync(device)
+        assert spy.count == before and torch.isnan(dx_in).all(), "dx written where it was not asked for"
+        _check(x, w, dy, 0.0, None, dw, f"TMA rows config, dw alone N={N}", seed, need_dx=False)
 
 
 # ------------------------------------------------------------------------------------------------
