@@ -92,10 +92,10 @@ class TmaRowsRule:
 
 # On an H100 the target is 52 KiB: at 768 the rule takes 4 stages (3 keep 2 x 24 KiB ahead: 0.939 against
 # 0.944; 640 lost 4 % with 3), at 896 / 1800 three (2 x 28 KiB; 4 stages lost 2.2-2.8 %): any target
-# over 48 KiB and up to 56 KiB gives those widths the same counts. An
-# H200 moves 1.43 x the H100's bytes a second with the same 132 SMs, so by Little's law it needs 1.43 x
-# as many in flight: its measured best was the rule's count or within 1 % of it at 768-2048 (896: 4
-# stages 0.914, 3 stages 0.883). A GPU model not named here takes the H100's rule.
+# over 48 KiB and up to 56 KiB gives those widths the same counts. An H200 moves 1.43 x the H100's bytes
+# a second with the same 132 SMs, so by Little's law it needs 1.43 x as many in flight: its measured best
+# was the rule's count or within 1 % of it at 768-2048 (896: 4 stages 0.914, 3 stages 0.883). A GPU
+# model not named here takes the H100's rule.
 H100_TMA_ROWS = TmaRowsRule(in_flight=52 * 1024)
 TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75)}  # _platform.gpu_model -> rule
 
@@ -144,6 +144,7 @@ def grid_groups(cfg: BwdConfig, M: int, sm_count: int, resident: int = 32) -> in
     the programs of the compiled kernel one SM holds; a split row's programs wait for each other)."""
     tiles = -(-M // cfg.rows)
     return max(1, min(tiles, min(cfg.programs_per_sm, resident) * sm_count // cfg.split))
+
 
 def tma_rows_shared_bytes(cfg: BwdConfig, stages: int, x_bytes: int, dy_bytes: int) -> int:
     """The shared memory rms_norm_bwd_tma_rows_kernel takes at `stages`: Triton's pipeliner keeps
