@@ -86,15 +86,17 @@ def gpu_us(fn, reps: int = 100) -> float:
     return device_ms(fn, reps=reps, warmup=10)["median_ms"] * 1e3
 
 
-def ratios_to_copy(x: torch.Tensor, fns: dict, rounds: int, reps: int = 20) -> dict:
+def ratios_to_copy(x: torch.Tensor, fns: dict, rounds: int, reps: int = 20, alternate: bool = False) -> dict:
     """Interleaved rounds, each timing a copy of x (`copy_baseline_ms`) and then every fn: {key: [copy
     time / fn time, one per round]}. A fn's ratios spread over 0.5-1 % between rounds; ranking by
-    their median is what the sweep's --confirm and the probes do."""
+    their median is what the sweep's --confirm and the probes do. `alternate`: every other round times
+    the fns in reverse order (no fn always runs first after the copy)."""
     ratios = {k: [] for k in fns}
-    for _ in range(rounds):
+    for rnd in range(rounds):
         copy = copy_baseline_ms(x, reps=reps)["median_ms"]
-        for k, fn in fns.items():
-            ratios[k].append(copy / device_ms(fn, reps=reps)["median_ms"])
+        keys = list(fns)
+        for k in (keys[::-1] if alternate and rnd % 2 else keys):
+            ratios[k].append(copy / device_ms(fns[k], reps=reps)["median_ms"])
     return ratios
 
 

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench.probe.common import backward_case, backward_close, no_gpu, width_parser, write_json  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import ratios_to_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, reduction_shape, ring_stages  # noqa: E402
@@ -64,12 +64,9 @@ def main() -> int:
             first = dw.clone() if first is None else first
             if not ok or not torch.equal(dw, first):
                 print(f"N={N} shape={shape}: WRONG ({'not the reference' if not ok else 'dw differs'})", flush=True)
-        times = {s: [] for s in args.shapes}
-        for rnd in range(args.rounds):
-            copy = copy_baseline_ms(x, reps=20)["median_ms"]
-            for shape in (args.shapes if rnd % 2 == 0 else args.shapes[::-1]):
-                times[shape].append(1.5 * copy / device_ms(lambda: run(shape), reps=20)["median_ms"])
-        med = {f"{r}:{u}": statistics.median(v) for (r, u), v in times.items()}
+        fns = {shape: (lambda shape=shape: run(shape)) for shape in args.shapes}
+        med = {f"{r}:{u}": 1.5 * statistics.median(v)
+               for (r, u), v in ratios_to_copy(x, fns, args.rounds, alternate=True).items()}
         clusters = min(M, B.max_clusters(x.device.index, cfg.cluster_n, dev.sm_count))
         rows[N] = {"config": cfg.short(), "clusters": clusters, "vs_copy": med}
         print(f"N={N:>6} {cfg.short():<52} C={clusters:>3} " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()),

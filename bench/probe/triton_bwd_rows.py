@@ -21,7 +21,7 @@ sys.path.insert(0, ROOT)
 
 from bench import anchors as anchor_registry  # noqa: E402
 from bench.probe.common import backward_case, backward_close, ints, no_gpu, width_parser, write_json  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import ratios_to_copy  # noqa: E402
 import cutile_norms as cn  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
@@ -66,13 +66,7 @@ def main() -> int:
             xq, wq = x.detach().requires_grad_(), w.detach().requires_grad_()
             yq = quack["quack"](xq, wq, 1e-6)
             fns["quack"] = lambda: torch.autograd.grad(yq, (xq, wq), dy, retain_graph=True)
-        names = list(fns)
-        times = {k: [] for k in names}
-        for rnd in range(args.rounds):
-            copy = copy_baseline_ms(x, reps=20)["median_ms"]
-            for k in (names if rnd % 2 == 0 else names[::-1]):
-                times[k].append(1.5 * copy / device_ms(fns[k], reps=20)["median_ms"])
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = {k: 1.5 * statistics.median(v) for k, v in ratios_to_copy(x, fns, args.rounds, alternate=True).items()}
         rows[N] = {"config": cfg.short(), "vs_copy": med}
         print(f"N={N:>5} " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
         del x, dy, dx_ref, dx, yn, xn

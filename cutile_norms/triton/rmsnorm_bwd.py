@@ -27,13 +27,17 @@ def has_tma(dev: DeviceInfo) -> bool:
 
 
 
+def tma_addressable(*tensors_strides: tuple[torch.Tensor, int]) -> bool:
+    """Rows a TMA descriptor can address, for each (tensor, row stride): a 16-byte aligned start, a row
+    stride of a multiple of 16 bytes, no zero stride."""
+    return all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0 for t, s in tensors_strides)
+
+
 def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, sdy: int, need_dx: bool,
                 tma_capable: bool) -> bool:
     """Whether `rms_norm_bwd_tma_kernel` runs: `tma_config`, on a GPU with TMA (or the interpreter),
     for rows that TMA can address (16-byte aligned starts and row strides, no zero stride)."""
-    return (tma_capable and need_dx and tma_config(cfg, x2d.shape[1])
-            and all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0
-                    for t, s in ((x2d, sx), (dy2d, sdy))))
+    return tma_capable and need_dx and tma_config(cfg, x2d.shape[1]) and tma_addressable((x2d, sx), (dy2d, sdy))
 
 
 def tma_rows_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, dx: torch.Tensor | None, sx: int,
@@ -43,8 +47,7 @@ def tma_rows_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, dx: 
     TMA-addressable (16-byte aligned starts and row strides, no zero stride). Its stages must also fit
     the device's shared memory (`launch`: tma_rows_config)."""
     return (tma_capable and cfg.tma_rows > 0 and cfg.split == 1 and dx is not None
-            and all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0
-                    for t, s in ((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1]))))
+            and tma_addressable((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1])))
 
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,

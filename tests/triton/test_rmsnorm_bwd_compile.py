@@ -145,7 +145,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from cutile_norms._platform import DeviceInfo
-from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_config, tma_rows_rule
+from cutile_norms.triton.rmsnorm_bwd_config import (analytic_config, tma_rows_config, tma_rows_rule,
+                                                    tma_rows_shared_bytes)
 from cutile_norms.triton.rmsnorm_bwd_kernel import rms_norm_bwd_tma_rows_kernel as K
 from tests.cute.ptx_util import ptxas_report
 
@@ -165,6 +166,7 @@ for N, x, w, model, arch in json.loads(sys.argv[1]):
     ptx = c.asm["ptx"]
     out["-".join(map(str, (N, x, w, model, arch)))] = dict(
         stages=cfg.tma_stages, shared=c.metadata.shared,
+        estimate=tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2),
         loads=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global", ptx)),
         stores=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)),
         **(ptxas_report(ptx, "sm_90a") if arch == 90 else {}))
@@ -188,8 +190,9 @@ def rows_tma():
 def test_narrow_rows_tma_kernel_pipelines_its_tiles(rows_tma, case):
     """rms_norm_bwd_tma_rows_kernel: x's and dy's bulk tensor copies issued tiles ahead (at least two a
     stage), dx written by a bulk tensor copy, its STAGES - 1 tiles of x and dy plus one of dx within an
-    SM's shared memory, and no spills on sm_90a (ptxas)."""
+    SM's shared memory and within tma_rows_shared_bytes (the estimate the launch caps the stages by on
+    GPUs with less), and no spills on sm_90a (ptxas)."""
     r = rows_tma[case_id(case)]
     assert r["loads"] >= 2 * r["stages"] and r["stores"] >= 1, r
-    assert r["shared"] <= 227 * 1024, r
+    assert r["shared"] <= min(227 * 1024, r["estimate"]), r
     assert r.get("spill_stores", 0) == 0, r
