@@ -1,11 +1,13 @@
 """Probe: Triton's backward on narrow 16-bit rows, the pointer kernel (its register prefetch) against
-rms_norm_bwd_tma_rows_kernel at each of --stages (the rule's count marked *), beside mode=None and
+rms_norm_bwd_tma_rows_kernel at each of --tiles (a tile's most elements, TmaRowsRule.tile_elems; the
+GPU's own by default) and --stages (the rule's tile and count marked *), beside mode=None and
 QuACK; bf16, 2^27 elements, each as a ratio to a same-run copy (bytes: x, dy and dx, 1.5 x the copy's),
 medians of --rounds interleaved rounds. Every kernel's dx and dw are checked against the reference
-first. The rule: rmsnorm_bwd_config.tma_rows_stages and the GPU's TmaRowsRule (docs/performance.md 2.26);
-widths the rule leaves to the pointer kernel are timed with the TMA kernel too.
+first. The rule: rmsnorm_bwd_config.tma_rows_tile / tma_rows_stages and the GPU's TmaRowsRule
+(docs/performance.md 2.26, 2.27); widths the rule leaves to the pointer kernel are timed with the TMA
+kernel too.
 
-    python bench/probe/triton_bwd_rows.py [--ns 640,768,896,...] [--stages 2,3,4,5] [--rounds 3]
+    python bench/probe/triton_bwd_rows.py [--ns 640,768,896,...] [--tiles 8192,14336] [--stages 2,3,4,5] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from bench.timing import ratios_to_copy  # noqa: E402
 import cutile_norms as cn  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
-from cutile_norms.triton.rmsnorm_bwd_config import TmaRowsRule, analytic_config, tma_rows_rule  # noqa: E402
+from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_rule  # noqa: E402
 
 NS = [512, 640, 768, 896, 1040, 1152, 1280, 1480, 1536, 1800, 2040, 2048]
 
@@ -33,6 +35,7 @@ NS = [512, 640, 768, 896, 1040, 1152, 1280, 1480, 1536, 1800, 2040, 2048]
 def main() -> int:
     p = width_parser(__doc__, NS)
     p.add_argument("--stages", type=ints, default=[3, 4, 5])
+    p.add_argument("--tiles", type=ints, default=None, help="tile_elems to time (default: the GPU's rule's)")
     args = p.parse_args()
     if no_gpu():
         return 0
@@ -43,15 +46,17 @@ def main() -> int:
     rows = {}
     for N in args.ns:
         cfg = T.TRITON_BACKWARD.config(N, torch.bfloat16, dev)
-        tma = analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=TmaRowsRule(rule.in_flight))  # any fill
         M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
         dx, dw = torch.empty_like(x), torch.empty_like(w)
 
         def run(c):
             return lambda: T.launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), tma_capable=True)
         fns = {"pointer": run(replace(cfg, tma_rows=0, tma_stages=0))}
-        for s in args.stages if tma.tma_rows else ():  # * the rule's stages where the rule takes the kernel
-            fns[f"tma {s}" + ("*" if s == cfg.tma_stages and cfg.tma_rows else "")] = run(replace(tma, tma_stages=s))
+        for tile in args.tiles or [rule.tile_elems]:  # any fill; * the rule's tile and stages where it takes the kernel
+            tma = analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=replace(rule, min_fill=0.0, tile_elems=tile))
+            for s in args.stages if tma.tma_rows else ():
+                ours = cfg.tma_rows == tma.tma_rows and s == cfg.tma_stages
+                fns[f"tma {tma.tma_rows}r {s}" + ("*" if ours else "")] = run(replace(tma, tma_stages=s))
         for name, fn in list(fns.items()):
             dx.fill_(float("nan"))
             dw.fill_(float("nan"))

@@ -60,7 +60,7 @@ SPLIT_MAX = 32
 TMA_STAGES = 3
 REDUCE_COLS = 256  # the dw reduction's columns per program
 # 16-bit rows of TMA_ROWS_MIN-TMA_ROWS_MAX columns (a multiple of 8: 16-byte rows) on NVIDIA sm_90+:
-# rms_norm_bwd_tma_rows_kernel, tiles of TILE_ELEMS // block_n rows (4-8) read by TMA into shared memory,
+# rms_norm_bwd_tma_rows_kernel, tiles of rows (4-16: the GPU model's tile_elems) read by TMA into shared memory,
 # Triton's pipeliner issuing them STAGES - 1 tiles ahead, dx written back by TMA, 8 warps (32 values a
 # thread). The pointer kernel's register prefetch holds one tile ahead, 24-32 KiB of x and dy per SM
 # here, short of what the DRAM needs to stream (Little's law: bandwidth x latency / SMs). The stages are
@@ -85,9 +85,11 @@ TMA_ROWS_STAGES = (3, 5)  # at most 5: 4 x 32 KiB of x and dy + 16 KiB of dx in 
 @dataclass(frozen=True)
 class TmaRowsRule:
     """The narrow rows' TMA kernel on one GPU model: `in_flight`, the bytes of x and dy a program (one per
-    SM) keeps issued ahead; `min_fill`, the least share of its block a row fills to take the kernel."""
+    SM) keeps issued ahead; `min_fill`, the least share of its block a row fills to take the kernel;
+    `tile_elems`, the most elements of its rows a tile holds (tma_rows_tile: the rows a tile takes)."""
     in_flight: int
     min_fill: float = 0.0
+    tile_elems: int = TILE_ELEMS
 
 
 # On an H100 the target is 52 KiB: at 768 the rule takes 4 stages (3 keep 2 x 24 KiB ahead: 0.939 against
@@ -96,13 +98,33 @@ class TmaRowsRule:
 # a second with the same 132 SMs, so by Little's law it needs 1.43 x as many in flight: its measured best
 # was the rule's count or within 1 % of it at 768-2048 (896: 4 stages 0.914, 3 stages 0.883). A GPU
 # model not named here takes the H100's rule.
+# The tile: on an H100, TILE_ELEMS of its rows' elements (rows of 520-1024 columns 8 a tile, up to 2048
+# columns 4); tiles of twice as many rows lost there at every width of 520-2048 but 520 (1.5-5.1 %, 896: 0.926
+# against 0.949). On an H200 tiles of up to 14336 elements of its rows (7/8 of a 16384-element box: 16 rows of
+# up to 896 columns, 8 rows of up to 1792): 768 / 816 / 848 / 896 / 1536 / 1600 / 1664 / 1728 gained 1-11 %
+# over the 8192-element tile (896: 0.925 against 0.914, 1536: 0.954 against 0.861); filling more of the larger
+# box lost 2-4 % (960 / 1856 / 1920 / 1984 / 2048, 16 or 8 rows against 8 or 4), so the limit sits between
+# 1728 x 8 and 1856 x 8 (1800 x 8 = 14400 elements, just over it, keeps 4 rows: 0.868 where 8 gave 0.898; 936
+# / 984 / 1000 keep 8 rows where 16 measured 0.5-4.8 % faster and the pointer kernel, at 984 / 1000, faster
+# still). The H200 streams 1.43 x the H100's bytes with the same SMs, so each tile's fixed work (its rows'
+# reductions, the barrier waits, dx's store) takes a larger share of the time and is spread over twice the
+# bytes; the H100, with that slack, pays for the larger register tile (64 values a thread per tensor: at 8
+# warps ptxas reports 280-308 bytes of spill stores, and 16 warps, which do not spill, ran at 0.44-0.57 on the
+# H200 at 640-896). Measured: the kernel at both tiles, medians of 3 (docs/performance.md 2.27;
+# bench/probe/triton_bwd_rows.py --tiles 8192,14336 times the same launches).
 H100_TMA_ROWS = TmaRowsRule(in_flight=52 * 1024)
-TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75)}  # _platform.gpu_model -> rule
+TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75, tile_elems=14336)}  # gpu_model -> rule
 
 
 def tma_rows_rule(dev: DeviceInfo | None) -> TmaRowsRule:
     """The narrow rows' TMA rule of `dev`'s GPU model (the H100's where it has none of its own)."""
     return TMA_ROWS_BY_MODEL.get(gpu_model(dev.name), H100_TMA_ROWS) if dev is not None else H100_TMA_ROWS
+
+
+def tma_rows_tile(N: int, tile_elems: int) -> int:
+    """The rows a tile of the narrow rows' TMA kernel takes: the most, a power of two, whose N-column
+    rows hold at most `tile_elems` elements (TILE_ELEMS: TILE_ELEMS // pow2_ceil(N) for N <= TILE_ELEMS)."""
+    return 1 << (max(1, tile_elems // N).bit_length() - 1)
 
 
 def tma_rows_stages(N: int, rows: int, elem_bytes: int, in_flight: int) -> int:
@@ -124,7 +146,8 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
         tma = {}
         if (vendor == "nvidia" and elem_bytes == 2 and TMA_ROWS_MIN <= N <= TMA_ROWS_MAX and N % 8 == 0
                 and N >= tma_rows.min_fill * block_n):
-            tma = dict(tma_rows=rows, tma_stages=tma_rows_stages(N, rows, elem_bytes, tma_rows.in_flight))
+            tile_rows = tma_rows_tile(N, tma_rows.tile_elems)
+            tma = dict(tma_rows=tile_rows, tma_stages=tma_rows_stages(N, tile_rows, elem_bytes, tma_rows.in_flight))
         if elem_bytes == 2 and PAD_32[0] < N <= PAD_32[1]:
             rows, per_thread = 2, 32
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor, per_thread=per_thread)

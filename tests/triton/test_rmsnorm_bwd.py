@@ -190,8 +190,10 @@ def test_tma_declined_rows_take_the_pointer_kernel(seed, device, case):
 def test_narrow_rows_by_tma_where_the_rule_says(N, e, vendor, model):
     """rms_norm_bwd_tma_rows_kernel's tile: NVIDIA, 16-bit rows of 520-2048 columns that are 16-byte
     vectors (rmsnorm_bwd_config.TMA_ROWS_MIN / MAX), on an H200 only rows filling 3/4 of their block;
-    TILE_ELEMS a tile; its stages keep the GPU's bytes in flight (one stage fewer covers less), within
-    TMA_ROWS_STAGES, and an H200 keeps at least as many as an H100."""
+    a tile the most rows (a power of two) within the model's tile_elems (an H100: TILE_ELEMS, its
+    block's rows; an H200: 14336, up to twice those); its stages keep the GPU's bytes in flight (one
+    stage fewer covers less), within TMA_ROWS_STAGES, and an H200 keeps at least as many bytes in flight
+    as an H100."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms._util import pow2_ceil
     from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS, TMA_ROWS_STAGES, analytic_config, tma_rows_rule
@@ -203,20 +205,32 @@ def test_narrow_rows_by_tma_where_the_rule_says(N, e, vendor, model):
     assert bool(cfg.tma_rows) == takes, cfg
     if not takes:
         return
-    assert cfg.tma_rows * cfg.block_n == TILE_ELEMS and cfg.split == 1
+    rows = cfg.tma_rows
+    assert rows & (rows - 1) == 0 and rows * N <= rule.tile_elems < 2 * rows * N and cfg.split == 1, cfg
+    assert rule.tile_elems == (14336 if model == "H200" else TILE_ELEMS)
+    assert rows * cfg.block_n == TILE_ELEMS if model == "H100" else TILE_ELEMS <= rows * cfg.block_n <= 2 * TILE_ELEMS
     per_stage = cfg.tma_rows * N * 2 * e
     lo, hi = TMA_ROWS_STAGES
     assert lo <= cfg.tma_stages <= hi
     assert cfg.tma_stages == lo or (cfg.tma_stages - 2) * per_stage < rule.in_flight
     assert cfg.tma_stages == hi or (cfg.tma_stages - 1) * per_stage >= rule.in_flight
     h100 = analytic_config(N, e, vendor, 132)
-    assert cfg.tma_stages >= h100.tma_stages and cfg.tma_rows == h100.tma_rows
+    assert (cfg.tma_stages - 1) * per_stage >= (h100.tma_stages - 1) * h100.tma_rows * N * 2 * e
+    assert cfg.tma_rows >= h100.tma_rows
 
 
 def test_narrow_rows_tma_stages_fit_the_shared_memory():
     """tma_rows_config caps the stages to what a block may take (sm_120: 99 KiB), and declines (None) where
-    not even 3 fit; an H100's 227 KiB takes the rule's stages."""
-    from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_config, tma_rows_shared_bytes
+    not even 3 fit; an H100's or an H200's 227 KiB takes the rule's stages (the H200's larger tiles too)."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.triton.rmsnorm_bwd_config import (analytic_config, tma_rows_config, tma_rows_rule,
+                                                        tma_rows_shared_bytes)
+
+    h200 = tma_rows_rule(DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132))
+    for N in (768, 896, 1024, 1536, 1792, 1800, 2048):
+        cfg = analytic_config(N, 2, "nvidia", 132, tma_rows=h200)
+        assert tma_rows_config(cfg, 227 * 1024).tma_stages == cfg.tma_stages, cfg
+        assert tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2) <= 227 * 1024
 
     for N in (520, 768, 1536, 2048):
         cfg = analytic_config(N, 2, "nvidia", 132)

@@ -165,7 +165,7 @@ for N, x, w, model, arch in json.loads(sys.argv[1]):
                        options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
     ptx = c.asm["ptx"]
     out["-".join(map(str, (N, x, w, model, arch)))] = dict(
-        stages=cfg.tma_stages, shared=c.metadata.shared,
+        stages=cfg.tma_stages, shared=c.metadata.shared, box=cfg.rows * cfg.block_n,
         estimate=tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2),
         loads=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global", ptx)),
         stores=len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)),
@@ -174,7 +174,7 @@ print("RESULT " + json.dumps(out))
 """
 
 # (N, x dtype, weight dtype, GPU model, arch): both ends of the band and padded blocks, the H100's and the
-# H200's bytes in flight (3 to 5 stages)
+# H200's bytes in flight (3 to 5 stages) and tiles (8192 elements; the H200's up to 16384: 768, 1536)
 ROWS_TMA_CASES = [(N, x, w, m, a) for N, x, w in ((520, "bfloat16", "bfloat16"), (768, "bfloat16", "bfloat16"),
                                                   (1536, "float16", "float32"), (2048, "bfloat16", None))
                   for m in ("H100", "H200") for a in ARCHS if m == "H100" or N >= 768]
@@ -191,8 +191,14 @@ def test_narrow_rows_tma_kernel_pipelines_its_tiles(rows_tma, case):
     """rms_norm_bwd_tma_rows_kernel: x's and dy's bulk tensor copies issued tiles ahead (at least two a
     stage), dx written by a bulk tensor copy, its STAGES - 1 tiles of x and dy plus one of dx within an
     SM's shared memory and within tma_rows_shared_bytes (the estimate the launch caps the stages by on
-    GPUs with less), and no spills on sm_90a (ptxas)."""
+    GPUs with less), and no spills on sm_90a (ptxas) at tiles of TILE_ELEMS. The H200's tiles of up to
+    twice that spill at 8 warps (308 and 280 stores at 768 and 1536) and measured 4-11 % faster there than the
+    unspilled 8192-element tiles (768: 0.947 against 0.857); at 16 warps they do not spill and ran at
+    0.44-0.57 at 640-896 (rmsnorm_bwd_config's H200 rule, docs/performance.md 2.27)."""
+    from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS
+
     r = rows_tma[case_id(case)]
     assert r["loads"] >= 2 * r["stages"] and r["stores"] >= 1, r
     assert r["shared"] <= min(227 * 1024, r["estimate"]), r
-    assert r.get("spill_stores", 0) == 0, r
+    if r["box"] <= TILE_ELEMS:
+        assert r.get("spill_stores", 0) == 0, r
