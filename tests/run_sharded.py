@@ -1,6 +1,7 @@
 """Run a pytest selection in K processes at once (each takes every K-th collected test), then the
 tests marked `big` alone, then the shards' failures again one by one with the whole GPU (a shard has
-1/K of its memory: a full-size test that ran out of memory there is judged by its serial rerun). With
+1/K of its memory: a full-size test that ran out of memory there is judged by its serial rerun), and
+with them the tests a shard stopped by --timeout did not finish (from the one it was in). With
 several GPUs the shards spread over them, one GPU each; the `big` tests then see every GPU. On the GPU machines the suite's time is mostly cuTile compiles, which run
 on the CPU (16 cores there): shards share one compile cache on disk (CUTILE_NORMS_CACHE_DIR, which
 holds cuTile's cache too unless CUDA_TILE_CACHE_DIR is set).
@@ -36,6 +37,20 @@ def visible_gpus() -> list[str]:
     return [ln.strip() for ln in out.splitlines() if ln.strip().isdigit()]
 
 
+def unfinished(log_path: str, collect: list[str], env: dict) -> list[str]:
+    """The tests of a shard stopped by the timeout that did not finish: its collected tests (`collect`,
+    run with the shard's `env`: the same seed and share) from the last one its -v log names on."""
+    out = subprocess.run(collect, cwd=ROOT, env=env, capture_output=True, text=True).stdout
+    ids = [ln.strip() for ln in out.splitlines() if "::" in ln and not ln.startswith((" ", "="))]
+    where = {t: n for n, t in enumerate(ids)}
+    last = 0
+    for ln in open(log_path).read().splitlines():
+        n = where.get(ln.split(" ", 1)[0])
+        if n is not None:
+            last = max(last, n)
+    return ids[last:]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", type=int, default=8)
@@ -56,7 +71,7 @@ def main(argv=None) -> int:
     rest = [a for i, a in enumerate(sel) if a != "-m" and (i == 0 or sel[i - 1] != "-m")]
     # -v: a shard killed by the timeout shows the test it was in as its log's last line
     base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rf"]
-    runs = []
+    runs, envs = [], []
     t0 = time.time()
     gpus = visible_gpus()
     print(f"{len(gpus)} GPU(s): {','.join(gpus)}", flush=True)
@@ -65,6 +80,7 @@ def main(argv=None) -> int:
         env = dict(os.environ, CUTILE_NORMS_TEST_SHARD=f"{i}/{args.shards}")
         if len(gpus) > 1:  # the shards spread over the GPUs, one each
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        envs.append(env)
         log = open(os.path.join(args.logs, f"pytest_shard{i}.log"), "w")
         runs.append((f"shard {i}", subprocess.Popen(base + ["-m", m] + rest, cwd=ROOT, env=env, stdout=log,
                                                      stderr=subprocess.STDOUT), log))
@@ -83,12 +99,18 @@ def main(argv=None) -> int:
         failed = subprocess.call(base + ["-m", m] + rest, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT) not in (0, 5)
     retry = []
     for i, code in enumerate(codes):
-        shard_fails = [ln.split()[1] for ln in open(os.path.join(args.logs, f"pytest_shard{i}.log")).read().splitlines()
+        shard_log = os.path.join(args.logs, f"pytest_shard{i}.log")
+        shard_fails = [ln.split()[1] for ln in open(shard_log).read().splitlines()
                        if ln.startswith(("FAILED ", "ERROR "))]
+        if code == -1:  # stopped by the timeout: its failures so far and what it did not finish run again
+            shard_fails += unfinished(shard_log, base[:3] + ["--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                                                             f"({marker}) and not big" if marker else "not big"] + rest,
+                                      envs[i])
         retry += shard_fails
-        # 0: passed, 5: nothing selected, 1: tests failed (judged by the rerun); else a crash or a timeout
-        failed |= code not in (0, 1, 5) or (code == 1 and not shard_fails)
+        # 0: passed, 5: nothing selected, 1: tests failed; -1: the timeout (judged by the rerun); else a crash
+        failed |= code not in (-1, 0, 1, 5) or (code in (-1, 1) and not shard_fails)
     names = [f"shard{i}" for i in range(args.shards)] + ["big"]
+    retry = list(dict.fromkeys(retry))
     if retry:
         names.append("rerun")
         with open(os.path.join(args.logs, "pytest_rerun.log"), "w") as log:
