@@ -79,7 +79,9 @@ REDUCE_COLS = 256  # the dw reduction's columns per program
 #     at 6400-7680 (H100), so those keep the pointer kernel.
 TMA_ROWS_MIN, TMA_ROWS_MAX = 520, 2048
 TMA_ROWS_WARPS = 8
-TMA_ROWS_STAGES = (3, 5)  # at most 5: 4 x 32 KiB of x and dy + 16 KiB of dx in shared memory (144 KiB)
+# at most 5: 4 x 32 KiB of x and dy + 16 KiB of dx in shared memory at 8192-element tiles (144 KiB); the H200's
+# tiles of up to 16384 take 3 (160 KiB), their 48-56 KiB a stage covering its in_flight in two
+TMA_ROWS_STAGES = (3, 5)
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,7 @@ class TmaRowsRule:
 # over the 8192-element tile (896: 0.925 against 0.914, 1536: 0.954 against 0.861); filling more of the larger
 # box lost 2-4 % (960 / 1856 / 1920 / 1984 / 2048, 16 or 8 rows against 8 or 4), so the limit sits between
 # 1728 x 8 and 1856 x 8 (1800 x 8 = 14400 elements, just over it, keeps 4 rows: 0.868 where 8 gave 0.898; 936
-# / 984 / 1000 keep 8 rows where 16 measured 0.5-4.8 % faster and the pointer kernel, at 984 / 1000, faster
+# / 984 / 1000 keep 8 rows where 16 measured 0-4.8 % faster and the pointer kernel, at 984 / 1000, faster
 # still). The H200 streams 1.43 x the H100's bytes with the same SMs, so each tile's fixed work (its rows'
 # reductions, the barrier waits, dx's store) takes a larger share of the time and is spread over twice the
 # bytes; the H100, with that slack, pays for the larger register tile (64 values a thread per tensor: at 8

@@ -219,6 +219,18 @@ def test_narrow_rows_by_tma_where_the_rule_says(N, e, vendor, model):
     assert cfg.tma_rows >= h100.tma_rows
 
 
+def test_h100_tiles_are_its_blocks_rows():
+    """tma_rows_tile at TILE_ELEMS (the H100's rule, and any GPU model without one) takes the rows
+    of its power-of-two block, TILE_ELEMS // pow2_ceil(N), at every width to TILE_ELEMS; twice that
+    budget doubles them."""
+    from cutile_norms._util import pow2_ceil
+    from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS, tma_rows_tile
+
+    for N in range(1, TILE_ELEMS + 1):
+        assert tma_rows_tile(N, TILE_ELEMS) == TILE_ELEMS // pow2_ceil(N), N
+        assert tma_rows_tile(N, 2 * TILE_ELEMS) == 2 * TILE_ELEMS // pow2_ceil(N), N
+
+
 def test_narrow_rows_tma_stages_fit_the_shared_memory():
     """tma_rows_config caps the stages to what a block may take (sm_120: 99 KiB), and declines (None) where
     not even 3 fit; an H100's or an H200's 227 KiB takes the rule's stages (the H200's larger tiles too)."""
