@@ -71,18 +71,18 @@ def main(argv=None) -> int:
     rest = [a for i, a in enumerate(sel) if a != "-m" and (i == 0 or sel[i - 1] != "-m")]
     # -v: a shard killed by the timeout shows the test it was in as its log's last line
     base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rf"]
+    shard_m = f"({marker}) and not big" if marker else "not big"  # a shard's selection
     runs, envs = [], []
     t0 = time.time()
     gpus = visible_gpus()
     print(f"{len(gpus)} GPU(s): {','.join(gpus)}", flush=True)
     for i in range(args.shards):
-        m = f"({marker}) and not big" if marker else "not big"
         env = dict(os.environ, CUTILE_NORMS_TEST_SHARD=f"{i}/{args.shards}")
         if len(gpus) > 1:  # the shards spread over the GPUs, one each
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
         envs.append(env)
         log = open(os.path.join(args.logs, f"pytest_shard{i}.log"), "w")
-        runs.append((f"shard {i}", subprocess.Popen(base + ["-m", m] + rest, cwd=ROOT, env=env, stdout=log,
+        runs.append((f"shard {i}", subprocess.Popen(base + ["-m", shard_m] + rest, cwd=ROOT, env=env, stdout=log,
                                                      stderr=subprocess.STDOUT), log))
     codes = []
     for name, proc, log in runs:
@@ -103,9 +103,8 @@ def main(argv=None) -> int:
         shard_fails = [ln.split()[1] for ln in open(shard_log).read().splitlines()
                        if ln.startswith(("FAILED ", "ERROR "))]
         if code == -1:  # stopped by the timeout: its failures so far and what it did not finish run again
-            shard_fails += unfinished(shard_log, base[:3] + ["--collect-only", "-q", "-p", "no:cacheprovider", "-m",
-                                                             f"({marker}) and not big" if marker else "not big"] + rest,
-                                      envs[i])
+            collect = base[:3] + ["--collect-only", "-q", "-p", "no:cacheprovider", "-m", shard_m] + rest
+            shard_fails += unfinished(shard_log, collect, envs[i])
         retry += shard_fails
         # 0: passed, 5: nothing selected, 1: tests failed; -1: the timeout (judged by the rerun); else a crash
         failed |= code not in (-1, 0, 1, 5) or (code in (-1, 1) and not shard_fails)

@@ -27,8 +27,8 @@ from bench.timing import ratios_to_copy  # noqa: E402
 import cutile_norms as cn  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
-from cutile_norms.triton.rmsnorm_bwd_config import (TMA_ROWS_STAGES, analytic_config, tma_rows_rule,  # noqa: E402
-                                                    tma_rows_shared_bytes)
+from cutile_norms.triton._common import shared_per_block  # noqa: E402
+from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_config, tma_rows_rule  # noqa: E402
 
 NS = [512, 640, 768, 896, 1040, 1152, 1280, 1480, 1536, 1800, 2040, 2048]
 
@@ -42,7 +42,7 @@ def main() -> int:
         return 0
     dev = device_info(torch.device("cuda"))
     rule = tma_rows_rule(dev)
-    shared = getattr(torch.cuda.get_device_properties(0), "shared_memory_per_block_optin", 227 * 1024)
+    shared = shared_per_block(torch.device("cuda", torch.cuda.current_device()))
     print(f"# {torch.cuda.get_device_name()}, {rule}", flush=True)
     quack, _ = anchor_registry.load(["quack"])
     rows = {}
@@ -57,7 +57,8 @@ def main() -> int:
         for tile in args.tiles or [rule.tile_elems]:  # any fill; * the rule's tile and stages where it takes the kernel
             tma = analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=replace(rule, min_fill=0.0, tile_elems=tile))
             for s in args.stages if tma.tma_rows else ():
-                if s < TMA_ROWS_STAGES[0] or tma_rows_shared_bytes(tma, s, 2, 2) > shared:  # the launch would run other stages
+                launched = tma_rows_config(replace(tma, tma_stages=s), shared)  # what the launch runs for s
+                if launched is None or launched.tma_stages != s:
                     continue
                 ours = cfg.tma_rows == tma.tma_rows and s == cfg.tma_stages
                 fns[f"tma {tma.tma_rows}r {s}" + ("*" if ours else "")] = run(replace(tma, tma_stages=s))

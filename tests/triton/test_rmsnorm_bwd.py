@@ -239,18 +239,15 @@ def test_narrow_rows_tma_stages_fit_the_shared_memory():
                                                         tma_rows_shared_bytes)
 
     h200 = tma_rows_rule(DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132))
-    for N in (768, 896, 1024, 1536, 1792, 1800, 2048):
-        cfg = analytic_config(N, 2, "nvidia", 132, tma_rows=h200)
+    h100_cfgs = [analytic_config(N, 2, "nvidia", 132) for N in (520, 768, 1536, 2048)]
+    h200_cfgs = [analytic_config(N, 2, "nvidia", 132, tma_rows=h200) for N in (768, 896, 1024, 1536, 1792, 1800, 2048)]
+    for cfg in h100_cfgs + h200_cfgs:
         assert tma_rows_config(cfg, 227 * 1024).tma_stages == cfg.tma_stages, cfg
         assert tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2) <= 227 * 1024
-
-    for N in (520, 768, 1536, 2048):
-        cfg = analytic_config(N, 2, "nvidia", 132)
-        assert tma_rows_config(cfg, 227 * 1024).tma_stages == cfg.tma_stages
+    for cfg in h100_cfgs:
         small = tma_rows_config(cfg, 99 * 1024)
         assert small.tma_stages == min(3, cfg.tma_stages) and tma_rows_shared_bytes(cfg, 3, 2, 2) <= 99 * 1024
         assert tma_rows_config(cfg, 99 * 1024, 2, 4) is None  # an fp32 dy: 3 stages take 113 KiB
-        assert tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2) <= 227 * 1024
 
 
 class _Launches:

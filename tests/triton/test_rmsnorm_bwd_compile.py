@@ -192,9 +192,9 @@ def test_narrow_rows_tma_kernel_pipelines_its_tiles(rows_tma, case):
     stage), dx written by a bulk tensor copy, its STAGES - 1 tiles of x and dy plus one of dx within an
     SM's shared memory and within tma_rows_shared_bytes (the estimate the launch caps the stages by on
     GPUs with less), and no spills on sm_90a (ptxas) at tiles of TILE_ELEMS. The H200's tiles of up to
-    twice that spill at 8 warps (308 and 280 bytes of spill stores at 768 and 1536) and measured 1-11 % faster there than the
-    unspilled 8192-element tiles (768: 0.933 against 0.856); at 16 warps they do not spill and ran at
-    0.44-0.57 at 640-896 (rmsnorm_bwd_config's H200 rule, docs/performance.md 2.27)."""
+    twice that spill at 8 warps (308 and 280 bytes of spill stores at 768 and 1536) and measured 1-11 %
+    faster there than the unspilled 8192-element tiles (768: 0.933 against 0.856); at 16 warps they do
+    not spill and ran at 0.44-0.57 at 640-896 (rmsnorm_bwd_config's H200 rule, docs/performance.md 2.27)."""
     from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS
 
     r = rows_tma[case_id(case)]
