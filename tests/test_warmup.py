@@ -1,6 +1,8 @@
 """cutile_norms.warmup: the row counts it visits, its records and its refusals on the CPU; on the GPU,
-that after it no call over the warmed range compiles a CuTe kernel or stalls (a compile takes >= 0.1 s;
-a call after warm-up well under 50 ms)."""
+that after it no call over the warmed range compiles a CuTe kernel or stalls: a compile takes >= 0.1 s,
+so a call's first run may take at most 50 ms more than the same call repeated (the repeat, not a fixed
+time, is the yardstick: on a GPU shared with other test processes a warm call at M = 32768 has taken
+over 50 ms)."""
 from __future__ import annotations
 
 import time
@@ -11,6 +13,18 @@ import torch
 import cutile_norms as cn
 from cutile_norms.fp8 import FP8_KERNEL_MAX_N
 from cutile_norms.warmup import row_counts
+
+
+def _stall(call) -> float:
+    """How much longer `call`'s first run took than its second (seconds): a compile's cost."""
+    times = []
+    for _ in range(2):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return times[0] - times[1]
 
 
 def test_row_counts_cover_every_power_of_two_and_the_ends():
@@ -57,18 +71,18 @@ def test_no_call_compiles_after_warmup(N):
     cn.warmup([N], rows=(1, 32768), verbose=False)
     counts = rmsnorm_fwd.CACHE.count + rmsnorm_bwd.CACHE.count
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16).requires_grad_()
-    slowest = 0.0
+    stall = 0.0
     for M in (1, 3, 64, 100, 1000, 4097, 32768):
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        cn.rms_norm(x, w).backward(torch.ones(M, N, device="cuda", dtype=torch.bfloat16))
-        with torch.no_grad():
-            cn.rms_norm(x, w)
-        torch.cuda.synchronize()
-        slowest = max(slowest, time.perf_counter() - t)
+
+        def call():
+            cn.rms_norm(x, w).backward(torch.ones(M, N, device="cuda", dtype=torch.bfloat16))
+            with torch.no_grad():
+                cn.rms_norm(x, w)
+
+        stall = max(stall, _stall(call))
     assert rmsnorm_fwd.CACHE.count + rmsnorm_bwd.CACHE.count == counts, "a CuTe kernel compiled after warmup"
-    assert slowest < 0.05, f"a call took {slowest:.3f} s after warmup (a compile?)"
+    assert stall < 0.05, f"a call's first run took {stall:.3f} s more than its repeat after warmup (a compile?)"
 
 
 def test_residual_and_fp8_on_the_cpu(capsys):
@@ -86,22 +100,22 @@ def test_residual_and_fp8_on_the_cpu(capsys):
 @pytest.mark.parametrize("N", [4096, 20480])
 def test_no_residual_or_fp8_call_stalls_after_warmup(N):
     """The residual add (Triton's fused kernels up to 16384 columns, cuTile's split forward past it) and
-    the FP8 output, after warmup(residual=True, fp8=True): every call over the range well under 50 ms."""
+    the FP8 output, after warmup(residual=True, fp8=True): no call's first run over the range stalls."""
     cn.warmup([N], rows=(1, 32768), residual=True, fp8=True, verbose=False)
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16).requires_grad_()
-    slowest = 0.0
+    stall = 0.0
     for M in (1, 3, 64, 100, 1000, 4097, 32768):
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         r = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        y, h = cn.rms_norm(x, w, residual=r)
-        torch.autograd.backward((y, h), (torch.ones_like(y), torch.ones_like(h)))
-        with torch.no_grad():
-            cn.rms_norm(x, w, residual=r)
-            if N <= FP8_KERNEL_MAX_N:  # (wider rows: torch ops, nothing to compile)
-                cn.rms_norm_fp8(x, w)
-                cn.rms_norm_fp8(x, w, group_size=128)
-        torch.cuda.synchronize()
-        slowest = max(slowest, time.perf_counter() - t)
-    assert slowest < 0.05, f"a call took {slowest:.3f} s after warmup (a compile?)"
+
+        def call():
+            y, h = cn.rms_norm(x, w, residual=r)
+            torch.autograd.backward((y, h), (torch.ones_like(y), torch.ones_like(h)))
+            with torch.no_grad():
+                cn.rms_norm(x, w, residual=r)
+                if N <= FP8_KERNEL_MAX_N:  # (wider rows: torch ops, nothing to compile)
+                    cn.rms_norm_fp8(x, w)
+                    cn.rms_norm_fp8(x, w, group_size=128)
+
+        stall = max(stall, _stall(call))
+    assert stall < 0.05, f"a call's first run took {stall:.3f} s more than its repeat after warmup (a compile?)"

@@ -107,19 +107,58 @@ def init_mbarriers_and_sync(tidx: Int32, first, count: cutlass.Constexpr[int], s
 
 @cute.jit
 def column_predicate(tXcX: cute.Tensor, atom_vals: cutlass.Constexpr[int], limit: Int32,
-                     below: cutlass.Constexpr[bool] = True) -> cute.Tensor:
+                     below: cutlass.Constexpr[bool] = True, whole: cutlass.Constexpr[int] = 0) -> cute.Tensor:
     """One flag per 16-byte copy of a thread's partition (coordinates `tXcX`, (row, col)): its
     column < limit (`below`), else its column >= limit. Vectors never straddle the limit (it is a
-    multiple of the vector)."""
+    multiple of the vector). The first `whole` copies (`whole_copies`) are below it in every thread:
+    their flags are the constant True."""
     n = cute.size(tXcX, mode=[0]) // atom_vals
     m1, m2 = cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])
     pred = cute.make_rmem_tensor(cute.make_layout((n, m1, m2)), cutlass.Boolean)
     for i in cutlass.range_constexpr(n):
         for j in cutlass.range_constexpr(m1):
             for k in cutlass.range_constexpr(m2):
-                col = tXcX[i * atom_vals, j, k][1]
-                pred[i, j, k] = col < limit if cutlass.const_expr(below) else col >= limit
+                if cutlass.const_expr(below and i < whole):
+                    pred[i, j, k] = True
+                else:
+                    col = tXcX[i * atom_vals, j, k][1]
+                    pred[i, j, k] = col < limit if cutlass.const_expr(below) else col >= limit
     return pred
+
+
+def whole_copies(tXcX_far: cute.Tensor, atom_vals: int, limit: int | None) -> int:
+    """(Compile time.) How many of a thread's copies of `atom_vals` values, from its first, lie below
+    the column `limit` in every thread of a row: those the row's last thread holds (`tXcX_far`, its
+    partition of the coordinates, taken at that constant thread index, reaches furthest in each copy:
+    `row_tv_layout`). 0 where the limit is known only at run time (None: a cluster's slices) or the
+    partition repeats over its modes 1-2."""
+    if limit is None or cute.size(tXcX_far, mode=[1]) * cute.size(tXcX_far, mode=[2]) != 1:
+        return 0
+    n = cute.size(tXcX_far, mode=[0]) // atom_vals
+    k = 0
+    while k < n and tXcX_far[k * atom_vals, 0, 0][1] < limit:
+        k += 1
+    return k
+
+
+@cute.jit
+def store_vectors(copy_x, tYf: cute.Tensor, tYrY: cute.Tensor, tYgY: cute.Tensor, tXpX: cute.Tensor,
+                  whole: cutlass.Constexpr[int]):
+    """A thread's fp32 values `tYf` (one row group, mode 0 = (vec, vectors)) rounded to tYrY's dtype and
+    stored to global memory (tYgY) one 16-byte vector at a time: the first `whole` unconditionally, each
+    later one under its flag (tXpX) with its rounding inside the branch. Rounded all at once, the values
+    crossed into the branches one per register: ptxas made the rounding scalar (cvt.rn.bf16.f32, twice
+    the instructions of cvt.rn.bf16x2.f32) and bf16 rows of 40-48 KiB over 128 threads took 255
+    registers and 96-144 bytes of spills where the same rows without padding took 166 and none."""
+    assert cute.size(tYf, mode=[1]) * cute.size(tYf, mode=[2]) == 1, "one row group's tile: mode 0 holds it all"
+    for k in cutlass.range_constexpr(cute.size(tYf, mode=[0]) // cute.size(tYf.layout[0][0])):
+        if cutlass.const_expr(k < whole):
+            tYrY[(None, k), None, None].store(tYf[(None, k), None, None].load().to(tYrY.element_type))
+            cute.copy(copy_x, tYrY[(None, k), None, None], tYgY[(None, k), None, None])
+        else:
+            if tXpX[k, 0, 0]:
+                tYrY[(None, k), None, None].store(tYf[(None, k), None, None].load().to(tYrY.element_type))
+                cute.copy(copy_x, tYrY[(None, k), None, None], tYgY[(None, k), None, None])
 
 
 def row_tv_layout(tpr: int, rpg: int, nvb: int, vec: int) -> cute.Layout:

@@ -73,11 +73,13 @@ class FwdConfig:
 #     against 0.970 / 0.901 / 0.879 / 0.853 and 0.994 / 0.953 / 0.918 / 0.913 with 128 threads; at
 #     widths without padding (20480, 24576) 128 threads came within 1.1 % of the best thread count
 #     (H200 20480: 0.965 against 0.976 over 256).
-#     ptxas: a padded 512 x 6 takes 77 registers per thread against 46 unpadded (the predicated last
-#     store splits the kernel into blocks and its bf16 conversions into scalar ones): one CTA per SM
-#     instead of two. 128 threads x 21-24 vectors spill 12-144 bytes per thread and still measure
-#     ahead. `python bench/probe/model_widths.py --only fwd --kernels "tma analytic,tma 1-CTA 256,
-#     tma 1-CTA 512,..."` (docs/performance.md 2.11).
+#     ptxas then: a padded 512 x 6 took 77 registers per thread against 46 unpadded (y rounded all at
+#     once before the predicated stores: scalar bf16 conversions), one CTA per SM instead of two.
+#     `python bench/probe/model_widths.py --only fwd --kernels "tma analytic,tma 1-CTA 256,
+#     tma 1-CTA 512,..."` (docs/performance.md 2.11). Since y is rounded and stored a vector at a time
+#     (_device.store_vectors), padded rows compile as unpadded ones do (128 x 21-24 vectors: 202-228
+#     registers and no spills, against 255 and up to 144 bytes) and measure as they do (2.28: H200
+#     0.964-0.985 at 22760-24520, H100 0.993-1.003); the thread counts were compared before that.
 #   * fp32 rows keep the power of two (128-1024) whose vectors tile the row with the fewest padding
 #     vectors (at most 16 per thread), ties to the one nearest VECS_PER_THREAD per thread: they have
 #     half the values per vector, and N = 8288 / 12256 as 512 x 5 / 512 x 6 (padded) measured 1.002 /

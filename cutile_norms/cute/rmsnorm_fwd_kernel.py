@@ -25,7 +25,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
 from ._device import (RowTileKernel, add_residual, as_rows, cluster_position, column_predicate,
-                      init_mbarriers_and_sync, load_rows, store_f32_to_peer, vector_copy)
+                      init_mbarriers_and_sync, load_rows, store_f32_to_peer, store_vectors, vector_copy, whole_copies)
 
 
 class RMSNormFwdTmaSmem(RowTileKernel):
@@ -110,7 +110,10 @@ class RMSNormFwdTmaSmem(RowTileKernel):
 
         cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column in the CTA's tile)
         tXcX = thr_x.partition_S(cT)
-        tXpX = column_predicate(tXcX, vec, cols_valid)
+        # the vectors every thread holds inside the row (a cluster's slices end where the rank's does)
+        static_end = N if cutlass.const_expr(cn == 1) else None
+        whole = whole_copies(copy_x.get_slice(c.tpr - 1).partition_S(cT), vec, static_end)
+        tXpX = column_predicate(tXcX, vec, cols_valid, whole=whole)
         row_in_group = tXcX[0][0]
         # the thread's values of one row group, in registers (every group has the same layout)
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
@@ -128,7 +131,9 @@ class RMSNormFwdTmaSmem(RowTileKernel):
             tWrW = cute.make_fragment_like(tWgW)
             tWrW.fill(0)
             tWcW = copy_w.get_slice(tidx).partition_S(cT)
-            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, 128 // self.w_dtype.width, cols_valid))
+            w_vals = 128 // self.w_dtype.width
+            w_whole = whole_copies(copy_w.get_slice(c.tpr - 1).partition_S(cT), w_vals, static_end)
+            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, w_vals, cols_valid, whole=w_whole))
             # the weight's registers seen in x's fragment layout (the same values in the same order:
             # a 16-bit x with an fp32 weight splits each 16-byte vector of x into two of the weight)
             w = cute.make_tensor(tWrW.iterator, tXrX.layout).load().to(Float32) + offset
@@ -175,9 +180,8 @@ class RMSNormFwdTmaSmem(RowTileKernel):
             y = tXrX.load().to(Float32) * rstd
             if cutlass.const_expr(self.has_weight):
                 y = y * w
-            tYrY = cute.make_fragment_like(tXrX, self.x_dtype)
-            tYrY.store(y.to(self.x_dtype))
-            gY = cute.local_tile(mY, tiler, (tile * groups + g, rank))
-            tYgY = thr_x.partition_D(gY)
+            tYf = cute.make_fragment_like(tXrX, Float32)
+            tYf.store(y)
+            tYgY = thr_x.partition_D(cute.local_tile(mY, tiler, (tile * groups + g, rank)))
             if row < M:
-                cute.copy(copy_x, tYrY, tYgY, pred=tXpX)
+                store_vectors(copy_x, tYf, cute.make_fragment_like(tXrX, self.x_dtype), tYgY, tXpX, whole)

@@ -40,7 +40,8 @@ def _check(x, w, offset, y, rstd, what, seed):
     check_forward(x, w, EPS, offset, y, rstd, what, seed)
 
 
-WIDTHS = [8, 64, 128, 136, 1000, 2880, 4088, 4104, 5120, 7168, 16384, 16392, 22760, 40000, 65528, 131072, 262144]
+WIDTHS = [8, 64, 128, 136, 1000, 2880, 4088, 4104, 5120, 7168, 16384, 16392, 22760, 24520, 40000, 65528, 131072,
+          262144]
 
 
 @pytest.mark.parametrize("N", WIDTHS)
