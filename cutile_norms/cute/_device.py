@@ -1,7 +1,8 @@
 """Device helpers both tma_smem_cached kernels use: the CTA's place in its cluster, the TMA bulk copy
-into shared memory (and a tile's rows by it), the residual add over a row tile in shared memory, the push of one fp32 into a cluster peer's shared
-memory, the per-vector column predicate, vector copies over a thread-value layout, and a vector seen
-as rows."""
+into shared memory (and a tile's rows by it), the residual add over a row tile in shared memory, the
+push of one fp32 into a cluster peer's shared memory, the per-vector column predicate (and the vectors
+every thread holds inside the row), stores of fp32 values rounded a vector at a time, vector copies
+over a thread-value layout, and a vector seen as rows."""
 from __future__ import annotations
 
 import cutlass
@@ -149,7 +150,7 @@ def store_vectors(copy_x, tYf: cute.Tensor, tYrY: cute.Tensor, tYgY: cute.Tensor
     later one under its flag (tXpX) with its rounding inside the branch. Rounded all at once, the values
     crossed into the branches one per register: ptxas made the rounding scalar (cvt.rn.bf16.f32, twice
     the instructions of cvt.rn.bf16x2.f32) and bf16 rows of 40-48 KiB over 128 threads took 255
-    registers and 96-144 bytes of spills where the same rows without padding took 166 and none."""
+    registers and up to 144 bytes of spills where the same rows without padding took 166 and none."""
     assert cute.size(tYf, mode=[1]) * cute.size(tYf, mode=[2]) == 1, "one row group's tile: mode 0 holds it all"
     for k in cutlass.range_constexpr(cute.size(tYf, mode=[0]) // cute.size(tYf.layout[0][0])):
         if cutlass.const_expr(k < whole):

@@ -78,8 +78,9 @@ class FwdConfig:
 #     `python bench/probe/model_widths.py --only fwd --kernels "tma analytic,tma 1-CTA 256,
 #     tma 1-CTA 512,..."` (docs/performance.md 2.11). Since y is rounded and stored a vector at a time
 #     (_device.store_vectors), padded rows compile as unpadded ones do (128 x 21-24 vectors: 202-228
-#     registers and no spills, against 255 and up to 144 bytes) and measure as they do (2.28: H200
-#     0.964-0.985 at 22760-24520, H100 0.993-1.003); the thread counts were compared before that.
+#     registers and no spills, against 255 and up to 144 bytes, 352 beside an fp32 weight) and
+#     measure as they do (2.28: H200 0.964-0.985 at 22760-24520, H100 0.993-1.003); the thread counts
+#     were compared before that.
 #   * fp32 rows keep the power of two (128-1024) whose vectors tile the row with the fewest padding
 #     vectors (at most 16 per thread), ties to the one nearest VECS_PER_THREAD per thread: they have
 #     half the values per vector, and N = 8288 / 12256 as 512 x 5 / 512 x 6 (padded) measured 1.002 /

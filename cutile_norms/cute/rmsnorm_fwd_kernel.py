@@ -110,10 +110,11 @@ class RMSNormFwdTmaSmem(RowTileKernel):
 
         cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column in the CTA's tile)
         tXcX = thr_x.partition_S(cT)
-        # the vectors every thread holds inside the row (a cluster's slices end where the rank's does)
+        # the vectors every thread holds inside the row; a cluster's CTA knows where its slice ends only
+        # at run time (by its rank), so there every vector keeps its predicate
         static_end = N if cutlass.const_expr(cn == 1) else None
-        whole = whole_copies(copy_x.get_slice(c.tpr - 1).partition_S(cT), vec, static_end)
-        tXpX = column_predicate(tXcX, vec, cols_valid, whole=whole)
+        in_row = whole_copies(copy_x.get_slice(c.tpr - 1).partition_S(cT), vec, static_end)
+        tXpX = column_predicate(tXcX, vec, cols_valid, whole=in_row)
         row_in_group = tXcX[0][0]
         # the thread's values of one row group, in registers (every group has the same layout)
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
@@ -132,8 +133,8 @@ class RMSNormFwdTmaSmem(RowTileKernel):
             tWrW.fill(0)
             tWcW = copy_w.get_slice(tidx).partition_S(cT)
             w_vals = 128 // self.w_dtype.width
-            w_whole = whole_copies(copy_w.get_slice(c.tpr - 1).partition_S(cT), w_vals, static_end)
-            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, w_vals, cols_valid, whole=w_whole))
+            w_in_row = whole_copies(copy_w.get_slice(c.tpr - 1).partition_S(cT), w_vals, static_end)
+            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, w_vals, cols_valid, whole=w_in_row))
             # the weight's registers seen in x's fragment layout (the same values in the same order:
             # a 16-bit x with an fp32 weight splits each 16-byte vector of x into two of the weight)
             w = cute.make_tensor(tWrW.iterator, tXrX.layout).load().to(Float32) + offset
@@ -184,4 +185,4 @@ class RMSNormFwdTmaSmem(RowTileKernel):
             tYf.store(y)
             tYgY = thr_x.partition_D(cute.local_tile(mY, tiler, (tile * groups + g, rank)))
             if row < M:
-                store_vectors(copy_x, tYf, cute.make_fragment_like(tXrX, self.x_dtype), tYgY, tXpX, whole)
+                store_vectors(copy_x, tYf, cute.make_fragment_like(tXrX, self.x_dtype), tYgY, tXpX, in_row)

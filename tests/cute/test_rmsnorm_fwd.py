@@ -57,6 +57,26 @@ def test_matches_reference(seed, N, x_dtype, w_dtype, M):
     _check(x, w, offset, y, rstd, f"N={N} M={M} {x_dtype}/{w_dtype}", seed)
 
 
+@pytest.mark.parametrize("N", [1000, 3000, 8200, 24520, 40000])
+@pytest.mark.parametrize("M", [1, 37])
+def test_no_store_past_the_rows(seed, N, M):
+    """y given as the first M rows of a NaN-poisoned buffer of M + 1: the row after them stays NaN. A
+    vector stored past a row's end lands in the next row (raced by that row's own store), past the last
+    one in that spare row. Widths whose last pass of vectors reaches past the row in some threads: narrow
+    tiles (1000, 3000), one CTA (8200, 24520), a cluster's last CTA (40000), whose stores stand apart
+    from the vectors every thread holds inside the row (cute/_device.store_vectors)."""
+    from cutile_norms.cute.rmsnorm_fwd import TMA_SMEM_CACHED
+
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, torch.bfloat16, "cuda")
+    buf = poisoned(torch.empty(M + 1, N, dtype=x.dtype, device=x.device))
+    rstd = poisoned(torch.empty(M, dtype=torch.float32, device=x.device))
+    y, rstd = TMA_SMEM_CACHED.forward(x, w, EPS, 0.5, True, _dev(), out=(buf[:M], rstd))
+    torch.cuda.synchronize()
+    assert torch.isnan(buf[M]).all(), f"N={N} M={M}: a store past the last row's end"
+    _check(x, w, 0.5, y, rstd, f"N={N} M={M} inside a larger buffer", seed)
+
+
 @pytest.mark.parametrize("N", [128, 4096, 16384, 65536])
 @pytest.mark.parametrize("pad", [8, 64])
 def test_strided_rows(seed, N, pad):
