@@ -143,23 +143,19 @@ def whole_copies(tXcX_far: cute.Tensor, atom_vals: int, limit: int | None) -> in
 
 
 @cute.jit
-def store_vectors(copy_x, tYf: cute.Tensor, tYrY: cute.Tensor, tYgY: cute.Tensor, tXpX: cute.Tensor,
-                  whole: cutlass.Constexpr[int]):
+def store_vectors(copy_x, tYf: cute.Tensor, tYrY: cute.Tensor, tYgY: cute.Tensor, tXpX: cute.Tensor):
     """A thread's fp32 values `tYf` (one row group, mode 0 = (vec, vectors)) rounded to tYrY's dtype and
-    stored to global memory (tYgY) one 16-byte vector at a time: the first `whole` unconditionally, each
-    later one under its flag (tXpX) with its rounding inside the branch. Rounded all at once, the values
+    stored to global memory (tYgY) one 16-byte vector at a time, each under its flag (tXpX) with its
+    rounding inside the branch; the flags `column_predicate` made constant (`whole`) fold away, and those
+    vectors are stored unconditionally (the same PTX as without a branch). Rounded all at once, the values
     crossed into the branches one per register: ptxas made the rounding scalar (cvt.rn.bf16.f32, twice
     the instructions of cvt.rn.bf16x2.f32) and bf16 rows of 40-48 KiB over 128 threads took 255
     registers and up to 144 bytes of spills where the same rows without padding took 166 and none."""
     assert cute.size(tYf, mode=[1]) * cute.size(tYf, mode=[2]) == 1, "one row group's tile: mode 0 holds it all"
     for k in cutlass.range_constexpr(cute.size(tYf, mode=[0]) // cute.size(tYf.layout[0][0])):
-        if cutlass.const_expr(k < whole):
+        if tXpX[k, 0, 0]:
             tYrY[(None, k), None, None].store(tYf[(None, k), None, None].load().to(tYrY.element_type))
             cute.copy(copy_x, tYrY[(None, k), None, None], tYgY[(None, k), None, None])
-        else:
-            if tXpX[k, 0, 0]:
-                tYrY[(None, k), None, None].store(tYf[(None, k), None, None].load().to(tYrY.element_type))
-                cute.copy(copy_x, tYrY[(None, k), None, None], tYgY[(None, k), None, None])
 
 
 def row_tv_layout(tpr: int, rpg: int, nvb: int, vec: int) -> cute.Layout:

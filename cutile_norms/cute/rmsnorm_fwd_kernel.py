@@ -185,4 +185,4 @@ class RMSNormFwdTmaSmem(RowTileKernel):
             tYf.store(y)
             tYgY = thr_x.partition_D(cute.local_tile(mY, tiler, (tile * groups + g, rank)))
             if row < M:
-                store_vectors(copy_x, tYf, cute.make_fragment_like(tXrX, self.x_dtype), tYgY, tXpX, in_row)
+                store_vectors(copy_x, tYf, cute.make_fragment_like(tXrX, self.x_dtype), tYgY, tXpX)

@@ -25,11 +25,12 @@ def _dev():
     return device_info("cuda")
 
 
-def _run(x, w, offset, store_rstd=True):
+def _run(x, w, offset, store_rstd=True, y=None):
+    """`y`: the output to write (NaN-poisoned by the caller); else a poisoned one of x's shape."""
     from cutile_norms.cute.rmsnorm_fwd import TMA_SMEM_CACHED
 
     M, N = x.shape
-    y = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device))
+    y = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device)) if y is None else y
     rstd = poisoned(torch.empty(M, dtype=torch.float32, device=x.device)) if store_rstd else None
     out = TMA_SMEM_CACHED.forward(x, w, EPS, offset, store_rstd, _dev(), out=(y, rstd))
     torch.cuda.synchronize()
@@ -65,14 +66,10 @@ def test_no_store_past_the_rows(seed, N, M):
     one in that spare row. Widths whose last pass of vectors reaches past the row in some threads: narrow
     tiles (1000, 3000), one CTA (8200, 24520), a cluster's last CTA (40000), whose stores stand apart
     from the vectors every thread holds inside the row (cute/_device.store_vectors)."""
-    from cutile_norms.cute.rmsnorm_fwd import TMA_SMEM_CACHED
-
     x = random_rows((M, N), torch.bfloat16, "cuda")
     w = random_weight(N, torch.bfloat16, "cuda")
     buf = poisoned(torch.empty(M + 1, N, dtype=x.dtype, device=x.device))
-    rstd = poisoned(torch.empty(M, dtype=torch.float32, device=x.device))
-    y, rstd = TMA_SMEM_CACHED.forward(x, w, EPS, 0.5, True, _dev(), out=(buf[:M], rstd))
-    torch.cuda.synchronize()
+    y, rstd = _run(x, w, 0.5, y=buf[:M])
     assert torch.isnan(buf[M]).all(), f"N={N} M={M}: a store past the last row's end"
     _check(x, w, 0.5, y, rstd, f"N={N} M={M} inside a larger buffer", seed)
 
