@@ -52,7 +52,7 @@ class BwdConfig:
 #     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS; the slice nearest
 #     slice_bytes): bf16, H100, N = 20480 0.894 over 2 x 128 x 10 against 0.837 over the padded rule's
 #     3 x 128 x 7, whose last CTA's slice is part empty (its slots' columns past the row are zeros and
-#     its dx goes out through the slot: rmsnorm_bwd_kernel.py). Rows with no exact tiling (a vector
+#     its dx goes out a vector at a time: rmsnorm_bwd_kernel.py). Rows with no exact tiling (a vector
 #     count with fewer than 2^7 in its factors) keep the padded rule: 0.82-0.94 at the random widths
 #     measured (`python bench/probe/model_widths.py --only bwd`, docs/design.md).
 #   * clusters of up to SMALL_CLUSTER CTAs keep a short ring, ring_stages(dev) slots: a smaller ring

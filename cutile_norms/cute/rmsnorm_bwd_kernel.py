@@ -21,8 +21,9 @@ memory, t?r?/t?s?/t?g? a thread's partition (in registers, shared, global).
 The kernel does not validate; rmsnorm_bwd.py (`unsupported`) and the API layer do. What it assumes:
 rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples of 16 bytes /
 element size, the bases 16-byte aligned), rstd [M] fp32 contiguous, a 16-byte-aligned weight with unit
-stride, dx contiguous, the partials [clusters, N] fp32 and two zeroed int32 counters (mTicket[0], mTicket[1]; the last reducer
-sets them back to 0).
+stride, dx contiguous, the partials [clusters, N] fp32 and two zeroed int32 counters (mTicket[0],
+mTicket[1]; the last reducer sets them back to 0). Its config's slices leave no CTA without a column of
+the row (only the last slice may end inside it): the constructor checks it.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from cutlass import Float32, Int32, Int64
 from cutlass.memory.smem import SmemAllocator
 
 from ._device import (as_rows, bulk_copy_g2s, cluster_position, column_predicate, init_mbarriers_and_sync,
-                      row_tv_layout, store_f32_to_peer, vector_copy)
+                      row_tv_layout, store_f32_to_peer, store_vectors, vector_copy, whole_copies)
 from .rmsnorm_bwd_config import BwdConfig, reduction_shape
 
 
@@ -57,6 +58,8 @@ class RMSNormBwdTmaSmem:
         self.x_dtype, self.w_dtype, self.N, self.cfg = x_dtype, w_dtype, N, cfg
         self.has_weight, self.need_dx = has_weight, need_dx
         self.has_dh = has_dh and need_dx
+        if (cfg.cluster_n - 1) * cfg.slice_cols >= N:  # only the last CTA's slice may end inside it
+            raise ValueError(f"{cfg} leaves a CTA with no column of N = {N}")
         if cfg.streams != 2 + int(self.has_dh):  # the ring's slots are sized for its streams
             raise ValueError(f"a config for {cfg.streams} streams, the kernel reads {2 + int(self.has_dh)}")
         # offset == 0 compiled without the add (one instruction per element and pass, of ~15 in all)
@@ -132,7 +135,13 @@ class RMSNormBwdTmaSmem:
         thr_x = copy_x.get_slice(tidx)
         cT = cute.make_identity_tensor(tiler)
         tXcX = thr_x.partition_S(cT)
-        tXpX = column_predicate(tXcX, vec, cols_valid) if cutlass.const_expr(not even) else None
+        # dx's store flags, for the last CTA (the others' slices are full): its slice ends at a compile-time
+        # column, so the vectors every thread holds inside it take the constant flag (no branch)
+        tXpX = None
+        if cutlass.const_expr(not even):
+            last_cols = N - (cn - 1) * width
+            whole_last = whole_copies(copy_x.get_slice(c.threads - 1).partition_S(cT), vec, last_cols)
+            tXpX = column_predicate(tXcX, vec, Int32(last_cols), whole=whole_last)
         tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
         tXrDY = cute.make_fragment_like(tXrX)
         tXrX.fill(0)
@@ -147,7 +156,7 @@ class RMSNormBwdTmaSmem:
             for s in cutlass.range_constexpr(S):
                 cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(sX, tiler, (s, 0))), pred=tXpT)
                 cute.copy(copy_x, tXrDY, thr_x.partition_D(cute.local_tile(sDY, tiler, (s, 0))), pred=tXpT)
-                if cutlass.const_expr(self.has_dh):  # dh's tail too: dx = 0 there keeps x's slot tail zero
+                if cutlass.const_expr(self.has_dh):  # dh's tail too (dx's tail is never stored, but stays finite)
                     cute.copy(copy_x, tXrX, thr_x.partition_D(cute.local_tile(sDH, tiler, (s, 0))), pred=tXpT)
 
         init_mbarriers_and_sync(tidx, mbar_full, S, mbar_peer, 2, cn)
@@ -245,23 +254,29 @@ class RMSNormBwdTmaSmem:
                         dw_acc.store(dw_acc.load() + dy * x * rstd)
                     cute.copy(copy_x, thr_x.partition_S(cute.local_tile(sDH, tiler, (s, 0))), tXrDX)
                     dx = dx + tXrDX.load().to(Float32)
-                tXrDX.store(dx.to(self.x_dtype))
                 tXgDX = thr_x.partition_D(cute.local_tile(mDX, tiler, (row, rank)))
                 if cutlass.const_expr(even):
+                    tXrDX.store(dx.to(self.x_dtype))
                     cute.copy(copy_x, tXrDX, tXgDX)
+                    if cutlass.const_expr(self.need_dw and not self.has_dh):
+                        dw_acc.store(dw_acc.load() + dy * x * rstd)
                 else:
-                    # through the slot, in place over this thread's own x (the columns past the row
-                    # get dx = 0: the slot's tail stays zero): a predicated store straight from the
-                    # registers is branches around each vector, with all of dx converted and held
-                    # before the first (bf16 N = 19336 over 3 x 128 x 7: 255 registers, 148 bytes of
-                    # spills); from shared memory each branch loads its own vector
-                    cute.copy(copy_x, tXrDX, tXsX)
                     if cutlass.const_expr(self.need_dw and not self.has_dh):  # x, dy dead through the branches
                         dw_acc.store(dw_acc.load() + dy * x * rstd)
-                    cute.copy(copy_x, tXsX, tXgDX, pred=tXpX)
-                    cute.arch.fence_proxy("async.shared", space="cta")  # before the bulk copy refills the slot
-                if cutlass.const_expr(self.need_dw and even and not self.has_dh):
-                    dw_acc.store(dw_acc.load() + dy * x * rstd)
+                    # a full slice (every CTA of a cluster but the last) stores as an even row does; the
+                    # last rounds and stores a vector at a time, those past the row's end under their flag
+                    # (store_vectors; rounded all at once, the values crossed into the branches one register
+                    # at a time: bf16 N = 19336 over 3 x 128 x 7 took 255 registers and 148 bytes of spills).
+                    # Straight from the registers, not through x's slot: no shared-memory round trip and no
+                    # proxy fence, 3-13 fewer registers (ptxas), +1.2 to +1.7 % x copy at bf16 16432 and
+                    # 18984 on an H200 and no width slower (performance.md 2.30)
+                    if cutlass.const_expr(cn > 1) and rank < cn - 1:
+                        tXrDX.store(dx.to(self.x_dtype))
+                        cute.copy(copy_x, tXrDX, tXgDX)
+                    else:
+                        tXfDX = cute.make_fragment_like(tXrX, Float32)
+                        tXfDX.store(dx)
+                        store_vectors(copy_x, tXfDX, tXrDX, tXgDX, tXpX)
             else:
                 cute.copy(copy_x, tXsX, tXrX)
                 cute.copy(copy_x, tXsDY, tXrDY)

@@ -309,8 +309,9 @@ def test_past_2_31_elements(seed):
 @pytest.mark.parametrize("N,exact", [(20480, False), (19336, True), (36392, True), (135688, True), (6440, True)])
 @pytest.mark.parametrize("case", ["bf16", "fp16_dw_only", "bf16_no_weight"])
 def test_part_empty_slices(seed, N, exact, case):
-    """The last CTA's slice is part empty: its slots' columns past the row are zeroed once and dx goes
-    out through the slot. Many rows per cluster (every slot refilled many times), dx and dw exact."""
+    """The last CTA's slice is part empty: its slots' columns past the row are zeroed once and its dx
+    goes out a vector at a time, those past the row under a flag (the other CTAs store whole slices).
+    Many rows per cluster (every slot refilled many times), dx and dw exact."""
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
     dtype = torch.float16 if case.startswith("fp16") else torch.bfloat16
