@@ -129,12 +129,10 @@ def _same_width(tables: dict, elem_bytes: int) -> list:
     return [d for d in tables if torch.empty((), dtype=getattr(torch, d)).element_size() == elem_bytes]
 
 
-def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
-                      fp32_weight: bool = False, has_dh: bool = False) -> tuple[BwdConfig, str]:
-    by_key = measured_configs()
-    key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
-    if key and "/" in key and dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes):
-        key = key.split("/")[0]  # the model measured in other dtypes only: the arch's rows
+def _table_row(by_key: dict, key: str | None, N: int, elem_bytes: int, dtype: str,
+               dev: DeviceInfo) -> tuple[BwdConfig, str, int | None, list | None]:
+    """(config, source, the measured width used or None, the dtype's rows or None) from table `key`:
+    its row nearest N, scaled to N, else the analytical rule."""
     tables = by_key.get(key or "", {})
     # a dtype not measured takes the table of one of the same width (fp16 <-> bf16), else any: the
     # registers a config needs go with elements, not bytes
@@ -142,28 +140,39 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     use = dtype if dtype in tables else (same or list(tables) or [None])[0]
     rows = tables.get(use)
     if not rows:
-        cfg = analytical_config(N, elem_bytes)
-        source = f"analytical rule (no measured {dtype} backward table for {dev.arch_name})"
-    else:
-        n, cfg, ratio = min(rows, key=lambda r: abs(math.log2(r[0]) - math.log2(max(N, 1))))
-        cfg = _scaled(cfg, n, N)
-        source = (f"measured at N={n} on {key} in {use}: {ratio:.3f}x copy "
-                  f"({os.path.basename(CONFIG_TABLE)})")
+        return (analytical_config(N, elem_bytes),
+                f"analytical rule (no measured {dtype} backward table for {dev.arch_name})", None, None)
+    n, cfg, ratio = min(rows, key=lambda r: abs(math.log2(r[0]) - math.log2(max(N, 1))))
+    return (_scaled(cfg, n, N), f"measured at N={n} on {key} in {use}: {ratio:.3f}x copy "
+            f"({os.path.basename(CONFIG_TABLE)})", n, rows)
+
+
+def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
+                      fp32_weight: bool = False, has_dh: bool = False) -> tuple[BwdConfig, str]:
+    by_key = measured_configs()
+    key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
+    if key and "/" in key and dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes):
+        key = key.split("/")[0]  # the model measured in other dtypes only: the arch's rows
+    cfg, source, n, rows = _table_row(by_key, key, N, elem_bytes, dtype, dev)
+    if has_dh and not fp32_weight and _dh_takes_arch_row(cfg, N, elem_bytes, key):
+        key = key.split("/")[0]
+        cfg, source, n, rows = _table_row(by_key, key, N, elem_bytes, dtype, dev)
+        source += " (with dh: the arch's row, a one-row tile that prefetches)"
     if fp32_weight and elem_bytes == 2 and cfg.tile_m > 1 and cfg.tile_m * N > PART_ELEMS:
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
-    arch_table = bool(key) and "/" not in key  # the rules below adjust the arch's table (an H100's) only
+    arch_table = bool(key) and "/" not in key  # the rule without dh below: the arch's table (an H100's) only
     if has_dh:
-        arch_rules = arch_table and not fp32_weight
-        narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if arch_rules else None
-        if narrow is not None:  # (the arch's table, measured on an H100; a GPU model's own rows keep _dh_fit's)
+        # the dh rules adjust every table's rows (_dh_takes_arch_row); an fp32 weight keeps _dh_fit's
+        narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if not fp32_weight else None
+        if narrow is not None:
             cfg = dataclasses.replace(cfg, blocks_per_sm=narrow, prefetch=True)
             source += f"; {narrow} blocks per SM, prefetching (dh, rows of 2-5 KiB)"
         else:
             cfg, why = _dh_fit(cfg, N, elem_bytes, fp32_weight and elem_bytes == 2, n if rows else None)
             source += why
-            if arch_rules and _one_dh_piece(cfg, N, elem_bytes):
+            if not fp32_weight and _one_dh_piece(cfg, N, elem_bytes):
                 cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N))
                 source += "; one padded piece (dh, rows of 4-16 KiB)"
     else:
@@ -228,8 +237,8 @@ def _one_row_shape(cfg: BwdConfig, N: int, elem_bytes: int) -> tuple[int, int] |
 # 512, 10 lanes a thread) take 3 blocks with their two pieces: ptxas 80 registers, no spills at 2056-2560;
 # 2056 / 2200 / 2312 0.969 / 0.982 / 0.989 against 0.882 / 0.911 / 0.924 as one padded piece at 2 blocks
 # (`--dh --ns 2056,2200,2312,2512,2560`; 2512 / 2560 took 3 blocks from the 2880 entry already: 0.993 / 0.991).
-# Both rules below apply to the arch's table (measured on an H100), so an sm_90 GPU without a table of its
-# own takes them with that table; the H200's own rows keep _dh_fit's (not measured with dh this way).
+# Both rules below (and ONE_DH_PIECE_LANES) apply to every table's rows, an H200's own included
+# (_dh_takes_arch_row).
 NARROW_DH_ROW = (1025, 2560)
 
 
@@ -258,10 +267,29 @@ ONE_DH_PIECE_LANES = 8192
 ONE_DH_PIECE_MAX_N = 8192
 
 
+# With dh, 16-bit rows of NARROW_DH_ROW[0]-ONE_DH_PIECE_MAX_N columns (2-16 KiB) run one-row prefetching
+# tiles on every sm_90 GPU model, adjusted by the rules above and ONE_DH_PIECE_LANES. Where a GPU model's
+# own table (measured without dh) holds a multi-row tile or a split row there, the arch's row (measured on
+# an H100: one-row tiles at every width of that band) replaces it: dh is a fourth stream whose latency only
+# the next row's prefetch hides, and neither a multi-row tile nor a split row prefetches (BwdConfig;
+# _dh_fit). H200, bf16, 4 M N e bytes over a same-run copy, medians of 3, the model's own rows with
+# _dh_fit's adjustment against these rules (`python bench/residual.py --parts backward --ns
+# 1280,1536,1664,2312,3584,5320,6144,6584,7168,7432 --runs 3`): 1280 0.735 / 0.866 and 1536 0.804 /
+# 0.970 (2-row tiles before), 1664 0.631 / 0.962 (2 blocks per SM before, 4 now), 5320 0.656 / 0.887,
+# 6144 0.835 / 0.865 and 6584 0.651 / 0.953 (the row's pieces before, one padded piece now), 7168 0.873 /
+# 0.899 and 7432 0.880 / 0.988 (a split row before), 1960 0.847 / 0.902 (3 blocks per SM now), 2312 and
+# 3584 unchanged (0.963 / 0.963, 0.974 / 0.971). The H100's configs do not change (its table is the arch's).
+# 1816 (the H200's own 4-warp row, cut in 4 pieces) stays 0.83: no rule here touches it.
+def _dh_takes_arch_row(cfg: BwdConfig, N: int, elem_bytes: int, key: str | None) -> bool:
+    """Whether a launch with dh replaces a GPU model's own row by the arch's (see the comment above)."""
+    return (elem_bytes == 2 and bool(key) and "/" in key and NARROW_DH_ROW[0] <= N <= ONE_DH_PIECE_MAX_N
+            and (cfg.tile_m > 1 or cfg.split > 1))
+
+
 def _one_dh_piece(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
     """Whether a launch with dh on rows of N takes one padded piece (see ONE_DH_PIECE_LANES)."""
-    return (NARROW_DH_ROW[1] < N <= ONE_DH_PIECE_MAX_N and cfg.prefetch
-            and _one_row_shape(cfg, N, elem_bytes) is not None and pow2_ceil(N) * cfg.blocks_per_sm <= ONE_DH_PIECE_LANES)
+    return (NARROW_DH_ROW[1] < N <= ONE_DH_PIECE_MAX_N and cfg.prefetch and _one_row_shape(cfg, N, elem_bytes)
+            is not None and pow2_ceil(N) * cfg.blocks_per_sm <= ONE_DH_PIECE_LANES)
 
 
 def _dh_fit(cfg: BwdConfig, N: int, elem_bytes: int, fp32_weight: bool,

@@ -105,28 +105,42 @@ def test_dh_configs_prefetch_and_fit():
     """The residual add's backward (has_dh): one-row tiles always prefetch, at fewer blocks per SM where
     the next row's x, dy and dh do not fit (the H100's 6144 and 7168, whose table configs do not
     prefetch, at 1: measured 0.943 / 0.986 against 0.860 / 0.834); multi-row tiles keep to the blocks
-    their registers fit; 16-bit rows of 2-4 KiB on the H100 4 blocks where they fit, else 3
-    (NARROW_DH_ROW); without dh the configs are the table's."""
+    their registers fit; 16-bit rows of 2-4 KiB 4 blocks where they fit, else 3 (NARROW_DH_ROW); rows of
+    2-16 KiB one-row tiles on both GPUs, the H200's own multi-row and split rows replaced by the arch's
+    (_dh_takes_arch_row: H200 1536 0.804 -> 0.970, 7432 0.880 -> 0.988); without dh the configs are the
+    table's."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile import rmsnorm_bwd_config
 
     h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
     h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    lo, hi = rmsnorm_bwd_config.NARROW_DH_ROW[0], rmsnorm_bwd_config.ONE_DH_PIECE_MAX_N
     for dev in (h100, h200):
-        for N in (1048, 1344, 2048, 3584, 5120, 6144, 7168, 8192, 12288, 20480, 65536):
+        for N in (1048, 1280, 1344, 1536, 1664, 2048, 3584, 5120, 6144, 7168, 7432, 8192, 12288, 20480, 65536):
             plain = rmsnorm_bwd_config.default_config(N, 2, dev, "bfloat16")
             cfg = rmsnorm_bwd_config.default_config(N, 2, dev, "bfloat16", has_dh=True)
-            assert (cfg.tile_m, cfg.split) == (plain.tile_m, plain.split)
-            narrow = dev is h100 and rmsnorm_bwd_config.NARROW_DH_ROW[0] <= N <= rmsnorm_bwd_config.NARROW_DH_ROW[1]
-            assert cfg.blocks_per_sm <= plain.blocks_per_sm or narrow  # (NARROW_DH_ROW: 4 where they fit)
-            assert cfg.prefetch or cfg.tile_m > 1, (dev.name, N, cfg.short())
+            if lo <= N <= hi:  # one-row tiles that prefetch, on every model
+                assert (cfg.tile_m, cfg.split, cfg.prefetch) == (1, 1, True), (dev.name, N, cfg.short())
+            else:
+                assert (cfg.tile_m, cfg.split) == (plain.tile_m, plain.split)
+                assert cfg.blocks_per_sm <= plain.blocks_per_sm
+                assert cfg.prefetch or cfg.tile_m > 1, (dev.name, N, cfg.short())
     for N in (6144, 7168):
         cfg = rmsnorm_bwd_config.default_config(N, 2, h100, "bfloat16", has_dh=True)
         assert cfg.prefetch and cfg.blocks_per_sm == 1, cfg.short()
-    assert rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16", has_dh=True).blocks_per_sm < \
-        rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16").blocks_per_sm
+    for N in (1280, 1536, 7168, 7432):  # the H200's own rows there are 2-row tiles or split rows
+        assert rmsnorm_bwd_config.default_config(N, 2, h200, "bfloat16").tile_m > 1 or \
+            rmsnorm_bwd_config.default_config(N, 2, h200, "bfloat16").split > 1, N
+        _, why = rmsnorm_bwd_config.config_and_source(N, 2, h200, "bfloat16", has_dh=True)
+        assert "with dh: the arch's row" in why and "sm_90 in" in why, why
+        assert "with dh" not in rmsnorm_bwd_config.config_and_source(N, 2, h100, "bfloat16", has_dh=True)[1]
+    # an fp32 weight keeps the model's row and _dh_fit's fewer blocks (its registers)
+    assert rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16", fp32_weight=True, has_dh=True).blocks_per_sm < \
+        rmsnorm_bwd_config.default_config(1344, 2, h200, "bfloat16", fp32_weight=True).blocks_per_sm
     for N, blocks in ((1048, 4), (1344, 4), (1816, 3), (2048, 4), (2056, 3), (2312, 3)):  # the H100's rows of 2-5 KiB
         assert rmsnorm_bwd_config.default_config(N, 2, h100, "bfloat16", has_dh=True).blocks_per_sm == blocks, N
+    for N, blocks in ((1280, 4), (1536, 4), (1664, 4), (1960, 3)):  # the H200's
+        assert rmsnorm_bwd_config.default_config(N, 2, h200, "bfloat16", has_dh=True).blocks_per_sm == blocks, N
 
 
 def test_prefetch_is_kept_where_its_registers_fit():

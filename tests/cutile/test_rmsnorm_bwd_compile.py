@@ -150,6 +150,20 @@ def test_one_dh_piece_fits_without_spilling(N):
     assert report["spill_stores"] == 0, f"N={N} {cfg.short()} + dh: {report}"
 
 
+@pytest.mark.parametrize("w_dtype", ["bfloat16", None])
+@pytest.mark.parametrize("N", [1280, 1536, 1664, 1960, 5320, 6144, 6584, 7168, 7432])
+def test_h200_dh_rows_fit_without_spilling(N, w_dtype):
+    """With dh the H200's rows of 2-16 KiB take the dh rules too (rmsnorm_bwd_config._dh_takes_arch_row:
+    one-row prefetching tiles, NARROW_DH_ROW's blocks, ONE_DH_PIECE_LANES' padded piece): ptxas fits each
+    in its blocks' registers without spills, as on the H100's rows."""
+    cfg = rmsnorm_bwd_config.default_config(N, 2, H200, "bfloat16", False, has_dh=True)
+    assert cfg.tile_m == 1 and cfg.split == 1 and cfg.prefetch, cfg
+    has_w = w_dtype is not None
+    report = ptxas_report(compile_bwd(cfg, N, "bfloat16", w_dtype or "bfloat16", has_dh=True, has_w=has_w))
+    assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
+    assert report["spill_stores"] == 0, f"N={N} w={w_dtype} {cfg.short()} + dh: {report}"
+
+
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
 @pytest.mark.parametrize("N", [896, 1536, 1816, 3584, 6144, 6264, 10240, 12288, 65536])
 def test_h200_configs_fit_without_spilling(N, x_dtype, w_dtype):
