@@ -131,8 +131,8 @@ def whole_copies(tXcX_far: cute.Tensor, atom_vals: int, limit: int | None) -> in
     """(Compile time.) How many of a thread's copies of `atom_vals` values, from its first, lie below
     the column `limit` in every thread of a row: those the row's last thread holds (`tXcX_far`, its
     partition of the coordinates, taken at that constant thread index, reaches furthest in each copy:
-    `row_tv_layout`). 0 where the limit is known only at run time (None: a cluster's slices) or the
-    partition repeats over its modes 1-2."""
+    `row_tv_layout`). 0 where the limit is known only at run time (None: the forward's cluster slices,
+    whose end depends on the CTA's rank) or the partition repeats over its modes 1-2."""
     if limit is None or cute.size(tXcX_far, mode=[1]) * cute.size(tXcX_far, mode=[2]) != 1:
         return 0
     n = cute.size(tXcX_far, mode=[0]) // atom_vals

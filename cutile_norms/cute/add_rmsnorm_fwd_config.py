@@ -9,9 +9,10 @@ from .rmsnorm_fwd_config import ONE_CTA_BYTES, SLICE_BYTES, SMEM_MAX, FwdConfig,
 
 # 16-bit rows of SLICE_BYTES - ONE_CTA_BYTES (N = 8193 ... 24576) in one CTA of ONE_CTA_THREADS threads,
 # not the forward's 128: a thread then holds r's vectors beside x's and the weight's, and at 128 threads
-# ptxas held 255 registers and spilled 100 bytes per thread at N = 20480 (bf16 weight; 768 with an fp32
-# weight, 506 at 24568), against 126 / 186 / 153 registers and no spills at 256 (sm_90a; the forward
-# alone at 20480 measured 0.976 x copy over 256 threads against 0.965 over 128 on an H200, 2.11).
+# ptxas holds 255 registers and spills 86 bytes per thread at N = 20480 (bf16 weight; 768 with an fp32
+# weight; 280 at 24568), against 124 / 186 / 150 registers and no spills at 256 (sm_90a, the kernel since
+# y is rounded where it is stored, 2.28; the forward alone at 20480 measured 0.976 x copy over 256
+# threads against 0.965 over 128 on an H200, 2.11).
 ONE_CTA_THREADS = 256
 
 

@@ -22,8 +22,8 @@ The kernel does not validate; rmsnorm_bwd.py (`unsupported`) and the API layer d
 rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples of 16 bytes /
 element size, the bases 16-byte aligned), rstd [M] fp32 contiguous, a 16-byte-aligned weight with unit
 stride, dx contiguous, the partials [clusters, N] fp32 and two zeroed int32 counters (mTicket[0],
-mTicket[1]; the last reducer sets them back to 0). Its config's slices leave no CTA without a column of
-the row (only the last slice may end inside it): the constructor checks it.
+mTicket[1]; the last reducer sets them back to 0). Its config's slices cover the row and leave no CTA
+without a column of it (only the last slice may end inside the row): the constructor checks both.
 """
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ class RMSNormBwdTmaSmem:
         self.has_dh = has_dh and need_dx
         if (cfg.cluster_n - 1) * cfg.slice_cols >= N:  # only the last CTA's slice may end inside it
             raise ValueError(f"{cfg} leaves a CTA with no column of N = {N}")
+        if cfg.cluster_n * cfg.slice_cols < N:
+            raise ValueError(f"{cfg}'s slices do not cover the N = {N} columns of a row")
         if cfg.streams != 2 + int(self.has_dh):  # the ring's slots are sized for its streams
             raise ValueError(f"a config for {cfg.streams} streams, the kernel reads {2 + int(self.has_dh)}")
         # offset == 0 compiled without the add (one instruction per element and pass, of ~15 in all)
@@ -268,7 +270,7 @@ class RMSNormBwdTmaSmem:
                     # (store_vectors; rounded all at once, the values crossed into the branches one register
                     # at a time: bf16 N = 19336 over 3 x 128 x 7 took 255 registers and 148 bytes of spills).
                     # Straight from the registers, not through x's slot: no shared-memory round trip and no
-                    # proxy fence, 3-13 fewer registers (ptxas), +1.2 to +1.7 % x copy at bf16 16432 and
+                    # proxy fence, 2-13 fewer registers (ptxas), +1.2 to +1.7 % x copy at bf16 16432 and
                     # 18984 on an H200 and no width slower (performance.md 2.30)
                     if cutlass.const_expr(cn > 1) and rank < cn - 1:
                         tXrDX.store(dx.to(self.x_dtype))

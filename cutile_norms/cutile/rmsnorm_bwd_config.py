@@ -157,7 +157,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     if has_dh and not fp32_weight and _dh_takes_arch_row(cfg, N, elem_bytes, key):
         key = key.split("/")[0]
         cfg, source, n, rows = _table_row(by_key, key, N, elem_bytes, dtype, dev)
-        source += " (with dh: the arch's row, a one-row tile that prefetches)"
+        source += " (with dh: the arch's row in place of this GPU model's multi-row or split one)"
     if fp32_weight and elem_bytes == 2 and cfg.tile_m > 1 and cfg.tile_m * N > PART_ELEMS:
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
@@ -200,7 +200,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
 # 0.949 / 0.923, 3560 0.968 / 0.902 (`python bench/tune/cutile_rmsnorm_bwd.py --ns
 # 3080,3112,3240,3360,3456,3560`): 3073-3591 ran 2 (the 2880 entry's 3 demoted by the estimate's 12
 # registers for a third piece; the 4096 entry's own 2), as did 2049-2431. The arch's table (measured on an
-# H100) only, as NARROW_DH_ROW: a GPU model's own rows keep theirs (the H200's 3584 entry runs 3 already).
+# H100) only: a GPU model's own rows keep theirs without dh (the H200's 3584 entry runs 3 already).
 THREE_BLOCK_LANES = 3584
 
 
@@ -214,8 +214,9 @@ def _three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
 
 
 def _one_row_shape(cfg: BwdConfig, N: int, elem_bytes: int) -> tuple[int, int] | None:
-    """(pieces, lanes) of a 16-bit row in a one-row tile of 8 warps, the one block a row, which the H100
-    table's rules here (THREE_BLOCK_LANES, NARROW_DH_ROW, ONE_DH_PIECE_LANES) adjust; None for any other."""
+    """(pieces, lanes) of a 16-bit row in a one-row tile of 8 warps, the one block a row, which the rules
+    here adjust (THREE_BLOCK_LANES on the arch's table; NARROW_DH_ROW, ONE_DH_PIECE_LANES on every
+    table's); None for any other."""
     if elem_bytes != 2 or cfg.split != 1 or cfg.tile_m != 1 or cfg.num_worker_warps != 8:
         return None
     pieces = row_pieces(N, piece_min(cfg, N))
@@ -267,19 +268,22 @@ ONE_DH_PIECE_LANES = 8192
 ONE_DH_PIECE_MAX_N = 8192
 
 
-# With dh, 16-bit rows of NARROW_DH_ROW[0]-ONE_DH_PIECE_MAX_N columns (2-16 KiB) run one-row prefetching
-# tiles on every sm_90 GPU model, adjusted by the rules above and ONE_DH_PIECE_LANES. Where a GPU model's
-# own table (measured without dh) holds a multi-row tile or a split row there, the arch's row (measured on
-# an H100: one-row tiles at every width of that band) replaces it: dh is a fourth stream whose latency only
-# the next row's prefetch hides, and neither a multi-row tile nor a split row prefetches (BwdConfig;
-# _dh_fit). H200, bf16, 4 M N e bytes over a same-run copy, medians of 3, the model's own rows with
-# _dh_fit's adjustment against these rules (`python bench/residual.py --parts backward --ns
-# 1280,1536,1664,2312,3584,5320,6144,6584,7168,7432 --runs 3`): 1280 0.735 / 0.866 and 1536 0.804 /
-# 0.970 (2-row tiles before), 1664 0.631 / 0.962 (2 blocks per SM before, 4 now), 5320 0.656 / 0.887,
-# 6144 0.835 / 0.865 and 6584 0.651 / 0.953 (the row's pieces before, one padded piece now), 7168 0.873 /
-# 0.899 and 7432 0.880 / 0.988 (a split row before), 1960 0.847 / 0.902 (3 blocks per SM now), 2312 and
-# 3584 unchanged (0.963 / 0.963, 0.974 / 0.971). The H100's configs do not change (its table is the arch's).
-# 1816 (the H200's own 4-warp row, cut in 4 pieces) stays 0.83: no rule here touches it.
+# With dh (and a 16-bit weight or none), 16-bit rows of NARROW_DH_ROW[0]-ONE_DH_PIECE_MAX_N columns
+# (2-16 KiB) run one-row prefetching tiles on every sm_90 GPU model, adjusted by the rules above and
+# ONE_DH_PIECE_LANES. Where a GPU model's own table (measured without dh) holds a multi-row tile or a
+# split row there, the arch's row (measured on an H100: one-row tiles at every width of that band)
+# replaces it: dh is a fourth stream whose latency only the next row's prefetch hides, and neither a
+# multi-row tile nor a split row prefetches (BwdConfig; _dh_fit). Beside an fp32 weight the model's rows
+# and _dh_fit's estimate stay (the H200's 1256-1536 and 6640-7656: not measured that way). H200, bf16, 4 M N
+# e bytes over a same-run copy, medians of 3, the model's own rows with _dh_fit's adjustment against
+# these rules (`python bench/residual.py --parts backward --ns 1280,1536,1664,2312,3584,5320,6144,6584,
+# 7168,7432 --runs 3`): 1280 0.735 / 0.866 and 1536 0.804 / 0.970 (2-row tiles before: the arch's row),
+# 1664 0.631 / 0.962 (2 blocks per SM before, NARROW_DH_ROW's 4 now), 5320 0.656 / 0.887, 6144 0.835 /
+# 0.865 and 6584 0.651 / 0.953 (the row's pieces before, one padded piece now), 7168 0.873 / 0.899 and
+# 7432 0.880 / 0.988 (a split row before: the arch's row), 1960 0.847 / 0.902 (3 blocks per SM now), 3584
+# 0.974 / 0.971 (three pieces before, one padded 4096 piece now), 2312 unchanged (0.963). The H100's
+# configs do not change (its table is the arch's). 1816 (the H200's own 4-warp row, cut in 4 pieces)
+# stays 0.83: no rule here touches it.
 def _dh_takes_arch_row(cfg: BwdConfig, N: int, elem_bytes: int, key: str | None) -> bool:
     """Whether a launch with dh replaces a GPU model's own row by the arch's (see the comment above)."""
     return (elem_bytes == 2 and bool(key) and "/" in key and NARROW_DH_ROW[0] <= N <= ONE_DH_PIECE_MAX_N

@@ -78,16 +78,18 @@ def _rstd(x, w, offset):
     return dispatch.backend("multi_wave_cached").forward(x, w, EPS, offset, True, _dev())[1]
 
 
-def _run(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True, dh=None):
+def _run(x, w, dy, offset, cfg=None, need_dx=True, need_dw=True, dh=None, dx=None):
     """rstd from the library's forward, then the CuTe backward (the heuristic's config, or `cfg`,
-    at any width it takes) on poisoned dx / dw; `dh` added to dx in the kernel (a 3-stream config)."""
+    at any width it takes) on poisoned dx / dw (or into `dx`); `dh` added to dx in the kernel (a
+    3-stream config)."""
     from cutile_norms.cute.rmsnorm_bwd import TMA_SMEM_BACKWARD
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
     M, N = x.shape
     cfg = cfg or analytic_config(N, x.element_size(), streams=3 if dh is not None else 2)
     rstd = _rstd(x, w, offset)
-    dx = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device)) if need_dx else None
+    if dx is None and need_dx:
+        dx = poisoned(torch.empty(M, N, dtype=x.dtype, device=x.device))
     dw = poisoned(torch.empty(N, dtype=w.dtype, device=x.device)) if (need_dw and w is not None) else None
     out = TMA_SMEM_BACKWARD.backward(dy, x, w, rstd, offset, need_dx, need_dw, _dev(), cfg=cfg, out=(dx, dw),
                                      dh2d=dh)
@@ -257,12 +259,13 @@ def test_autograd_through_rms_norm(seed, x_dtype, w_dtype, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 65536, 204800, 262144])
+@pytest.mark.parametrize("N", [6440, 12288, 19336, 20480, 24576, 65536, 204800, 262144])
 @pytest.mark.parametrize("ring", [2, 3])
 @pytest.mark.parametrize("M,case", [(1, "bf16"), (7, "fp16"), (600, "bf16"), (600, "no_weight"), (600, "dx_only")])
 def test_dh_added_inside(seed, N, ring, M, case):
     """The residual add's backward: dh comes into a third ring and is added to dx before it is rounded
-    (exact and part-empty slices, both ring depths, many rows per cluster); dw unchanged by it."""
+    (exact and part-empty slices, one CTA (6440) and clusters, both ring depths, many rows per
+    cluster); dw unchanged by it."""
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
     dtype = torch.float16 if case == "fp16" else torch.bfloat16
@@ -303,6 +306,28 @@ def test_cuda_graph_forward_and_backward(seed):
 @pytest.mark.big
 def test_past_2_31_elements(seed):
     check_backward_past_2_31(lambda x, w, dy: _run(x, w, dy, 0.0), 65536, seed, EPS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N,exact", [(6440, True), (19336, True), (20480, False), (36392, True), (20480, True)])
+@pytest.mark.parametrize("with_dh", [False, True])
+def test_dx_stores_stop_at_the_row(seed, N, exact, with_dh):
+    """dx written into the first M rows of a NaN-poisoned buffer of M + 1: the spare row stays NaN
+    (the last CTA's vectors past the row's end are stored under their flags, those every thread holds
+    inside it under constant ones: whole_copies), one CTA and clusters, part-empty and exact (20480
+    over 2 x 128 x 10) slices, with and without dh; dx and dw exact."""
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    cfg = analytic_config(N, 2, exact=exact, streams=3 if with_dh else 2)
+    M = 301
+    x, dy = random_rows((M, N), torch.bfloat16, "cuda"), random_rows((M, N), torch.bfloat16, "cuda")
+    dh = random_rows((M, N), torch.bfloat16, "cuda") if with_dh else None
+    w = random_weight(N, torch.bfloat16, "cuda")
+    buf = poisoned(torch.empty((M + 1) * N, dtype=torch.bfloat16, device="cuda"))
+    dx, dw = _run(x, w, dy, 0.0, cfg=cfg, dh=dh, dx=buf[:M * N].view(M, N))
+    assert dx.data_ptr() == buf.data_ptr()
+    assert torch.isnan(buf[M * N:]).all(), f"N={N} {cfg.short()}: dx stored past row {M - 1}'s end"
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} {cfg.short()} spare row" + (" + dh" if with_dh else ""), seed, dh=dh)
 
 
 @pytest.mark.gpu

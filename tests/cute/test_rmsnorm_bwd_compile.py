@@ -114,17 +114,21 @@ def test_no_spills_with_part_empty_slices(N, dtype):
 
 def test_a_config_with_an_empty_cta_is_refused():
     """Only the last CTA's slice may end inside the row (its dx flags are built for it alone): a
-    config whose last CTA would hold no column is refused where the kernel is built."""
+    config whose last CTA would hold no column, or whose slices stop short of the row, is refused
+    where the kernel is built."""
     import cutlass
 
     from cutile_norms.cute.rmsnorm_bwd_config import BwdConfig
     from cutile_norms.cute.rmsnorm_bwd_kernel import RMSNormBwdTmaSmem
 
     ok = BwdConfig(cluster_n=3, threads=128, nvb=6, stages=2, vec=8, streams=2)  # slices of 6144
-    RMSNormBwdTmaSmem(cutlass.BFloat16, cutlass.BFloat16, 12296, ok, True, True, True)
+    for N in (12296, 18432):
+        RMSNormBwdTmaSmem(cutlass.BFloat16, cutlass.BFloat16, N, ok, True, True, True)
     for N in (12288, 6144, 1000):  # the third CTA (or more) would be empty
         with pytest.raises(ValueError, match="no column"):
             RMSNormBwdTmaSmem(cutlass.BFloat16, cutlass.BFloat16, N, ok, True, True, True)
+    with pytest.raises(ValueError, match="do not cover"):  # columns no CTA would read
+        RMSNormBwdTmaSmem(cutlass.BFloat16, cutlass.BFloat16, 18440, ok, True, True, True)
 
 
 def test_reduction_shape():

@@ -151,7 +151,7 @@ def test_one_dh_piece_fits_without_spilling(N):
 
 
 @pytest.mark.parametrize("w_dtype", ["bfloat16", None])
-@pytest.mark.parametrize("N", [1280, 1536, 1664, 1960, 5320, 6144, 6584, 7168, 7432])
+@pytest.mark.parametrize("N", [1280, 1536, 1664, 1960, 2056, 2288, 3336, 3640, 5320, 6144, 6584, 7168, 7432])
 def test_h200_dh_rows_fit_without_spilling(N, w_dtype):
     """With dh the H200's rows of 2-16 KiB take the dh rules too (rmsnorm_bwd_config._dh_takes_arch_row:
     one-row prefetching tiles, NARROW_DH_ROW's blocks, ONE_DH_PIECE_LANES' padded piece): ptxas fits each
