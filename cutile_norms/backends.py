@@ -49,8 +49,9 @@ class BackwardBackend(Protocol):
         """The launch config for rows of N `dtype` elements (with a `w_dtype` weight) on `dev`."""
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo,
-                 w_dtype: Optional[torch.dtype] = None) -> str:
-        """The kernel, grid and config a backward would run (explain() prints it)."""
+                 w_dtype: Optional[torch.dtype] = None, has_dh: bool = False) -> str:
+        """The kernel, grid and config a backward would run (explain() prints it); `has_dh`: the
+        residual add's backward, dh read with the row (where adds_dh)."""
 
     def backward(self, dy2d: torch.Tensor, x2d: torch.Tensor, weight: Optional[torch.Tensor], rstd: torch.Tensor,
                  offset: float, need_dx: bool, need_dw: bool, dev: DeviceInfo, cfg=None,

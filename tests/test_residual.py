@@ -223,6 +223,10 @@ def test_explain_names_the_fused_kernels(fused_gate):
     assert f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}" in text_narrow, text_narrow
     if dispatch.unavailable_reason(dispatch.MODES["multi_wave_cached"], device_info(x.device), toolchain()) is None:
         assert "residual backward: fused, dh added inside the norm's backward (multi_wave_cached" in text, text
+        # the config the backward runs with dh, which differs from the norm's own (the "backward:" line)
+        with_dh = dispatch.backward_backend("multi_wave_cached").describe(4, 4096, torch.bfloat16,
+                                                                          device_info(x.device), has_dh=True)
+        assert with_dh in text, text
     wide = torch.randn(2, 20480, device="cuda", dtype=torch.bfloat16)
     text = cn.explain(wide, residual=wide.clone())
     if dispatch.unavailable_reason(dispatch.MODES["multi_wave_cached"], device_info(wide.device), toolchain()) is None:

@@ -171,8 +171,9 @@ class TmaSmemBackward:
                has_dh: bool = False) -> BwdConfig | None:
         return analytic_config(N, dtype.itemsize, small_ring=ring_stages(dev), streams=3 if has_dh else 2)
 
-    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
-        cfg = self.config(N, dtype, dev)
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
+                 has_dh: bool = False) -> str:
+        cfg = self.config(N, dtype, dev, has_dh=has_dh)
         if cfg is None:
             return f"CuTe DSL RMSNormBwdTmaSmem: none (N={N} too long)"
         clusters = min(M, max_clusters(dev.index, cfg.cluster_n, dev.sm_count)) if dev.index is not None else "C"

@@ -181,9 +181,10 @@ class CuTileBackward:
         return default_config(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."), w_dtype == torch.float32,
                               has_dh)
 
-    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
+                 has_dh: bool = False) -> str:
         cfg, source = config_and_source(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."),
-                                        w_dtype == torch.float32)
+                                        w_dtype == torch.float32, has_dh)
         R = grid_rows(cfg, M, dev.sm_count)
         return (f"cuTile rms_norm_bwd_kernel (persistent), grid ({R * cfg.split},) = {R} row groups x {cfg.split} "
                 f"parts, {cfg.short()}; config: {source}")

@@ -162,7 +162,6 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         # an fp32 weight next to 16-bit x: 64-row tiles of N = 128 spilled 232 bytes per thread (ptxas)
         cfg = dataclasses.replace(cfg, tile_m=max(1, 1 << ((PART_ELEMS // N).bit_length() - 1)))
         source += "; rows per tile capped for the fp32 weight"
-    arch_table = bool(key) and "/" not in key  # the rule without dh below: the arch's table (an H100's) only
     if has_dh:
         # the dh rules adjust every table's rows (_dh_takes_arch_row); an fp32 weight keeps _dh_fit's
         narrow = _narrow_dh_blocks(cfg, N, elem_bytes) if not fp32_weight else None
@@ -186,9 +185,12 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         if cfg.prefetch and rows and N > n:
             cfg, why = _prefetch_fit(cfg, N, False, n)
             source += why
-        if arch_table and _three_blocks(cfg, N, elem_bytes):
+        if _three_blocks(cfg, N, elem_bytes):
             cfg = dataclasses.replace(cfg, blocks_per_sm=3)
             source += "; 3 blocks per SM (at most 3 pieces, 14 values a thread)"
+        elif _past_three_blocks(cfg, N, elem_bytes):
+            cfg = dataclasses.replace(cfg, blocks_per_sm=2)
+            source += "; 2 blocks per SM (more than 14 values a thread spill at 3)"
     return cfg, source
 
 
@@ -199,8 +201,13 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
 # blocks per SM: 3080 0.907 / 0.855, 3112 0.956 / 0.861, 3240 0.962 / 0.867, 3360 0.936 / 0.909, 3456
 # 0.949 / 0.923, 3560 0.968 / 0.902 (`python bench/tune/cutile_rmsnorm_bwd.py --ns
 # 3080,3112,3240,3360,3456,3560`): 3073-3591 ran 2 (the 2880 entry's 3 demoted by the estimate's 12
-# registers for a third piece; the 4096 entry's own 2), as did 2049-2431. The arch's table (measured on an
-# H100) only: a GPU model's own rows keep theirs without dh (the H200's 3584 entry runs 3 already).
+# registers for a third piece; the 4096 entry's own 2), as did 2049-2431. Every GPU model's table: the
+# registers are the compiler's (one sm_90 build), and the H200's own rows left 2 at 2049-2288 (its 2048
+# entry scaled) and 3073-3208 (its 2880 entry, demoted as above). H200, bf16, 3 M N e bytes over a copy,
+# 3 blocks at every multiple of 8 there against 2 at 2056 / 2104 / 2200 / 2288 / 3080 / 3112 / 3160 /
+# 3208: 2056-2288 0.81-0.89 against 0.50-0.71 (Triton 0.67-0.73), 3080-3208 0.79-0.95 against
+# 0.76-0.77 (Triton 0.83-0.85: ahead at 3080 and 3104, level at 3112 and 3128); `python
+# bench/probe/model_widths.py --only bwd --kernels None,cutile,triton --random 0 --ns 2056,2064,...,3208`.
 THREE_BLOCK_LANES = 3584
 
 
@@ -213,10 +220,22 @@ def _three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
     return pieces <= 3 and lanes <= THREE_BLOCK_LANES
 
 
+# The converse: a one-row prefetching tile of more than THREE_BLOCK_LANES lanes at 3 blocks per SM or more
+# runs 2. The H200's 3584 entry (3 blocks, three pieces) scales to one 4096 piece at 3648-3703, which
+# ptxas (sm_90, bf16) fits in 80 registers with 68-112 bytes of spills, none at 2 (128 registers). H200,
+# bf16, 3 M N e bytes over a copy: 3672 0.677 at 3 blocks (Triton 0.887), 3704 0.899 at 2 (`python
+# bench/probe/model_widths.py --only bwd --kernels None,triton --random 0 --ns 3224,3256,...,4088`). No
+# other table's row is one (the H100's 4-block rows of 1800-1816 have 4 pieces of 1824 lanes at most).
+def _past_three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
+    """Whether a launch without dh drops to 2 blocks per SM for its lanes (see the comment above)."""
+    shape = _one_row_shape(cfg, N, elem_bytes)
+    return shape is not None and cfg.blocks_per_sm >= 3 and cfg.prefetch and shape[1] > THREE_BLOCK_LANES
+
+
 def _one_row_shape(cfg: BwdConfig, N: int, elem_bytes: int) -> tuple[int, int] | None:
     """(pieces, lanes) of a 16-bit row in a one-row tile of 8 warps, the one block a row, which the rules
-    here adjust (THREE_BLOCK_LANES on the arch's table; NARROW_DH_ROW, ONE_DH_PIECE_LANES on every
-    table's); None for any other."""
+    here adjust (THREE_BLOCK_LANES, NARROW_DH_ROW, ONE_DH_PIECE_LANES, on every table's rows); None for
+    any other."""
     if elem_bytes != 2 or cfg.split != 1 or cfg.tile_m != 1 or cfg.num_worker_warps != 8:
         return None
     pieces = row_pieces(N, piece_min(cfg, N))

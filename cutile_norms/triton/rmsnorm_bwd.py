@@ -144,7 +144,8 @@ class TritonBackward:
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> BwdConfig:
         return analytic_config(N, dtype.itemsize, dev.vendor, max(1, dev.sm_count), tma_rows=tma_rows_rule(dev))
 
-    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None) -> str:
+    def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
+                 has_dh: bool = False) -> str:
         cfg = grid_cfg = self.config(N, dtype, dev)
         kernel = "rms_norm_bwd_kernel"
         if has_tma(dev) and cfg.tma_rows:

@@ -166,12 +166,27 @@ def test_prefetch_is_kept_where_its_registers_fit():
     assert cfg.blocks_per_sm == 2 and cfg.prefetch
 
 
+def test_describe_gives_the_config_with_dh():
+    """explain()'s residual backward line: the cuTile backend describes the config a launch with dh runs
+    (the dh rules), not the norm's own, which differs at the H200's 7168 (a split row without dh)."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+    from cutile_norms.cutile.rmsnorm_bwd_config import config_and_source
+
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    plain = PERSISTENT_BACKWARD.describe(300, 7168, torch.bfloat16, h200)
+    with_dh = PERSISTENT_BACKWARD.describe(300, 7168, torch.bfloat16, h200, has_dh=True)
+    cfg, source = config_and_source(7168, 2, h200, "bfloat16", has_dh=True)
+    assert cfg.short() in with_dh and source in with_dh and "dh" in source, with_dh
+    assert with_dh != plain and config_and_source(7168, 2, h200, "bfloat16")[0].short() in plain
+
+
 def test_three_blocks_where_three_pieces_fit():
-    """rmsnorm_bwd_config.THREE_BLOCK_LANES (the H100's table): 16-bit rows in one-row prefetching tiles
-    of at most 3 pieces and 3584 lanes run 3 blocks per SM, where the table's config or the estimate
-    left 2 (2049-2431 from the 2048 entry, 3073-3584 from the 2880 and 4096 entries), with an fp32
-    weight too (its registers are the bf16 weight's: rmsnorm_bwd.row_align); a fourth piece, one 4096
-    piece and the H200's own rows keep theirs."""
+    """rmsnorm_bwd_config.THREE_BLOCK_LANES, on every GPU model's table: 16-bit rows in one-row
+    prefetching tiles of at most 3 pieces and 3584 lanes run 3 blocks per SM, where the table's config or
+    the estimate left 2 (the H100's 2049-2431 from the 2048 entry and 3073-3584 from the 2880 and 4096
+    entries; the H200's 2049-2288 and 3073-3208), with an fp32 weight too (its registers are the bf16
+    weight's: rmsnorm_bwd.row_align); a fourth piece and one 4096 piece keep 2."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile.rmsnorm_bwd_config import THREE_BLOCK_LANES, config_and_source
 
@@ -185,7 +200,15 @@ def test_three_blocks_where_three_pieces_fit():
         assert config_and_source(N, 2, h100, "bfloat16", fp32_weight=True)[0] == cfg, N
     for N in (3592, 3648, 4000):  # a fourth piece, one 4096 piece
         assert config_and_source(N, 2, h100, "bfloat16")[0].blocks_per_sm == 2, N
-    assert config_and_source(2056, 2, h200, "bfloat16")[0].blocks_per_sm == 2
+    for N in (2056, 2104, 2200, 2288, 3080, 3112, 3160, 3208):  # the H200's rows left 2 here
+        cfg, why = config_and_source(N, 2, h200, "bfloat16")
+        assert cfg.blocks_per_sm == 3 and cfg.prefetch and cfg.split == 1, (N, cfg)
+        assert "sm_90/H200" in why and "at most 3 pieces" in why, why
+        # the H100's config at each (test_rmsnorm_bwd_compile.test_three_block_configs_fit: ptxas)
+        assert cfg == config_and_source(N, 2, h100, "bfloat16")[0], N
+        assert config_and_source(N, 2, h200, "bfloat16", fp32_weight=True)[0] == cfg, N
+    for N in (3592, 3624):  # a fourth piece
+        assert config_and_source(N, 2, h200, "bfloat16")[0].blocks_per_sm == 2, N
 
 
 # ------------------------------------------------------------------------------------------------
