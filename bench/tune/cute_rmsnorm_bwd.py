@@ -20,7 +20,9 @@ from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, ring_stages  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, MAX_STAGES, MAX_VECS, SLICE_BYTES,  # noqa: E402
+                                                  SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config,
+                                                  ring_stages)
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 def variants(N, e, ring):
@@ -33,7 +35,28 @@ def variants(N, e, ring):
         cfg = analytic_config(N, e, **kw) if "stages" in kw else analytic_config(N, e, small_ring=ring, **kw)
         if cfg is not None and cfg not in out.values():
             out[name] = cfg
+    # clusters of given sizes; the first, 16 KiB slices of 128 threads at any cluster size (the rule
+    # before ONE_A_GPC)
+    for cluster, threads in ((min(CLUSTER_MAX, -(-N * e // SLICE_BYTES)), 128), (8, 256), (8, 128), (16, 128)):
+        cfg = cluster_config(N, e, cluster, threads, ring)
+        if cfg is not None and cfg not in out.values():
+            out[f"{cluster} x {threads}"] = cfg
     return out
+
+
+def cluster_config(N, e, cluster, threads, ring):
+    """The row over `cluster` CTAs of `threads` (as many vectors a thread as the slice needs, at most
+    MAX_VECS; the cluster shrinks where fewer such slices hold the row), `ring` slots up to
+    SMALL_CLUSTER CTAs and MAX_STAGES past it; None where a CTA would be empty or the ring does not fit."""
+    vec = 16 // e
+    vectors = -(-N // vec)
+    nvb = -(-(-(-vectors // cluster)) // threads)
+    if nvb > MAX_VECS:
+        return None
+    cluster_n = -(-vectors // (threads * nvb))
+    stages = ring if cluster_n <= SMALL_CLUSTER else MAX_STAGES
+    cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=stages, vec=vec)
+    return cfg if cfg.smem_bytes(e) <= SMEM_MAX else None
 
 
 def main() -> int:

@@ -21,7 +21,8 @@ from tests.conftest import (assert_grad_close, check_backward, check_backward_pa
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
 # 10240 and 11264: mode=None runs the kernel there on an H200 (backward_table.H200_CUTE_BWD_MIN_BYTES)
-WIDTHS = [128, 1000, 4096, 10240, 11264, 16384, 16392, 40000, 65536, 131072, 262144]
+# 40000 (fp32) and 72928 (16-bit): rows over 8 CTAs of 256 threads (rmsnorm_bwd_config.ONE_A_GPC)
+WIDTHS = [128, 1000, 4096, 10240, 11264, 16384, 16392, 40000, 65536, 72928, 131072, 262144]
 EPS = 1e-6
 
 
@@ -29,7 +30,8 @@ EPS = 1e-6
 # CPU: config rules
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("ring", [2, 3])
-@pytest.mark.parametrize("N", [8, 128, 1000, 2880, 4096, 12288, 16392, 40000, 42528, 65536, 131072, 262144, 524288])
+@pytest.mark.parametrize("N", [8, 128, 1000, 2880, 4096, 12288, 16392, 40000, 42528, 65536, 66000, 72928, 98304, 117144,
+                               131072, 262144, 524288])
 @pytest.mark.parametrize("e", [2, 4])
 def test_config_covers_the_row(N, e, ring):
     from cutile_norms.cute.rmsnorm_bwd_config import MIN_STAGES, SMALL_CLUSTER, analytic_config
@@ -47,6 +49,30 @@ def test_config_covers_the_row(N, e, ring):
         assert cfg.stages <= ring
     # the ring is all the GPU model changes: the slices are the same
     assert dataclasses.replace(cfg, stages=0) == dataclasses.replace(analytic_config(N, e), stages=0)
+
+
+@pytest.mark.parametrize("e", [2, 4])
+def test_rows_of_9_to_15_slices_go_over_8_ctas(e):
+    """rmsnorm_bwd_config.ONE_A_GPC: a row that 16 KiB slices would spread over 9-15 CTAs (one cluster a
+    GPC) goes over 8 CTAs of 256 threads (7 where 7 such slices hold it), with or without dh's ring, on
+    either GPU model's ring; the rows on either side keep their clusters of 8 and 16."""
+    from cutile_norms.cute.rmsnorm_bwd_config import (ONE_A_GPC, SLICE_BYTES, SMALL_CLUSTER, VECS_PER_THREAD,
+                                                      analytic_config)
+
+    per = SLICE_BYTES // e  # elements of a 16 KiB slice
+    widths = [8 * per + 8, 66000 * 2 // e, 72928 * 2 // e, 98304 * 2 // e, 117144 * 2 // e, 15 * per]
+    for N in widths:
+        assert -(-N // per) in ONE_A_GPC, N
+        for ring in (2, 3):
+            for streams in (2, 3):
+                cfg = analytic_config(N, e, small_ring=ring, streams=streams)
+                assert cfg.cluster_n in (SMALL_CLUSTER - 1, SMALL_CLUSTER) and cfg.threads == 256, (N, cfg)
+                assert cfg.nvb <= VECS_PER_THREAD and cfg.stages <= ring, (N, cfg)
+                assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols, (N, cfg)
+    assert analytic_config(72928 * 2 // e, e).cluster_n == SMALL_CLUSTER
+    below, above = analytic_config(8 * per, e), analytic_config(16 * per, e)
+    assert (below.cluster_n, below.threads, above.cluster_n, above.threads) == (8, 128, 16, 128)
+    assert analytic_config(15 * per + 8, e).cluster_n == 16
 
 
 def test_ring_stages_by_gpu_model():

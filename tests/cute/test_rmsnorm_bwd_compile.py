@@ -50,7 +50,7 @@ def test_compiles_with_the_deep_ring(N, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("ring", [2, 3])
-@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 65536, 204800, 262144])
+@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 65536, 72928, 117144, 204800, 262144])
 def test_compiles_with_dh(N, ring, arch):
     """The residual add's backward: a third ring of dh slices, added to dx (exact and part-empty
     slices, the H100's and the H200's ring; 204800, whose exact tiling is too wide for three rings, on
@@ -98,7 +98,7 @@ def test_ptx_dx_offsets_are_64_bit(N):
 # and a spread of others) and at exactly tiled ones: ptxas keeps every one in registers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N", [6440, 10848, 18112, 19336, 36392, 58680, 85912, 135688, 193488, 239496,
-                               20480, 65536, 262144, 11264])
+                               20480, 65536, 262144, 11264, 66000, 72928, 98304, 117144])
 def test_no_spills_with_part_empty_slices(N, dtype):
     """The loop's shared-memory loads take no predicates (the slots' columns past the row are zeros):
     predicated loads kept the fragments alive across rows and spilled up to 504 bytes per thread
