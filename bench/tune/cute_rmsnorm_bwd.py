@@ -46,8 +46,9 @@ def variants(N, e, ring):
 
 def cluster_config(N, e, cluster, threads, ring):
     """The row over `cluster` CTAs of `threads` (as many vectors a thread as the slice needs, at most
-    MAX_VECS; the cluster shrinks where fewer such slices hold the row), `ring` slots up to
-    SMALL_CLUSTER CTAs and MAX_STAGES past it; None where a CTA would be empty or the ring does not fit."""
+    MAX_VECS; the cluster shrinks where fewer such slices hold the row), x's and dy's rings only (no
+    dh), `ring` slots up to SMALL_CLUSTER CTAs and MAX_STAGES past it (no fit rule: a probe); None where
+    the vectors exceed MAX_VECS or the ring exceeds shared memory."""
     vec = 16 // e
     vectors = -(-N // vec)
     nvb = -(-(-(-vectors // cluster)) // threads)

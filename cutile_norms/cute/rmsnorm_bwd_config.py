@@ -44,8 +44,8 @@ class BwdConfig:
 #     STAGES - 1 rows ahead: the DRAM reads never wait for the per-row exchange, which goes through
 #     distributed shared memory (one st.async per peer) instead of an L2 round trip;
 #   * SLICE_BYTES of x per CTA and row (so that rows of 32-256 KiB spread over 2-16 CTAs of 128
-#     threads, never 9-15: ONE_A_GPC), more where CLUSTER_MAX CTAs do not hold the row at that size; a
-#     ring of at most MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
+#     threads; 8 where that would be 9-15: ONE_A_GPC), more where CLUSTER_MAX CTAs do not hold the
+#     row at that size; a ring of at most MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
 #     threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916 for 32 KiB slices of 256 threads;
 #     `python bench/tune/cute_rmsnorm_bwd.py`;
 #   * slices that tile the row exactly where such a tiling exists (cluster_n x threads x nvb vectors =
@@ -82,10 +82,14 @@ MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as 
 # slices against these: 66000 (9 / 7 CTAs) 0.652 / 0.919, 72928 (9 / 8) 0.718 / 0.971, 75232 (10)
 # 0.583 / 0.967, 80088 (10) 0.607 / 0.911, 90112 (11) 0.738 / 0.967, 98304 (12, exact) 0.801 / 0.947,
 # 106496 (13) 0.838 / 0.913, 117144 (15) 0.832 / 0.898; 8 KiB slices over 13-16 CTAs 0.67-0.88, and 8
-# CTAs of 128 threads with 10-13 vectors each lost dw's reduction (dw 14-57 % of the launch);
+# CTAs of 128 threads with 10, 12 or 13 vectors each lost dw's reduction (dw 14-57 % of the launch;
+# 11 at 90112: 0.973, level with these);
 # `python bench/tune/cute_rmsnorm_bwd.py --ns 66000,72928,75232,80088,90112,98304,106496,117144`. The
-# H100 shares the limit (max_clusters: 15 clusters of 8, 7 of 16); not measured on an H100.
-ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # cluster sizes the rule does not launch
+# H100 shares the limit (max_clusters: 15 clusters of 8, 7 of 16); not measured on an H100. Not
+# covered (not measured): exact tilings of 9-15 CTAs (bf16 53248 over 13 x 128 x 4, 123904 over 11,
+# 165888 over 9, 204800 over 10), and rows past 16 slices whose padded slices round the cluster down to
+# 13-15 CTAs (bf16 131080-430072).
+ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts moved to SMALL_CLUSTER CTAs
 # dw's reduction over the clusters' partial rows (rmsnorm_bwd_kernel.reduce_dw): a reducer sums one
 # column tile of rounds x 4 x threads columns at a time over the C partial rows, loading `rows` partial
 # rows' tiles before adding them. The partials were just written and sit in L2, so a reducer's time is

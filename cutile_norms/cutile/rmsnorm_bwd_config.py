@@ -202,8 +202,8 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
 # 0.949 / 0.923, 3560 0.968 / 0.902 (`python bench/tune/cutile_rmsnorm_bwd.py --ns
 # 3080,3112,3240,3360,3456,3560`): 3073-3591 ran 2 (the 2880 entry's 3 demoted by the estimate's 12
 # registers for a third piece; the 4096 entry's own 2), as did 2049-2431. Every GPU model's table: the
-# registers are the compiler's (one sm_90 build), and the H200's own rows left 2 at 2049-2288 (its 2048
-# entry scaled) and 3073-3208 (its 2880 entry, demoted as above). H200, bf16, 3 M N e bytes over a copy,
+# registers are the compiler's (one sm_90 build), and the H200's own rows left 2 at 2049-2289 (its 2048
+# entry scaled) and 3073-3212 (its 2880 entry, demoted as above). H200, bf16, 3 M N e bytes over a copy,
 # 3 blocks at every multiple of 8 there against 2 at 2056 / 2104 / 2200 / 2288 / 3080 / 3112 / 3160 /
 # 3208: 2056-2288 0.81-0.89 against 0.50-0.71 (Triton 0.67-0.73), 3080-3208 0.79-0.95 against
 # 0.76-0.77 (Triton 0.83-0.85: ahead at 3080 and 3104, level at 3112 and 3128); `python
@@ -221,7 +221,7 @@ def _three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
 
 
 # The converse: a one-row prefetching tile of more than THREE_BLOCK_LANES lanes at 3 blocks per SM or more
-# runs 2. The H200's 3584 entry (3 blocks, three pieces) scales to one 4096 piece at 3648-3703, which
+# runs 2. The H200's 3584 entry (3 blocks, three pieces) scales to one 4096 piece at 3641-3697, which
 # ptxas (sm_90, bf16) fits in 80 registers with 68-112 bytes of spills, none at 2 (128 registers). H200,
 # bf16, 3 M N e bytes over a copy: 3672 0.677 at 3 blocks (Triton 0.887), 3704 0.899 at 2 (`python
 # bench/probe/model_widths.py --only bwd --kernels None,triton --random 0 --ns 3224,3256,...,4088`). No

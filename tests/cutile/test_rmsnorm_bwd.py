@@ -185,7 +185,7 @@ def test_three_blocks_where_three_pieces_fit():
     """rmsnorm_bwd_config.THREE_BLOCK_LANES, on every GPU model's table: 16-bit rows in one-row
     prefetching tiles of at most 3 pieces and 3584 lanes run 3 blocks per SM, where the table's config or
     the estimate left 2 (the H100's 2049-2431 from the 2048 entry and 3073-3584 from the 2880 and 4096
-    entries; the H200's 2049-2288 and 3073-3208), with an fp32 weight too (its registers are the bf16
+    entries; the H200's 2049-2289 and 3073-3212), with an fp32 weight too (its registers are the bf16
     weight's: rmsnorm_bwd.row_align); a fourth piece and one 4096 piece keep 2."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile.rmsnorm_bwd_config import THREE_BLOCK_LANES, config_and_source

@@ -164,6 +164,17 @@ def test_h200_dh_rows_fit_without_spilling(N, w_dtype):
     assert report["spill_stores"] == 0, f"N={N} w={w_dtype} {cfg.short()} + dh: {report}"
 
 
+@pytest.mark.parametrize("N", [3648, 3672, 3696])
+def test_a_4096_piece_runs_2_blocks(N):
+    """rmsnorm_bwd_config._past_three_blocks: the H200's 3584 entry (3 blocks) scales to one 4096 piece
+    at 3641-3697; at 3 blocks per SM ptxas spills it (68-112 bytes), at the 2 the rule gives none."""
+    cfg, why = rmsnorm_bwd_config.config_and_source(N, 2, H200, "bfloat16")
+    assert cfg.blocks_per_sm == 2 and cfg.piece_min == 4096 and "14 values" in why, (cfg, why)
+    assert ptxas_report(compile_bwd(cfg, N, "bfloat16", "bfloat16"))["spill_stores"] == 0
+    three = ptxas_report(compile_bwd(dataclasses.replace(cfg, blocks_per_sm=3), N, "bfloat16", "bfloat16"))
+    assert three["spill_stores"] > 16, three
+
+
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float16"), ("bfloat16", "float32")])
 @pytest.mark.parametrize("N", [896, 1536, 1816, 3584, 6144, 6264, 10240, 12288, 65536])
 def test_h200_configs_fit_without_spilling(N, x_dtype, w_dtype):
