@@ -45,9 +45,9 @@ class BwdConfig:
 #     distributed shared memory (one st.async per peer) instead of an L2 round trip;
 #   * SLICE_BYTES of x per CTA and row (so that rows of 32-256 KiB spread over 2-16 CTAs of 128
 #     threads; 8 where that would be 9-15: ONE_A_GPC), more where CLUSTER_MAX CTAs do not hold the
-#     row at that size; a ring of at most MAX_STAGES rows of x and dy fills the rest of shared memory. bf16, H100: 16 KiB slices of 128
-#     threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916 for 32 KiB slices of 256 threads;
-#     `python bench/tune/cute_rmsnorm_bwd.py`;
+#     row at that size; a ring of at most MAX_STAGES rows of x and dy fills the rest of shared memory.
+#     bf16, H100: 16 KiB slices of 128 threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916
+#     for 32 KiB slices of 256 threads; `python bench/tune/cute_rmsnorm_bwd.py`;
 #   * slices that tile the row exactly where such a tiling exists (cluster_n x threads x nvb vectors =
 #     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS; the slice nearest
 #     slice_bytes): bf16, H100, N = 20480 0.894 over 2 x 128 x 10 against 0.837 over the padded rule's
@@ -162,8 +162,8 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared memory)."""
     vec = 16 // elem_bytes
     cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
-    if cluster_n in ONE_A_GPC and slice_bytes == SLICE_BYTES:  # SMALL_CLUSTER CTAs of wider slices
-        slice_bytes, exact, cluster_n = -(-N * elem_bytes // SMALL_CLUSTER), False, SMALL_CLUSTER
+    if cluster_n in ONE_A_GPC and slice_bytes == SLICE_BYTES:  # SMALL_CLUSTER CTAs of wider slices, padded
+        exact, cluster_n = False, SMALL_CLUSTER
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
     threads = min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
