@@ -49,11 +49,12 @@ class BwdConfig:
 #     bf16, H100: 16 KiB slices of 128 threads 0.946-0.972 at N = 32768-131072, against 0.846-0.916
 #     for 32 KiB slices of 256 threads; `python bench/tune/cute_rmsnorm_bwd.py`;
 #   * slices that tile the row exactly where such a tiling exists (cluster_n x threads x nvb vectors =
-#     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS; the slice nearest
-#     slice_bytes): bf16, H100, N = 20480 0.894 over 2 x 128 x 10 against 0.837 over the padded rule's
-#     3 x 128 x 7, whose last CTA's slice is part empty (its slots' columns past the row are zeros and
-#     its dx goes out a vector at a time: rmsnorm_bwd_kernel.py). Rows with no exact tiling (a vector
-#     count with fewer than 2^7 in its factors) keep the padded rule: 0.82-0.94 at the random widths
+#     the row's vectors, threads a power of two from 128, nvb <= MAX_VECS, cluster_n outside ONE_A_GPC
+#     for rows that SMALL_CLUSTER slices hold; the slice nearest slice_bytes): bf16, H100, N = 20480
+#     0.894 over 2 x 128 x 10 against 0.837 over the padded rule's 3 x 128 x 7, whose last CTA's slice
+#     is part empty (its slots' columns past the row are zeros and its dx goes out a vector at a time:
+#     rmsnorm_bwd_kernel.py). Rows with no such tiling (a vector count with fewer than 2^7 in its factors,
+#     or only tilings of more vectors) keep the padded rule: 0.82-0.94 at the random widths
 #     measured (`python bench/probe/model_widths.py --only bwd`, docs/design.md).
 #   * clusters of up to SMALL_CLUSTER CTAs keep a short ring, ring_stages(dev) slots: a smaller ring
 #     lets more CTAs share an SM (8 warps of one CTA left the issue slots idle, ncu). On an H100 2 slots:
@@ -73,7 +74,21 @@ DEEP_RING = {"H200": 3}  # GPU model (_platform.gpu_model) -> ring slots of clus
 MAX_STAGES = 4
 SMALL_CLUSTER = 8
 MAX_THREADS = 1024
-MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers)
+# 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers). At 12 or more
+# a thread's x and dy no longer fit its registers and the kernel falls off a cliff, at every cluster
+# size. ptxas, bf16, one CTA of 128 threads: 255 registers and 8-16 bytes spilled at 11 vectors, 28-32
+# at 12, 432 at 13; 3952 at 15 (15 x 128 x 15). H200, bf16, medians of 3 same-run rounds, the exact
+# tiling against the padded rule: N = 12288 / 24576 / 36864 over 1 / 2 / 3 x 128 x 12 0.790 / 0.813 /
+# 0.803 against the rule's 0.931 / 0.964 / 0.977; 13312 / 26624 / 39936 over 1 / 2 / 3 x 128 x 13
+# 0.747 / 0.761 / 0.723 against 0.921 / 0.894 / 0.891; 159744 (13 x 128 x 12) 0.638 / 0.949, 173056
+# (13 x 128 x 13) 0.548 / 0.914, 230400 (15 x 128 x 15) 0.074 / 0.939. At 10-11 the exact tiling
+# holds: 11264 / 22528 / 33792 / 56320 over 1 / 2 / 3 / 5 x 128 x 11 0.972 / 0.941 / 0.985 / 0.976
+# against the padded rule's 0.901 / 0.894 / 0.879 / 0.889, 20480 and 61440 (10) 0.935 / 0.966 against
+# 0.887 / 0.919 (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 12288 --configs rule,pad,1x128x12`,
+# docs/performance.md 2.34). H100: 12-16 vectors a thread lost in every config the tune drew (98304
+# over 8 x 128 x 12 0.933 against 0.985; 13 vectors at 53248 / 66000 / 106496 0.77 / 0.46 / 0.75;
+# 16 at 98304 / 123904 0.10 / 0.13); 11 held (123904 over 11 x 128 x 11 0.983).
+MAX_VECS = 11
 # Clusters of 9-15 CTAs: a cluster runs inside one GPC (graphics processing cluster) of 16-18 SMs, so
 # one of 9-15 CTAs leaves the rest of its GPC idle, 7/16 of the SMs at 9. Rows that SLICE_BYTES would
 # spread over that many CTAs (16-bit N = 65537-122880, fp32 32769-61440) go over SMALL_CLUSTER CTAs of
@@ -85,10 +100,21 @@ MAX_VECS = 16  # 16-byte vectors of x per thread and row in an exact tiling (as 
 # CTAs of 128 threads with 10, 12 or 13 vectors each lost dw's reduction (dw 14-57 % of the launch;
 # 11 at 90112: 0.973, level with these);
 # `python bench/tune/cute_rmsnorm_bwd.py --ns 66000,72928,75232,80088,90112,98304,106496,117144`. The
-# H100 shares the limit (max_clusters: 15 clusters of 8, 7 of 16); not measured on an H100. Not
-# covered (not measured): exact tilings of 9-15 CTAs (bf16 53248 over 13 x 128 x 4, 123904 over 11,
-# 165888 over 9, 204800 over 10), and rows past 16 slices whose padded slices round the cluster down to
-# 13-15 CTAs (bf16 131080-430072).
+# H100 (medians of 3 same-run rounds, the 16 KiB slices / these) gains where the 16 KiB slices pad the row,
+# 80088 (10) 0.842 / 0.931, 94000 (12) 0.945 / 0.973, 110000 (14) 0.940 / 0.959, 117144 (15) 0.919 /
+# 0.930, and where they tile it exactly it is mixed, -3.6 to +2.9 %: 73728 / 81920 / 90112 / 98304 /
+# 106496 / 114688 / 122880 (9-15 x 128 x 8) 0.978 / 0.935 / 0.967 / 0.985 / 0.988 / 0.964 / 0.946
+# against 0.969 / 0.962 / 0.956 / 0.957 / 0.952 / 0.947 / 0.948: one rule for both GPUs, whose worst
+# case on the H100 is the better one (0.930 against 0.842;
+# `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 80088,98304 --configs rule,10x128x8,12x128x8`).
+# A row that SMALL_CLUSTER slices hold takes no exact tiling of 9-15 CTAs either (exact_tiling): bf16
+# 53248 over 13 x 128 x 4 0.849 / 0.623 (H100 / H200) against the padded rule's 7 x 128 x 8 0.908 /
+# 0.846. Not covered: rows past 16 slices keep exact tilings of 9-15 CTAs, mixed (H200 129024 14 x 128
+# x 9 0.920 and 165888 9 x 256 x 9 0.901 against the padded rule's 0.891 / 0.888, but 123904 11 x 128
+# x 11 0.727 against 16 x 128 x 8 0.874 and 8 x 256 x 8 0.928; the H100 0.983 there against 0.968 /
+# 0.962), and padded slices that round the cluster down to 13-15 CTAs (bf16 131080-430072: H200 135688
+# / 143368 0.860 / 0.841 against 8 x 256 x 9 0.909 / 0.873, the H100 level, 0.921 / 0.922 against
+# 0.921 / 0.911).
 ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts moved to SMALL_CLUSTER CTAs
 # dw's reduction over the clusters' partial rows (rmsnorm_bwd_kernel.reduce_dw): a reducer sums one
 # column tile of rounds x 4 x threads columns at a time over the C partial rows, loading `rows` partial
@@ -132,14 +158,18 @@ def reduction_shape(x_bytes: int, w_bytes: int | None, has_dh: bool) -> tuple[in
 
 def exact_tiling(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES) -> tuple[int, int, int] | None:
     """(cluster_n, threads, nvb) whose slices hold the row's 16-byte vectors exactly (no padding), the
-    slice nearest `slice_bytes` (ties: fewer threads); None where none exists (see MAX_VECS). The
-    rule below takes it only where its own slices would pad the row."""
+    slice nearest `slice_bytes` (ties: fewer threads); None where none exists (see MAX_VECS and
+    ONE_A_GPC: a row that SMALL_CLUSTER slices hold takes no cluster of 9-15 CTAs). The rule below takes
+    it only where its own slices would pad the row."""
     vec = 16 // elem_bytes
     if N % vec:
         return None
     vectors = N // vec
     target = slice_bytes // 16
-    fits = [(c, t, vectors // (c * t)) for c in range(1, CLUSTER_MAX + 1) for t in (128, 256, 512, 1024)
+    clusters = range(1, CLUSTER_MAX + 1)
+    if N * elem_bytes <= SMALL_CLUSTER * slice_bytes:
+        clusters = [c for c in clusters if c not in ONE_A_GPC]
+    fits = [(c, t, vectors // (c * t)) for c in clusters for t in (128, 256, 512, 1024)
             if vectors % (c * t) == 0 and vectors // (c * t) <= MAX_VECS]
     if not fits:
         return None
@@ -180,9 +210,9 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     elif cluster_n <= SMALL_CLUSTER:
         fit = min(fit, small_ring)
     if fit < MIN_STAGES:
-        # with dh's third row, an exact tiling whose slices are too wide for the ring (bf16 N = 204800,
-        # 225280, 247808, inside the band the norm's backward runs this kernel) takes the padded rule's
-        # slices instead, as the norm's backward there does not (its two rows fit)
+        # an exact tiling whose slices are too wide for the ring takes the padded rule's slices instead:
+        # with dh's third row at bf16 N = 204800, 225280, 247808 (inside the band the norm's backward runs
+        # this kernel), and x's and dy's rows alone at bf16 N = 425984 (13 x 512 x 8, 64 KiB slices)
         return (analytic_config(N, elem_bytes, slice_bytes, vecs_per_thread, stages, False, small_ring, streams)
-                if tiled and streams > 2 else None)
+                if tiled else None)
     return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec, streams=streams)

@@ -98,7 +98,8 @@ def test_ptx_dx_offsets_are_64_bit(N):
 # and a spread of others) and at exactly tiled ones: ptxas keeps every one in registers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("N", [6440, 10848, 18112, 19336, 36392, 58680, 85912, 135688, 193488, 239496,
-                               20480, 65536, 262144, 11264, 66000, 72928, 98304, 117144])
+                               20480, 65536, 262144, 11264, 66000, 72928, 98304, 117144, 13312, 53248,
+                               159744, 230400])
 def test_no_spills_with_part_empty_slices(N, dtype):
     """The loop's shared-memory loads take no predicates (the slots' columns past the row are zeros):
     predicated loads kept the fragments alive across rows and spilled up to 504 bytes per thread

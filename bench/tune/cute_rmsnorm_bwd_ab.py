@@ -1,0 +1,93 @@
+"""Probe: named tma_smem_cached backward configs against each other, bf16, at the bench size (2^27
+elements): each a ratio to a copy of the same bytes (read x, dy + write dx = 1.5 x the copy's), medians
+of --rounds interleaved rounds (the copy timed again each round), with min-max; a config whose dx or dw
+misses the reference says WRONG.
+
+    python bench/tune/cute_rmsnorm_bwd_ab.py --ns 12288,13312 --configs rule,pad,1x128x12 [--rounds 3] [--out F]
+
+Configs: `rule` (analytic_config on this GPU), `pad` (the rule's padded slices even where an exact
+tiling exists), `CxTxV` (C CTAs of T threads of V vectors, the rule's ring slots for its cluster size,
+fewer where shared memory does not hold them) or `CxTxVsS` (S slots). A config equal to an earlier
+one is timed once, under the earlier name.
+"""
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from bench.probe.common import backward_case, backward_close, no_gpu, width_parser, write_json  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import (MAX_STAGES, MIN_STAGES, SMALL_CLUSTER, SMEM_MAX,  # noqa: E402
+                                                  BwdConfig, analytic_config, ring_stages)
+
+SPEC = re.compile(r"(\d+)x(\d+)x(\d+)(?:s(\d+))?$")
+
+
+def named_config(name: str, N: int, ring: int) -> BwdConfig | None:
+    """The config `name` stands for at bf16 rows of N (module docstring); None where it does not fit."""
+    if name == "rule":
+        return analytic_config(N, 2, small_ring=ring)
+    if name == "pad":
+        return analytic_config(N, 2, small_ring=ring, exact=False)
+    m = SPEC.match(name)
+    if m is None:
+        raise SystemExit(f"unknown config {name!r}: rule, pad, CxTxV or CxTxVsS")
+    c, t, v = (int(g) for g in m.groups()[:3])
+    stages = int(m.group(4)) if m.group(4) else (ring if c <= SMALL_CLUSTER else MAX_STAGES)
+    while stages >= MIN_STAGES:
+        cfg = BwdConfig(cluster_n=c, threads=t, nvb=v, stages=stages, vec=8)
+        if cfg.smem_bytes(2) <= SMEM_MAX:
+            return cfg if c * t * v * 8 >= N > (c - 1) * t * v * 8 else None  # holds the row, no empty CTA
+        stages -= 1
+    return None
+
+
+def main() -> int:
+    p = width_parser(__doc__, [12288, 13312])
+    p.add_argument("--configs", default="rule,pad")
+    args = p.parse_args()
+    if no_gpu():
+        return 0
+    dev = device_info("cuda")
+    ring = ring_stages(dev)
+    print(f"{torch.cuda.get_device_name()}, {ring} ring slots for clusters up to {SMALL_CLUSTER}", flush=True)
+    rows = {}
+    for N in args.ns:
+        cfgs = {}
+        for name in args.configs.split(","):
+            cfg = named_config(name, N, ring)
+            if cfg is not None and cfg not in cfgs.values():
+                cfgs[name] = cfg
+        M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
+        runs = {}
+        for name, cfg in cfgs.items():
+            def run(cfg=cfg):
+                return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
+            runs[name] = (run, backward_close(*run(), dx_ref, dw_ref))
+        ratios = {name: [] for name in cfgs}
+        for _ in range(args.rounds):
+            copy = copy_baseline_ms(x, reps=20)["median_ms"]
+            for name, (run, _ok) in runs.items():
+                ratios[name].append(1.5 * copy / device_ms(run, reps=20)["median_ms"])
+        rows[str(N)] = {name: {"config": cfgs[name].short(), "median": statistics.median(r), "min": min(r),
+                               "max": max(r), "ok": runs[name][1]} for name, r in ratios.items()}
+        for name, r in rows[str(N)].items():
+            print(f"N={N:>6} {name:<12} {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}]"
+                  f"{'' if r['ok'] else '  WRONG'}  {r['config']}", flush=True)
+        x = dy = dx_ref = None
+        torch.cuda.empty_cache()
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "rounds": args.rounds, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
