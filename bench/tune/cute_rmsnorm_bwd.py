@@ -20,10 +20,15 @@ from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, MAX_STAGES, MAX_VECS, SLICE_BYTES,  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, MAX_STAGES, SLICE_BYTES,  # noqa: E402
                                                   SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config,
                                                   ring_stages)
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
+
+# vectors a thread the cluster variants may hold: past the rule's exact tilings (rmsnorm_bwd_config.MAX_VECS,
+# 11), so that the tune still shows the cliff at 12-16 (docs/performance.md 2.33, 2.34)
+PROBE_VECS = 16
+
 
 def variants(N, e, ring):
     """The rule's config on this GPU (`ring`: its small clusters' ring slots) and its variants."""
@@ -46,13 +51,13 @@ def variants(N, e, ring):
 
 def cluster_config(N, e, cluster, threads, ring):
     """The row over `cluster` CTAs of `threads` (as many vectors a thread as the slice needs, at most
-    MAX_VECS; the cluster shrinks where fewer such slices hold the row), x's and dy's rings only (no
+    PROBE_VECS; the cluster shrinks where fewer such slices hold the row), x's and dy's rings only (no
     dh), `ring` slots up to SMALL_CLUSTER CTAs and MAX_STAGES past it (no fit rule: a probe); None where
-    the vectors exceed MAX_VECS or the ring exceeds shared memory."""
+    the vectors exceed PROBE_VECS or the ring exceeds shared memory."""
     vec = 16 // e
     vectors = -(-N // vec)
     nvb = -(-(-(-vectors // cluster)) // threads)
-    if nvb > MAX_VECS:
+    if nvb > PROBE_VECS:
         return None
     cluster_n = -(-vectors // (threads * nvb))
     stages = ring if cluster_n <= SMALL_CLUSTER else MAX_STAGES

@@ -8,7 +8,8 @@ Which widths and dtypes it runs is decided in dispatch.py (cute_backward_refusal
 (`unsupported` says why not; the backend then runs the cuTile persistent backward, which takes
 everything): rows of x and dy whose starts are 16-byte aligned (N and both row strides multiples
 of 16 bytes / element size, the data 16-byte aligned), and rows a ring of two slices per CTA of at most
-CLUSTER_MAX CTAs holds (`analytic_config` is None past that: bf16 from N = 524288, fp32 from 262144).
+CLUSTER_MAX CTAs holds (`analytic_config` is None past that: bf16 from N = 458760, fp32 from 229380,
+and at the six exact widths of 648-832 KiB rows below those whose exact slices the ring does not hold).
 """
 from __future__ import annotations
 

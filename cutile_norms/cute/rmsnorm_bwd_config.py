@@ -74,20 +74,21 @@ DEEP_RING = {"H200": 3}  # GPU model (_platform.gpu_model) -> ring slots of clus
 MAX_STAGES = 4
 SMALL_CLUSTER = 8
 MAX_THREADS = 1024
-# 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers). At 12 or more
-# a thread's x and dy no longer fit its registers and the kernel falls off a cliff, at every cluster
-# size. ptxas, bf16, one CTA of 128 threads: 255 registers and 8-16 bytes spilled at 11 vectors, 28-32
-# at 12, 432 at 13; 3952 at 15 (15 x 128 x 15). H200, bf16, medians of 3 same-run rounds, the exact
-# tiling against the padded rule: N = 12288 / 24576 / 36864 over 1 / 2 / 3 x 128 x 12 0.790 / 0.813 /
-# 0.803 against the rule's 0.931 / 0.964 / 0.977; 13312 / 26624 / 39936 over 1 / 2 / 3 x 128 x 13
-# 0.747 / 0.761 / 0.723 against 0.921 / 0.894 / 0.891; 159744 (13 x 128 x 12) 0.638 / 0.949, 173056
-# (13 x 128 x 13) 0.548 / 0.914, 230400 (15 x 128 x 15) 0.074 / 0.939. At 10-11 the exact tiling
-# holds: 11264 / 22528 / 33792 / 56320 over 1 / 2 / 3 / 5 x 128 x 11 0.972 / 0.941 / 0.985 / 0.976
-# against the padded rule's 0.901 / 0.894 / 0.879 / 0.889, 20480 and 61440 (10) 0.935 / 0.966 against
-# 0.887 / 0.919 (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 12288 --configs rule,pad,1x128x12`,
-# docs/performance.md 2.34). H100: 12-16 vectors a thread lost in every config the tune drew (98304
-# over 8 x 128 x 12 0.933 against 0.985; 13 vectors at 53248 / 66000 / 106496 0.77 / 0.46 / 0.75;
-# 16 at 98304 / 123904 0.10 / 0.13); 11 held (123904 over 11 x 128 x 11 0.983).
+# 16-byte vectors of x per thread and row in an exact tiling (as many of dy, in registers). From 12 on
+# the kernel falls off a cliff, at every cluster size, as a thread's x and dy outgrow its registers
+# (ptxas, bf16, 128 threads, 3 ring slots: 255 registers and 4-16 bytes spilled at 11 vectors, 28-32 at
+# 12, 432 at 13; 3952 at 15 x 128 x 15; with 2 slots 16 at 12). H200, bf16, medians of 3 same-run
+# rounds, the exact tiling against the rule's config: N = 12288 / 24576 / 36864 over 1 / 2 / 3 x 128 x
+# 12 0.790 / 0.813 / 0.803 against 0.931 / 0.964 / 0.977; 13312 / 26624 / 39936 over 1 / 2 / 3 x 128 x
+# 13 0.747 / 0.761 / 0.723 against the padded rule's 0.921 / 0.894 / 0.891; 159744 (13 x 128 x 12)
+# 0.638 / 0.949, 173056 (13 x 128 x 13) 0.548 / 0.914, 230400 (15 x 128 x 15) 0.074 / 0.939. At 10-11
+# the exact tiling holds: 11264 / 22528 / 33792 / 56320 over 1 / 2 / 3 / 5 x 128 x 11 0.972 / 0.941 /
+# 0.985 / 0.976 against the padded rule's 0.901 / 0.894 / 0.879 / 0.889, 20480 and 61440 (10) 0.935 /
+# 0.966 against 0.887 / 0.919 (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 12288 --configs
+# rule,pad,1x128x12`, docs/performance.md 2.34). H100: no config of 12-16 vectors a thread the tunes
+# drew held (98304 over 8 x 128 x 12 0.933 against 0.985 over 12 x 128 x 8; 13 vectors at 53248 /
+# 66000 / 106496 0.77 / 0.46 / 0.75; 16 at 98304 / 123904 0.10 / 0.13); 11 held (123904 over 11 x 128 x
+# 11 0.983).
 MAX_VECS = 11
 # Clusters of 9-15 CTAs: a cluster runs inside one GPC (graphics processing cluster) of 16-18 SMs, so
 # one of 9-15 CTAs leaves the rest of its GPC idle, 7/16 of the SMs at 9. Rows that SLICE_BYTES would
@@ -109,7 +110,7 @@ MAX_VECS = 11
 # `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 80088,98304 --configs rule,10x128x8,12x128x8`).
 # A row that SMALL_CLUSTER slices hold takes no exact tiling of 9-15 CTAs either (exact_tiling): bf16
 # 53248 over 13 x 128 x 4 0.849 / 0.623 (H100 / H200) against the padded rule's 7 x 128 x 8 0.908 /
-# 0.846. Not covered: rows past 16 slices keep exact tilings of 9-15 CTAs, mixed (H200 129024 14 x 128
+# 0.846. Not covered: rows past 15 slices keep exact tilings of 9-15 CTAs, mixed (H200 129024 14 x 128
 # x 9 0.920 and 165888 9 x 256 x 9 0.901 against the padded rule's 0.891 / 0.888, but 123904 11 x 128
 # x 11 0.727 against 16 x 128 x 8 0.874 and 8 x 256 x 8 0.928; the H100 0.983 there against 0.968 /
 # 0.962), and padded slices that round the cluster down to 13-15 CTAs (bf16 131080-430072: H200 135688
@@ -210,9 +211,9 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     elif cluster_n <= SMALL_CLUSTER:
         fit = min(fit, small_ring)
     if fit < MIN_STAGES:
-        # an exact tiling whose slices are too wide for the ring takes the padded rule's slices instead:
-        # with dh's third row at bf16 N = 204800, 225280, 247808 (inside the band the norm's backward runs
-        # this kernel), and x's and dy's rows alone at bf16 N = 425984 (13 x 512 x 8, 64 KiB slices)
+        # with dh's third row, an exact tiling whose slices are too wide for the ring (bf16 N = 204800,
+        # 225280, 247808, inside the band the norm's backward runs this kernel) takes the padded rule's
+        # slices instead, as the norm's backward there does not (its two rows fit)
         return (analytic_config(N, elem_bytes, slice_bytes, vecs_per_thread, stages, False, small_ring, streams)
-                if tiled else None)
+                if tiled and streams > 2 else None)
     return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec, streams=streams)
