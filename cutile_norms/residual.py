@@ -299,11 +299,11 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     h_bytes = (residual_dtype or x.dtype).itemsize
     how, bwd_mode, why_bwd = dispatch.residual_backward(mode, choice, x.shape[-1], h_bytes, dev, toolchain())
-    inside = "" if how != dispatch.BWD_DH_INSIDE else "; " + dispatch.backward_backend(bwd_mode).describe(
-        M, x.shape[-1], h.dtype, dev, weight.dtype if weight is not None else None, has_dh=True)
     bwd = {dispatch.BWD_FUSED: f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}: "
                                f"{why_bwd})",
-           dispatch.BWD_DH_INSIDE: f"residual backward: fused, dh added inside the norm's backward ({why_bwd})"
-                                   + inside,
+           dispatch.BWD_DH_INSIDE: f"residual backward: fused, dh added inside the norm's backward ({why_bwd})",
            dispatch.BWD_DH_AFTER: f"residual backward: the norm's backward on h, then dh added ({why_bwd})"}[how]
+    if how == dispatch.BWD_DH_INSIDE:  # the config that launch runs, with dh (it can differ from the norm's)
+        bwd += "; " + dispatch.backward_backend(bwd_mode).describe(
+            M, x.shape[-1], h.dtype, dev, weight.dtype if weight is not None else None, has_dh=True)
     return fwd + "\n" + bwd

@@ -92,7 +92,10 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
             assert cfg.nvb <= 11, (N, cfg)
             if N * e <= SMALL_CLUSTER * SLICE_BYTES:
                 assert cfg.cluster_n not in ONE_A_GPC, (N, cfg)
-    shape = lambda N: (lambda c: (c.cluster_n, c.threads, c.nvb))(analytic_config(N * 2 // e, e))  # noqa: E731
+    def shape(n16):  # (CTAs, threads, vectors) of the row of n16 16-bit elements' bytes
+        cfg = analytic_config(n16 * 2 // e, e)
+        return cfg.cluster_n, cfg.threads, cfg.nvb
+
     assert shape(13312) == (2, 128, 7) and shape(26624) == (4, 128, 7) and shape(53248) == (7, 128, 8)
     assert shape(230400) == (15, 256, 8) and shape(173056) == (15, 256, 6) and shape(159744) == (13, 256, 6)
     assert shape(11264) == (1, 128, 11) and shape(33792) == (3, 128, 11) and shape(123904) == (11, 128, 11)
