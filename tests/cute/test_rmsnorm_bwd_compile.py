@@ -19,8 +19,9 @@ ARCHS = ["sm_90a", "sm_100a"]
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
 # widths dispatch runs it at (exactly tiled rows from 24 KiB, and from 16 KiB on an H200: 10240), one it
-# tiles exactly only by the exact rule (20480), and narrow and padded ones the tests run
-WIDTHS = [1000, 4096, 10240, 16384, 20480, 24576, 32768, 40000, 65536, 131072, 262144]
+# tiles exactly only by the exact rule (20480), narrow and padded ones the tests run, and padded ones whose
+# only exact tilings hold 13 vectors a thread or 13 CTAs (13312, 53248: rmsnorm_bwd_config.MAX_VECS)
+WIDTHS = [1000, 4096, 10240, 13312, 16384, 20480, 24576, 32768, 40000, 53248, 65536, 131072, 262144]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
