@@ -110,13 +110,33 @@ MAX_VECS = 11
 # `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 80088,98304 --configs rule,10x128x8,12x128x8`).
 # A row that SMALL_CLUSTER slices hold takes no exact tiling of 9-15 CTAs either (exact_tiling): bf16
 # 53248 over 13 x 128 x 4 0.849 / 0.623 (H100 / H200) against the padded rule's 7 x 128 x 8 0.908 /
-# 0.846. Not covered: rows past 15 slices keep exact tilings of 9-15 CTAs, mixed (H200 129024 14 x 128
-# x 9 0.920 and 165888 9 x 256 x 9 0.901 against the padded rule's 0.891 / 0.888, but 123904 11 x 128
-# x 11 0.727 against 16 x 128 x 8 0.874 and 8 x 256 x 8 0.928; the H100 0.983 there against 0.968 /
-# 0.962), and padded slices that round the cluster down to 13-15 CTAs (bf16 131080-430072: H200 135688
-# / 143368 0.860 / 0.841 against 8 x 256 x 9 0.909 / 0.873, the H100 level, 0.921 / 0.922 against
-# 0.921 / 0.911).
+# 0.846.
 ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts moved to SMALL_CLUSTER CTAs
+# Rows past SMALL_CLUSTER slices (up to CLUSTER_MAX CTAs of WIDE_THREADS x VECS_PER_THREAD, 512 KiB) take
+# an exact tiling only over FULL_GPC CTAs (15-16: one a GPC of 16-18 SMs leaves 0-3 idle; 10-14 leave
+# 2-8, and 9 fits twice only in a GPC of 18), and a row of CLUSTER_MAX to WIDE_SLICES slices that
+# those do not tile goes over SMALL_CLUSTER CTAs of WIDE_THREADS threads (padded, at most 9 vectors a
+# thread) as ONE_A_GPC's rows do; past WIDE_SLICES the padded rule's clusters of 13-16. bf16, medians of
+# 3 same-run rounds, the exact tilings of 9-14 CTAs and the 16 KiB slices' clusters against these, H100 /
+# H200: 123904 over 11 x 128 x 11 (exact) 0.982 / 0.734 against 8 x 256 x 8 0.958 /
+# 0.962; 122888 / 124000 / 126976 / 128520 over 16 x 128 x 8 (padded) 0.911 / 0.999 / 0.949 / 0.921 and
+# 0.836 / 0.876 / 0.882 / 0.860 against 0.923 / 0.957 / 0.950 / 0.930 and 0.890 / 0.967 / 0.925 / 0.897;
+# 133336 / 135688 / 140000 / 143368 / 145000 over 14-15 x 256 x 5 (padded) 0.912 / 0.912 / 0.943 / 0.912
+# / 0.909 and 0.829 / 0.835 / 0.887 / 0.849 / 0.847 against 8 x 256 x 9 0.917 / 0.915 / 0.944 / 0.912 /
+# 0.913 and 0.884 / 0.884 / 0.917 / 0.883 / 0.881; past WIDE_SLICES, exact tilings of 9-14 CTAs against
+# the padded rule, 157696 / 159744 / 165888 / 186368 / 204800 / 221184 / 247808: H100 0.926 / 0.938 /
+# 0.865 / 0.942 / 0.947 / 0.943 / 0.880 against 0.942 / 0.944 / 0.929 / 0.935 / 0.928 / 0.931 / 0.931,
+# H200 0.880 / 0.915 / 0.912 / 0.933 / 0.880 / 0.924 / 0.728 against 0.946 / 0.940 / 0.891 / 0.934 /
+# 0.924 / 0.917 / 0.906. The exact tilings of 15-16 CTAs hold: 131072 / 138240 / 147456 over 16 x 128 x
+# 8 / 15 x 128 x 9 / 16 x 128 x 9, H200 0.953 / 0.956 / 0.951 against 8 x 256 x 8-9's 0.937 / 0.902 /
+# 0.916. One rule for both GPUs: the H100 loses up to 4.2 % (124000) and 2.4 % (123904) where the H200
+# gains 10-31 %, and the worst case of the 18 widths rises from 0.865 to 0.912 on the H100 and from 0.728
+# to 0.881 on the H200 (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 123904,135688 --configs
+# rule,11x128x11,14x256x5`, docs/performance.md 2.35). 8 x 256 x 9 vectors (288 KiB of bf16) is as far as
+# 8 CTAs were measured: WIDE_SLICES.
+FULL_GPC = range(CLUSTER_MAX - 1, CLUSTER_MAX + 1)
+WIDE_THREADS = 256
+WIDE_SLICES = 18
 # dw's reduction over the clusters' partial rows (rmsnorm_bwd_kernel.reduce_dw): a reducer sums one
 # column tile of rounds x 4 x threads columns at a time over the C partial rows, loading `rows` partial
 # rows' tiles before adding them. The partials were just written and sit in L2, so a reducer's time is
@@ -170,6 +190,8 @@ def exact_tiling(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES) -> tup
     clusters = range(1, CLUSTER_MAX + 1)
     if N * elem_bytes <= SMALL_CLUSTER * slice_bytes:
         clusters = [c for c in clusters if c not in ONE_A_GPC]
+    elif N * elem_bytes <= CLUSTER_MAX * WIDE_THREADS * VECS_PER_THREAD * 16:
+        clusters = FULL_GPC
     fits = [(c, t, vectors // (c * t)) for c in clusters for t in (128, 256, 512, 1024)
             if vectors % (c * t) == 0 and vectors // (c * t) <= MAX_VECS]
     if not fits:
@@ -192,17 +214,19 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     the residual add's backward, whose slots are the same slices); None where no config fits (a
     slice ring of MIN_STAGES rows over at most CLUSTER_MAX CTAs does not fit shared memory)."""
     vec = 16 // elem_bytes
-    cluster_n = min(CLUSTER_MAX, -(-N * elem_bytes // slice_bytes))
-    if cluster_n in ONE_A_GPC and slice_bytes == SLICE_BYTES:  # SMALL_CLUSTER CTAs of wider slices, padded
+    slices = -(-N * elem_bytes // slice_bytes)
+    cluster_n = min(CLUSTER_MAX, slices)
+    wide = slice_bytes == SLICE_BYTES and vecs_per_thread == VECS_PER_THREAD and (
+        cluster_n in ONE_A_GPC or (slices <= WIDE_SLICES and cluster_n == CLUSTER_MAX
+                                   and not (exact and exact_tiling(N, elem_bytes))))
+    if wide:  # SMALL_CLUSTER CTAs of wider slices, padded (ONE_A_GPC, WIDE_SLICES)
         exact, cluster_n = False, SMALL_CLUSTER
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
-    threads = min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
+    threads = WIDE_THREADS if wide else min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
-    tiled = None
     if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:
-        tiled = exact_tiling(N, elem_bytes, slice_bytes)
-        cluster_n, threads, nvb = tiled or (cluster_n, threads, nvb)
+        cluster_n, threads, nvb = exact_tiling(N, elem_bytes, slice_bytes) or (cluster_n, threads, nvb)
     cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec, streams=streams)
     room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + streams * -(-cfg.slice_cols * elem_bytes // 128) * 128
     fit = min(MAX_STAGES, room // (streams * cfg.slice_cols * elem_bytes))
@@ -211,9 +235,5 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     elif cluster_n <= SMALL_CLUSTER:
         fit = min(fit, small_ring)
     if fit < MIN_STAGES:
-        # with dh's third row, an exact tiling whose slices are too wide for the ring (bf16 N = 204800,
-        # 225280, 247808, inside the band the norm's backward runs this kernel) takes the padded rule's
-        # slices instead, as the norm's backward there does not (its two rows fit)
-        return (analytic_config(N, elem_bytes, slice_bytes, vecs_per_thread, stages, False, small_ring, streams)
-                if tiled and streams > 2 else None)
+        return None
     return BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=fit, vec=vec, streams=streams)

@@ -23,7 +23,10 @@ DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32
 # 10240 and 11264: mode=None runs the kernel there on an H200 (backward_table.H200_CUTE_BWD_MIN_BYTES)
 # 40000 (fp32) and 72928 (16-bit): rows over 8 CTAs of 256 threads (rmsnorm_bwd_config.ONE_A_GPC);
 # 13312 and 53248 (16-bit): padded slices where the only exact tilings hold 13 vectors a thread or 13 CTAs
-WIDTHS = [128, 1000, 4096, 10240, 11264, 13312, 16384, 16392, 40000, 53248, 65536, 72928, 131072, 262144]
+# 135688 (16-bit): a row of 17 slices over 8 CTAs of 256 threads (WIDE_SLICES); 157696: over 16 CTAs, padded,
+# where the only exact tiling takes 14 (FULL_GPC)
+WIDTHS = [128, 1000, 4096, 10240, 11264, 13312, 16384, 16392, 40000, 53248, 65536, 72928, 131072, 135688, 157696,
+          262144]
 EPS = 1e-6
 
 
@@ -73,7 +76,37 @@ def test_rows_of_9_to_15_slices_go_over_8_ctas(e):
     assert analytic_config(72928 * 2 // e, e).cluster_n == SMALL_CLUSTER
     below, above = analytic_config(8 * per, e), analytic_config(16 * per, e)
     assert (below.cluster_n, below.threads, above.cluster_n, above.threads) == (8, 128, 16, 128)
-    assert analytic_config(15 * per + 8, e).cluster_n == 16
+
+
+@pytest.mark.parametrize("e", [2, 4])
+def test_rows_of_16_to_18_slices_go_over_8_ctas_unless_15_or_16_tile_them(e):
+    """rmsnorm_bwd_config.WIDE_SLICES and FULL_GPC: a row of 16-18 slices of 16 KiB goes over 8 CTAs of 256
+    threads (H200 +4 to +31 %), but for an exact tiling over 15 or 16 CTAs; an exact tiling of a row past 8
+    slices and up to 512 KiB takes 15 or 16 CTAs; past 18 slices the padded rule's clusters of 13-16."""
+    from cutile_norms.cute.rmsnorm_bwd_config import (FULL_GPC, SLICE_BYTES, SMALL_CLUSTER, WIDE_SLICES,
+                                                      WIDE_THREADS, analytic_config, exact_tiling)
+
+    per = SLICE_BYTES // e
+    for N in range(15 * per + 16 // e, WIDE_SLICES * per + 1, 16 // e):
+        for ring in (2, 3):
+            for streams in (2, 3):
+                cfg = analytic_config(N, e, small_ring=ring, streams=streams)
+                assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols, (N, cfg)
+                if cfg.cluster_n * cfg.slice_cols == N and cfg.cluster_n in FULL_GPC:
+                    continue
+                assert (cfg.cluster_n, cfg.threads) == (SMALL_CLUSTER, WIDE_THREADS) and cfg.nvb <= 9, (N, cfg)
+                assert cfg.stages <= ring
+    def shape(n16):  # (CTAs, threads, vectors) of the row of n16 16-bit elements' bytes
+        cfg = analytic_config(n16 * 2 // e, e)
+        return cfg.cluster_n, cfg.threads, cfg.nvb
+
+    assert shape(123904) == (8, 256, 8) and shape(129024) == (8, 256, 8) and shape(143368) == (8, 256, 9)
+    assert shape(131072) == (16, 128, 8) and shape(138240) == (15, 128, 9) and shape(147456) == (16, 128, 9)
+    assert shape(147464) == (15, 256, 5) and shape(157696) == (16, 256, 5) and shape(159744) == (16, 256, 5)
+    for N in range(8 * per + 16 // e, 512 * 1024 // e + 1, 16 // e):
+        tiling = exact_tiling(N, e)
+        assert tiling is None or tiling[0] in FULL_GPC, (N, tiling)
+    assert exact_tiling(159744 * 2 // e, e) is None and exact_tiling(138240 * 2 // e, e) == (15, 128, 9)
 
 
 @pytest.mark.parametrize("e", [2, 4])
@@ -81,8 +114,7 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
     """rmsnorm_bwd_config.MAX_VECS and exact_tiling: no config the rule picks holds more than 11 vectors a
     thread (exact tilings of 12 ran 0.64-0.81 x copy on an H200, of 13 0.55-0.76, of 15 0.07), and a row
     that 8 CTAs of 16 KiB slices hold never goes over 9-15 CTAs for an exact tiling (53248: 0.62 on an
-    H200 over 13 CTAs). Rows past 15 slices keep exact tilings of 9-15 CTAs of up to 11 vectors (mixed:
-    docs/performance.md 2.34)."""
+    H200 over 13 CTAs)."""
     from cutile_norms.cute.rmsnorm_bwd_config import (ONE_A_GPC, SLICE_BYTES, SMALL_CLUSTER, analytic_config,
                                                       exact_tiling)
 
@@ -97,9 +129,8 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
         return cfg.cluster_n, cfg.threads, cfg.nvb
 
     assert shape(13312) == (2, 128, 7) and shape(26624) == (4, 128, 7) and shape(53248) == (7, 128, 8)
-    assert shape(230400) == (15, 256, 8) and shape(173056) == (15, 256, 6) and shape(159744) == (13, 256, 6)
-    assert shape(11264) == (1, 128, 11) and shape(33792) == (3, 128, 11) and shape(123904) == (11, 128, 11)
-    assert shape(129024) == (14, 128, 9)
+    assert shape(230400) == (15, 256, 8) and shape(173056) == (15, 256, 6)
+    assert shape(11264) == (1, 128, 11) and shape(33792) == (3, 128, 11)
     assert exact_tiling(12288 * 2 // e, e) == (2, 128, 6) and exact_tiling(13312 * 2 // e, e) is None
     # x's and dy's rows alone: an exact tiling whose slices the ring does not hold leaves the row to the
     # cuTile backward (13 x 512 x 8 here), as the rows past 458752 (16-bit) are

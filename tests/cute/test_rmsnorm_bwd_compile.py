@@ -54,9 +54,9 @@ def test_compiles_with_the_deep_ring(N, arch):
 @pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 65536, 72928, 117144, 204800, 262144])
 def test_compiles_with_dh(N, ring, arch):
     """The residual add's backward: a third ring of dh slices, added to dx (exact and part-empty
-    slices, the H100's and the H200's ring; 204800, whose exact tiling is too wide for three rings, on
-    the padded rule's slices). dw is summed before dh comes in, so x's and dy's fp32 values are dead by
-    then: without that order N = 20480 spilled 372 bytes per thread (ptxas)."""
+    slices, the H100's and the H200's ring; 204800 over 15 CTAs of 256 threads, padded). dw is summed
+    before dh comes in, so x's and dy's fp32 values are dead by then: without that order N = 20480
+    spilled 372 bytes per thread (ptxas)."""
     cfg = analytic_config(N, 2, small_ring=ring, streams=3)
     fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch, keep_ptx=True, has_dh=True)
     check_kernel_ptx(fn.__ptx__, arch, spills_at_most=8)
