@@ -134,6 +134,18 @@ ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts mov
 # to 0.881 on the H200 (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 123904,135688 --configs
 # rule,11x128x11,14x256x5`, docs/performance.md 2.35). 8 x 256 x 9 vectors (288 KiB of bf16) is as far as
 # 8 CTAs were measured: WIDE_SLICES.
+# SEVEN_PADDED: a row whose 16 KiB slices pad it over 7 CTAs of 128 threads (16-bit N = 49153-57343) goes
+# over 8 CTAs of 7 vectors a thread where none is left empty (from 50177), padded too. bf16, medians of 3
+# same-run rounds, 7 x 128 x 8 against 8 x 128 x 7 at 50200 / 51000 / 52000 / 53248 / 55000 / 56000:
+# H100 0.872 / 0.876 / 0.908 / 0.914 / 0.903 / 0.943 against 0.891 / 0.896 / 0.925 / 0.929 / 0.924 /
+# 0.957 (+1.5 to +2.3 %), H200 (51000-56000) 0.817 / 0.848 / 0.860 / 0.859 / 0.882 against 0.874 /
+# 0.906 / 0.913 / 0.900 / 0.933 (+4.8 to +7.0 %); 57344, which 7 x 128 x 8 tiles, level (0.955 / 0.957
+# on the H100). Rows on 6 CTAs do not gain from 8 (44000 / 46000 / 48000 over 6 x 128 x 8 against 8 x 128
+# x 6: H100 0.888 / - / 0.922 against 0.873 / - / 0.910, H200 0.817 / 0.847 / 0.873 against 0.808 /
+# 0.837 / 0.866), nor 7 CTAs of 256 threads (ONE_A_GPC's 66000 / 68000 / 70000 over 7 x 256 x 5, H200
+# 0.924 / 0.946 / 0.946 against 8 x 128 x 9's 0.882 / 0.910 / 0.917); a cause for 7 alone is not
+# measured (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 51000,53248 --configs rule,7x128x8`,
+# docs/performance.md 2.36).
 FULL_GPC = range(CLUSTER_MAX - 1, CLUSTER_MAX + 1)
 WIDE_THREADS = 256
 WIDE_SLICES = 18
@@ -225,6 +237,11 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     threads = WIDE_THREADS if wide else min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
+    seven_padded = cluster_n == SMALL_CLUSTER - 1 and cluster_n * threads * nvb * vec != N
+    if seven_padded and not wide and slice_bytes == SLICE_BYTES:
+        nvb8 = -(-N // (vec * threads * SMALL_CLUSTER))  # SMALL_CLUSTER CTAs of fewer vectors (SEVEN_PADDED)
+        if (SMALL_CLUSTER - 1) * threads * nvb8 * vec < N:
+            cluster_n, nvb = SMALL_CLUSTER, nvb8
     if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:
         cluster_n, threads, nvb = exact_tiling(N, elem_bytes, slice_bytes) or (cluster_n, threads, nvb)
     cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec, streams=streams)

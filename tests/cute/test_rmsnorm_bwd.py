@@ -23,6 +23,7 @@ DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32
 # 10240 and 11264: mode=None runs the kernel there on an H200 (backward_table.H200_CUTE_BWD_MIN_BYTES)
 # 40000 (fp32) and 72928 (16-bit): rows over 8 CTAs of 256 threads (rmsnorm_bwd_config.ONE_A_GPC);
 # 13312 and 53248 (16-bit): padded slices where the only exact tilings hold 13 vectors a thread or 13 CTAs
+# (53248 over 8 CTAs of 7 vectors: SEVEN_PADDED)
 # 135688 (16-bit): a row of 17 slices over 8 CTAs of 256 threads (WIDE_SLICES); 157696: over 16 CTAs, padded,
 # where the only exact tiling takes 14 (FULL_GPC)
 WIDTHS = [128, 1000, 4096, 10240, 11264, 13312, 16384, 16392, 40000, 53248, 65536, 72928, 131072, 135688, 157696,
@@ -79,6 +80,31 @@ def test_rows_of_9_to_15_slices_go_over_8_ctas(e):
 
 
 @pytest.mark.parametrize("e", [2, 4])
+def test_rows_padded_over_7_ctas_go_over_8_where_none_is_left_empty(e):
+    """rmsnorm_bwd_config.SEVEN_PADDED: a row whose 16 KiB slices pad it over 7 CTAs of 128 threads goes over
+    8 of 7 vectors a thread (H100 +1.5 to +2.3 %, H200 +4.8 to +7.0 %) where the 8th CTA holds part of it;
+    exact tilings, rows on 6 CTAs and rows on 7 CTAs of 256 threads keep theirs."""
+    from cutile_norms.cute.rmsnorm_bwd_config import SLICE_BYTES, analytic_config
+
+    per = SLICE_BYTES // e
+    for N in range(6 * per + 16 // e, 7 * per + 1, 16 // e):
+        for ring in (2, 3):
+            for streams in (2, 3):
+                cfg = analytic_config(N, e, small_ring=ring, streams=streams)
+                shape = (cfg.cluster_n, cfg.threads, cfg.nvb)
+                if N == 7 * per:
+                    assert shape == (7, 128, 8), (N, cfg)
+                elif cfg.cluster_n * cfg.slice_cols == N:  # an exact tiling (exact_tiling)
+                    continue
+                elif N * e > 7 * 128 * 7 * 16:
+                    assert shape == (8, 128, 7) and cfg.slice_cols * 7 < N, (N, cfg)
+                else:  # 8 CTAs of 6 vectors do not hold it, of 7 leave the 8th empty
+                    assert shape[0] == 7, (N, cfg)
+    assert analytic_config(48000 * 2 // e, e).cluster_n == 6
+    assert (analytic_config(66000 * 2 // e, e).cluster_n, analytic_config(66000 * 2 // e, e).threads) == (7, 256)
+
+
+@pytest.mark.parametrize("e", [2, 4])
 def test_rows_of_16_to_18_slices_go_over_8_ctas_unless_15_or_16_tile_them(e):
     """rmsnorm_bwd_config.WIDE_SLICES and FULL_GPC: a row of 16-18 slices of 16 KiB goes over 8 CTAs of 256
     threads (H200 +4 to +31 %), but for an exact tiling over 15 or 16 CTAs; an exact tiling of a row past 8
@@ -128,7 +154,7 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
         cfg = analytic_config(n16 * 2 // e, e)
         return cfg.cluster_n, cfg.threads, cfg.nvb
 
-    assert shape(13312) == (2, 128, 7) and shape(26624) == (4, 128, 7) and shape(53248) == (7, 128, 8)
+    assert shape(13312) == (2, 128, 7) and shape(26624) == (4, 128, 7) and shape(53248) == (8, 128, 7)
     assert shape(230400) == (15, 256, 8) and shape(173056) == (15, 256, 6)
     assert shape(11264) == (1, 128, 11) and shape(33792) == (3, 128, 11)
     assert exact_tiling(12288 * 2 // e, e) == (2, 128, 6) and exact_tiling(13312 * 2 // e, e) is None

@@ -20,7 +20,8 @@ DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.flo
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"), ("bfloat16", "float32")]
 # widths dispatch runs it at (exactly tiled rows from 24 KiB, and from 16 KiB on an H200: 10240), one it
 # tiles exactly only by the exact rule (20480), narrow and padded ones the tests run, and padded ones whose
-# only exact tilings hold 13 vectors a thread or 13 CTAs (13312, 53248: rmsnorm_bwd_config.MAX_VECS)
+# only exact tilings hold 13 vectors a thread or 13 CTAs (13312, 53248: rmsnorm_bwd_config.MAX_VECS; 53248
+# over 8 CTAs of 7 vectors, SEVEN_PADDED)
 WIDTHS = [1000, 4096, 10240, 13312, 16384, 20480, 24576, 32768, 40000, 53248, 65536, 131072, 262144]
 
 
@@ -51,7 +52,7 @@ def test_compiles_with_the_deep_ring(N, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("ring", [2, 3])
-@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 65536, 72928, 117144, 204800, 262144])
+@pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 53248, 65536, 72928, 117144, 204800, 262144])
 def test_compiles_with_dh(N, ring, arch):
     """The residual add's backward: a third ring of dh slices, added to dx (exact and part-empty
     slices, the H100's and the H200's ring; 204800 over 15 CTAs of 256 threads, padded). dw is summed
