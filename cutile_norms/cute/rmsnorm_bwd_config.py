@@ -113,27 +113,27 @@ MAX_VECS = 11
 # 0.846.
 ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts moved to SMALL_CLUSTER CTAs
 # Rows past SMALL_CLUSTER slices (up to CLUSTER_MAX CTAs of WIDE_THREADS x VECS_PER_THREAD, 512 KiB) take
-# an exact tiling only over FULL_GPC CTAs (15-16: one a GPC of 16-18 SMs leaves 0-3 idle; 10-14 leave
-# 2-8, and 9 fits twice only in a GPC of 18), and a row of CLUSTER_MAX to WIDE_SLICES slices that
-# those do not tile goes over SMALL_CLUSTER CTAs of WIDE_THREADS threads (padded, at most 9 vectors a
-# thread) as ONE_A_GPC's rows do; past WIDE_SLICES the padded rule's clusters of 13-16. bf16, medians of
-# 3 same-run rounds, the exact tilings of 9-14 CTAs and the 16 KiB slices' clusters against these, H100 /
-# H200: 123904 over 11 x 128 x 11 (exact) 0.982 / 0.734 against 8 x 256 x 8 0.958 /
-# 0.962; 122888 / 124000 / 126976 / 128520 over 16 x 128 x 8 (padded) 0.911 / 0.999 / 0.949 / 0.921 and
-# 0.836 / 0.876 / 0.882 / 0.860 against 0.923 / 0.957 / 0.950 / 0.930 and 0.890 / 0.967 / 0.925 / 0.897;
-# 133336 / 135688 / 140000 / 143368 / 145000 over 14-15 x 256 x 5 (padded) 0.912 / 0.912 / 0.943 / 0.912
-# / 0.909 and 0.829 / 0.835 / 0.887 / 0.849 / 0.847 against 8 x 256 x 9 0.917 / 0.915 / 0.944 / 0.912 /
-# 0.913 and 0.884 / 0.884 / 0.917 / 0.883 / 0.881; past WIDE_SLICES, exact tilings of 9-14 CTAs against
-# the padded rule, 157696 / 159744 / 165888 / 186368 / 204800 / 221184 / 247808: H100 0.926 / 0.938 /
-# 0.865 / 0.942 / 0.947 / 0.943 / 0.880 against 0.942 / 0.944 / 0.929 / 0.935 / 0.928 / 0.931 / 0.931,
-# H200 0.880 / 0.915 / 0.912 / 0.933 / 0.880 / 0.924 / 0.728 against 0.946 / 0.940 / 0.891 / 0.934 /
-# 0.924 / 0.917 / 0.906. The exact tilings of 15-16 CTAs hold: 131072 / 138240 / 147456 over 16 x 128 x
-# 8 / 15 x 128 x 9 / 16 x 128 x 9, H200 0.953 / 0.956 / 0.951 against 8 x 256 x 8-9's 0.937 / 0.902 /
-# 0.916. One rule for both GPUs: the H100 loses up to 4.2 % (124000) and 2.4 % (123904) where the H200
-# gains 10-31 %, and the worst case of the 18 widths rises from 0.865 to 0.912 on the H100 and from 0.728
-# to 0.881 on the H200 (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 123904,135688 --configs
-# rule,11x128x11,14x256x5`, docs/performance.md 2.35). 8 x 256 x 9 vectors (288 KiB of bf16) is as far as
-# 8 CTAs were measured: WIDE_SLICES.
+# an exact tiling only over FULL_GPC CTAs (15-16: one a GPC of 16-18 SMs leaves 0-3 idle; 10-14 leave 2-8,
+# and 9 fits twice only in a GPC of 18), and a row of CLUSTER_MAX to WIDE_SLICES slices that those do not
+# tile goes over SMALL_CLUSTER CTAs of WIDE_THREADS threads (padded, at most 9 vectors a thread) as
+# ONE_A_GPC's rows do; past WIDE_SLICES the padded rule's clusters of 13-16. bf16, medians of 3 same-run
+# rounds, the exact tilings of 9-14 CTAs and the 16 KiB slices' clusters against these, H100 / H200:
+# 123904 over 11 x 128 x 11 (exact) 0.982 / 0.734 against 8 x 256 x 8 0.958 / 0.962; 122888 / 124000 /
+# 126976 / 128520 over 16 x 128 x 8 (padded) 0.911 / 0.999 / 0.949 / 0.921 and 0.836 / 0.876 / 0.882 /
+# 0.860 against 0.923 / 0.957 / 0.950 / 0.930 and 0.890 / 0.967 / 0.925 / 0.897; 133336 / 135688 / 140000
+# / 143368 / 145000 over 14-15 x 256 x 5 (padded) 0.912 / 0.912 / 0.943 / 0.912 / 0.909 and 0.829 / 0.835
+# / 0.887 / 0.849 / 0.847 against 8 x 256 x 9 0.917 / 0.915 / 0.944 / 0.912 / 0.913 and 0.884 / 0.884 /
+# 0.917 / 0.883 / 0.881; past WIDE_SLICES, exact tilings of 9-14 CTAs against the padded rule, 157696 /
+# 159744 / 165888 / 186368 / 204800 / 221184 / 247808: H100 0.926 / 0.938 / 0.865 / 0.942 / 0.947 / 0.943
+# / 0.880 against 0.942 / 0.944 / 0.929 / 0.935 / 0.928 / 0.931 / 0.931, H200 0.880 / 0.915 / 0.912 /
+# 0.933 / 0.880 / 0.924 / 0.728 against 0.946 / 0.940 / 0.891 / 0.934 / 0.924 / 0.917 / 0.906. The exact
+# tilings of 15-16 CTAs hold: 131072 / 138240 / 147456 over 16 x 128 x 8 / 15 x 128 x 9 / 16 x 128 x 9,
+# H200 0.953 / 0.956 / 0.951 against 8 x 256 x 8-9's 0.937 / 0.902 / 0.916. One rule for both GPUs: the
+# H100 loses up to 4.2 % (124000) and 2.4 % (123904) where the H200 gains 10-31 %, and the worst case of
+# the 18 widths rises from 0.865 to 0.912 on the H100 and from 0.728 to 0.881 on the H200 (`python
+# bench/tune/cute_rmsnorm_bwd_ab.py --ns 123904,135688 --configs rule,11x128x11,14x256x5`,
+# docs/performance.md 2.35). 8 x 256 x 9 vectors (288 KiB of bf16) is as far as 8 CTAs were measured:
+# WIDE_SLICES.
 # SEVEN_PADDED: a row whose 16 KiB slices pad it over 7 CTAs of 128 threads (16-bit N = 49153-57343) goes
 # over 8 CTAs of 7 vectors a thread where none is left empty (from 50177), padded too. bf16, medians of 3
 # same-run rounds, 7 x 128 x 8 against 8 x 128 x 7 at 50200 / 51000 / 52000 / 53248 / 55000 / 56000:
@@ -146,6 +146,7 @@ ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts mov
 # 0.924 / 0.946 / 0.946 against 8 x 128 x 9's 0.882 / 0.910 / 0.917); a cause for 7 alone is not
 # measured (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 51000,53248 --configs rule,7x128x8`,
 # docs/performance.md 2.36).
+SEVEN_PADDED = SMALL_CLUSTER - 1
 FULL_GPC = range(CLUSTER_MAX - 1, CLUSTER_MAX + 1)
 WIDE_THREADS = 256
 WIDE_SLICES = 18
@@ -237,10 +238,10 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     threads = WIDE_THREADS if wide else min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
-    seven_padded = cluster_n == SMALL_CLUSTER - 1 and cluster_n * threads * nvb * vec != N
-    if seven_padded and not wide and slice_bytes == SLICE_BYTES:
-        nvb8 = -(-N // (vec * threads * SMALL_CLUSTER))  # SMALL_CLUSTER CTAs of fewer vectors (SEVEN_PADDED)
-        if (SMALL_CLUSTER - 1) * threads * nvb8 * vec < N:
+    if (cluster_n == SEVEN_PADDED and cluster_n * threads * nvb * vec != N and not wide
+            and slice_bytes == SLICE_BYTES and vecs_per_thread == VECS_PER_THREAD):
+        nvb8 = -(-N // (vec * threads * SMALL_CLUSTER))  # SMALL_CLUSTER CTAs of fewer vectors
+        if (SMALL_CLUSTER - 1) * threads * nvb8 * vec < N:  # the last one holds part of the row
             cluster_n, nvb = SMALL_CLUSTER, nvb8
     if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:
         cluster_n, threads, nvb = exact_tiling(N, elem_bytes, slice_bytes) or (cluster_n, threads, nvb)
