@@ -373,13 +373,13 @@ def test_autograd_through_rms_norm(seed, x_dtype, w_dtype, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [6440, 12288, 19336, 20480, 24576, 65536, 204800, 262144])
+@pytest.mark.parametrize("N", [6440, 12288, 19336, 20480, 24576, 53248, 65536, 135688, 204800, 262144])
 @pytest.mark.parametrize("ring", [2, 3])
 @pytest.mark.parametrize("M,case", [(1, "bf16"), (7, "fp16"), (600, "bf16"), (600, "no_weight"), (600, "dx_only")])
 def test_dh_added_inside(seed, N, ring, M, case):
     """The residual add's backward: dh comes into a third ring and is added to dx before it is rounded
-    (exact and part-empty slices, one CTA (6440) and clusters, both ring depths, many rows per
-    cluster); dw unchanged by it."""
+    (exact and part-empty slices, one CTA (6440) and clusters, 8 CTAs of 7 vectors (53248) and of 256
+    threads (135688), both ring depths, many rows per cluster); dw unchanged by it."""
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
     dtype = torch.float16 if case == "fp16" else torch.bfloat16
