@@ -229,17 +229,19 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     vec = 16 // elem_bytes
     slices = -(-N * elem_bytes // slice_bytes)
     cluster_n = min(CLUSTER_MAX, slices)
-    wide = slice_bytes == SLICE_BYTES and vecs_per_thread == VECS_PER_THREAD and (
-        cluster_n in ONE_A_GPC or (slices <= WIDE_SLICES and cluster_n == CLUSTER_MAX
-                                   and not (exact and exact_tiling(N, elem_bytes))))
-    if wide:  # SMALL_CLUSTER CTAs of wider slices, padded (ONE_A_GPC, WIDE_SLICES)
+    rules = slice_bytes == SLICE_BYTES and vecs_per_thread == VECS_PER_THREAD  # the rule's own slices
+    # WIDE_SLICES: 16-18 slices that FULL_GPC CTAs do not tile exactly
+    wide = rules and CLUSTER_MAX <= slices <= WIDE_SLICES and not (exact and exact_tiling(N, elem_bytes))
+    # ONE_A_GPC, probes of other vectors a thread too
+    wider = wide or (slice_bytes == SLICE_BYTES and cluster_n in ONE_A_GPC)
+    if wider:  # SMALL_CLUSTER CTAs of wider slices, padded
         exact, cluster_n = False, SMALL_CLUSTER
     vectors = -(-(-(-N // cluster_n)) // vec)  # 16-byte vectors of one CTA's slice
+    # (ONE_A_GPC's rows come to WIDE_THREADS by this formula; a row of 17-18 slices would come to 512)
     threads = WIDE_THREADS if wide else min(MAX_THREADS, max(32, pow2_ceil(-(-vectors // vecs_per_thread))))
     nvb = -(-vectors // threads)
     cluster_n = -(-N // (vec * threads * nvb))  # slices of whole vectors per thread: no empty CTA
-    if (cluster_n == SEVEN_PADDED and cluster_n * threads * nvb * vec != N and not wide
-            and slice_bytes == SLICE_BYTES and vecs_per_thread == VECS_PER_THREAD):
+    if rules and cluster_n == SEVEN_PADDED and cluster_n * threads * nvb * vec != N and not wider:
         nvb8 = -(-N // (vec * threads * SMALL_CLUSTER))  # SMALL_CLUSTER CTAs of fewer vectors
         if (SMALL_CLUSTER - 1) * threads * nvb8 * vec < N:  # the last one holds part of the row
             cluster_n, nvb = SMALL_CLUSTER, nvb8

@@ -75,6 +75,9 @@ def test_rows_of_9_to_15_slices_go_over_8_ctas(e):
                 assert cfg.nvb <= VECS_PER_THREAD and cfg.stages <= ring, (N, cfg)
                 assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols, (N, cfg)
     assert analytic_config(72928 * 2 // e, e).cluster_n == SMALL_CLUSTER
+    for vecs in (4, 16):  # the probes' variants of other vectors a thread too, at their own thread counts
+        cfg = analytic_config(98304 * 2 // e, e, vecs_per_thread=vecs)
+        assert (cfg.cluster_n, cfg.threads) == (SMALL_CLUSTER, 2048 // vecs), (vecs, cfg)
     below, above = analytic_config(8 * per, e), analytic_config(16 * per, e)
     assert (below.cluster_n, below.threads, above.cluster_n, above.threads) == (8, 128, 16, 128)
 
