@@ -21,8 +21,9 @@ DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32
 # widths dispatch runs it at (exactly tiled rows from 24 KiB, and from 16 KiB on an H200: 10240), one it
 # tiles exactly only by the exact rule (20480), narrow and padded ones the tests run, and padded ones whose
 # only exact tilings hold 13 vectors a thread or 13 CTAs (13312, 53248: rmsnorm_bwd_config.MAX_VECS; 53248
-# over 8 CTAs of 7 vectors, SEVEN_PADDED)
-WIDTHS = [1000, 4096, 10240, 13312, 16384, 20480, 24576, 32768, 40000, 53248, 65536, 131072, 262144]
+# over 8 CTAs of 7 vectors, SEVEN_PADDED), and rows past 15 slices over 8 CTAs of 256 threads (135688:
+# WIDE_SLICES) and over 16 CTAs where the only exact tiling takes 14 (157696: FULL_GPC)
+WIDTHS = [1000, 4096, 10240, 13312, 16384, 20480, 24576, 32768, 40000, 53248, 65536, 131072, 135688, 157696, 262144]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
