@@ -51,12 +51,14 @@ class BackwardRow:
 # 14529 a part of 3632 columns or less is cut into three pieces or more (14336: 0.869 against the CuTe
 # kernel's exact tiling, 0.923); past 20480 the shape changes with the width (20488 / 21520: a 4096
 # piece, a 1024 one and a tail, 0.954 / 0.965; 22176: a 4096 piece and a padded 2048, 0.899; 23480: 8
-# blocks a row, 0.826 against the CuTe kernel's 0.917), and the sweep's best at 21848 was 0.901. Beside
-# an fp32 weight the row does not apply, a choice the measurements leave open: the cuTile kernel (its rows
-# in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and the bf16 weight's configs) measured
-# 0.857 / 0.918 / 0.923 / 0.943 / 0.945 at 14600 / 16384 / 18432 / 19368 / 20480 against the CuTe
-# kernel's 0.877 / 0.920 / 0.897 / 0.888 / 0.870, and the CuTe kernel 0.835 at 16024 (not measured on the
-# cuTile kernel since row_align); the CuTe kernel is what ran there before.
+# blocks a row, 0.826 against the CuTe kernel's 0.917), and the sweep's best at 21848 was 0.901.
+# Beside an fp32 weight (16-bit x) the same holds, by the same worst case, without dh (BACKWARD_TABLE's
+# second band row): the cuTile kernel (its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align,
+# and the bf16 weight's configs) measured 0.854-0.951 at 11 widths of 14600-20480 against the CuTe kernel's
+# 0.826-0.931, ahead from 16024 (+2.4 to +7.4 %), level at 14600 and behind at 15200 / 15408 (rows of two
+# slices, 0.871 / 0.875 against 0.927 / 0.931); an earlier run gave 0.857 / 0.923 / 0.943 / 0.945 at 14600 /
+# 18432 / 19368 / 20480 against 0.877 / 0.897 / 0.888 / 0.870. With dh beside an fp32 weight (not measured)
+# the CuTe kernel runs, as it did before.
 # With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
 # 128 registers with at most 16 bytes of spills up to 18 values a thread (a 4096 piece and a 512 tail,
 # 18432 columns: 36 KiB), and spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953 against the CuTe kernel's
@@ -97,6 +99,14 @@ BACKWARD_TABLE = (
                 "bench/residual.py --parts backward --modes multi_wave_cached,tma_smem_cached --ns ...): see "
                 "CUTILE_BWD_BAND",
                 fp32_weight=False, dh_bytes_max=CUTILE_BWD_DH_MAX_BYTES),
+    BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "multi_wave_cached",
+                "H100 80GB HBM3 2026-11-27, bf16 x beside an fp32 weight, the cuTile persistent kernel against the "
+                "CuTe DSL backward, medians of 3: N=14600 0.854 / 0.857, 15200 0.871 / 0.927, 15408 0.875 / 0.931, "
+                "16024 0.883 / 0.826, 16440 0.900 / 0.840, 17000 0.903 / 0.845, 17816 0.922 / 0.860, 18432 0.922 / "
+                "0.898, 18800 0.938 / 0.890, 19368 0.946 / 0.885, 20480 0.951 / 0.875 x copy: the better worst "
+                "case (python bench/probe/model_widths.py --only bwd --weight-dtype float32 --kernels "
+                "None,cutile,cute,quack --random 0 --rounds 3 --ns ...): see CUTILE_BWD_BAND",
+                dh_bytes_max=0),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "H100 80GB HBM3 2026-11-25, bf16, the CuTe DSL backward against the cuTile persistent kernel: "
                 "N=12288 0.912 / 0.850, 14336 0.925 / 0.868, 16384 0.919 / 0.943, 18432 0.892 / 0.932, "
