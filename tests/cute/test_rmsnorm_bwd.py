@@ -466,3 +466,30 @@ def test_part_empty_slices(seed, N, exact, case):
     need_dx = "dw_only" not in case
     dx, dw = _run(x, w, dy, 0.0, cfg=cfg, need_dx=need_dx)
     _check(x, w, dy, 0.0, dx, dw, f"N={N} {cfg.short()} {case}", seed, need_dx, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [16024, 18984, 36392, 53248])
+@pytest.mark.parametrize("with_dh", [False, True])
+def test_rows_at_every_16_byte_offset(seed, N, with_dh):
+    """Rows whose starts are 16-byte aligned and nothing more (the bulk copies' least alignment): x, dy
+    and dh start at different 16-byte offsets past a 128-byte boundary, their rows at strides of an odd
+    count of 16-byte vectors (every offset mod 128 over the rows), part-empty last slices (16024, 18984,
+    36392) and whole ones (53248 over 8 CTAs of 7 vectors: SEVEN_PADDED); dx and dw against the fp64
+    closed form, the inputs' buffers untouched."""
+    M = 257
+    vec = 8
+
+    def rows_at(k, extra):  # rows of N from 16 * k bytes past a 128-byte boundary, an odd vector count apart
+        stride = ((N // vec + extra) | 1) * vec
+        base = random_rows((M * stride + 128,), torch.bfloat16, "cuda")
+        start = (-base.data_ptr() % 128) // 2 + k * vec
+        return base, base[start:start + M * stride].view(M, stride)[:, :N]
+
+    (bx, x), (bdy, dy) = rows_at(1, 1), rows_at(6, 3)
+    bdh, dh = rows_at(3, 5) if with_dh else (None, None)
+    before = [b.clone() for b in (bx, bdy, bdh) if b is not None]
+    w = random_weight(N, torch.bfloat16, "cuda")
+    dx, dw = _run(x, w, dy, 0.0, dh=dh)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} rows at 16-byte offsets" + (" + dh" if with_dh else ""), seed, dh=dh)
+    assert all(torch.equal(a, b) for a, b in zip(before, [b for b in (bx, bdy, bdh) if b is not None]))
