@@ -230,8 +230,9 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
     slices = -(-N * elem_bytes // slice_bytes)
     cluster_n = min(CLUSTER_MAX, slices)
     rules = slice_bytes == SLICE_BYTES and vecs_per_thread == VECS_PER_THREAD  # the rule's own slices
+    tiling = exact_tiling(N, elem_bytes, slice_bytes) if exact and vecs_per_thread == VECS_PER_THREAD else None
     # WIDE_SLICES: 16-18 slices that FULL_GPC CTAs do not tile exactly
-    wide = rules and CLUSTER_MAX <= slices <= WIDE_SLICES and not (exact and exact_tiling(N, elem_bytes))
+    wide = rules and CLUSTER_MAX <= slices <= WIDE_SLICES and not tiling
     # ONE_A_GPC, probes of other vectors a thread too
     wider = wide or (slice_bytes == SLICE_BYTES and cluster_n in ONE_A_GPC)
     if wider:  # SMALL_CLUSTER CTAs of wider slices, padded
@@ -245,8 +246,8 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
         nvb8 = -(-N // (vec * threads * SMALL_CLUSTER))  # SMALL_CLUSTER CTAs of fewer vectors
         if (SMALL_CLUSTER - 1) * threads * nvb8 * vec < N:  # the last one holds part of the row
             cluster_n, nvb = SMALL_CLUSTER, nvb8
-    if exact and cluster_n * threads * nvb * vec != N and vecs_per_thread == VECS_PER_THREAD:
-        cluster_n, threads, nvb = exact_tiling(N, elem_bytes, slice_bytes) or (cluster_n, threads, nvb)
+    if exact and tiling and cluster_n * threads * nvb * vec != N:
+        cluster_n, threads, nvb = tiling
     cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec, streams=streams)
     room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + streams * -(-cfg.slice_cols * elem_bytes // 128) * 128
     fit = min(MAX_STAGES, room // (streams * cfg.slice_cols * elem_bytes))

@@ -10,6 +10,7 @@ M * N >= 2^31. CPU tests: the config rules.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -34,6 +35,14 @@ EPS = 1e-6
 # ------------------------------------------------------------------------------------------------
 # CPU: config rules
 # ------------------------------------------------------------------------------------------------
+def _shape(e, n16):
+    """(CTAs, threads, vectors) of the rule's config for rows of e-byte elements as long as n16 16-bit ones."""
+    from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
+
+    cfg = analytic_config(n16 * 2 // e, e)
+    return cfg.cluster_n, cfg.threads, cfg.nvb
+
+
 @pytest.mark.parametrize("ring", [2, 3])
 @pytest.mark.parametrize("N", [8, 128, 1000, 2880, 4096, 12288, 16392, 40000, 42528, 65536, 66000, 72928, 98304, 117144,
                                131072, 262144, 524288])
@@ -125,10 +134,7 @@ def test_rows_of_16_to_18_slices_go_over_8_ctas_unless_15_or_16_tile_them(e):
                     continue
                 assert (cfg.cluster_n, cfg.threads) == (SMALL_CLUSTER, WIDE_THREADS) and cfg.nvb <= 9, (N, cfg)
                 assert cfg.stages <= ring
-    def shape(n16):  # (CTAs, threads, vectors) of the row of n16 16-bit elements' bytes
-        cfg = analytic_config(n16 * 2 // e, e)
-        return cfg.cluster_n, cfg.threads, cfg.nvb
-
+    shape = functools.partial(_shape, e)
     assert shape(123904) == (8, 256, 8) and shape(129024) == (8, 256, 8) and shape(143368) == (8, 256, 9)
     assert shape(131072) == (16, 128, 8) and shape(138240) == (15, 128, 9) and shape(147456) == (16, 128, 9)
     assert shape(147464) == (15, 256, 5) and shape(157696) == (16, 256, 5) and shape(159744) == (16, 256, 5)
@@ -153,10 +159,7 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
             assert cfg.nvb <= 11, (N, cfg)
             if N * e <= SMALL_CLUSTER * SLICE_BYTES:
                 assert cfg.cluster_n not in ONE_A_GPC, (N, cfg)
-    def shape(n16):  # (CTAs, threads, vectors) of the row of n16 16-bit elements' bytes
-        cfg = analytic_config(n16 * 2 // e, e)
-        return cfg.cluster_n, cfg.threads, cfg.nvb
-
+    shape = functools.partial(_shape, e)
     assert shape(13312) == (2, 128, 7) and shape(26624) == (4, 128, 7) and shape(53248) == (8, 128, 7)
     assert shape(230400) == (15, 256, 8) and shape(173056) == (15, 256, 6)
     assert shape(11264) == (1, 128, 11) and shape(33792) == (3, 128, 11)
@@ -488,8 +491,9 @@ def test_rows_at_every_16_byte_offset(seed, N, with_dh):
 
     (bx, x), (bdy, dy) = rows_at(1, 1), rows_at(6, 3)
     bdh, dh = rows_at(3, 5) if with_dh else (None, None)
-    before = [b.clone() for b in (bx, bdy, bdh) if b is not None]
+    buffers = [b for b in (bx, bdy, bdh) if b is not None]
+    before = [b.clone() for b in buffers]
     w = random_weight(N, torch.bfloat16, "cuda")
     dx, dw = _run(x, w, dy, 0.0, dh=dh)
     _check(x, w, dy, 0.0, dx, dw, f"N={N} rows at 16-byte offsets" + (" + dh" if with_dh else ""), seed, dh=dh)
-    assert all(torch.equal(a, b) for a, b in zip(before, [b for b in (bx, bdy, bdh) if b is not None]))
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers))
