@@ -23,7 +23,9 @@ class BackwardRow:
     evidence: str
     fp32_weight: bool = True  # False: not beside an fp32 weight (16-bit x); such calls take the next row
     dh_bytes_max: int | None = None  # with dh (the residual add's backward) only up to rows of these bytes (0: never)
-    exact_only: bool = False  # only rows the CuTe DSL backward's slices tile exactly (its exact_tiling)
+    # only rows the CuTe DSL backward's slices tile exactly (its exact_tiling) or that it takes over its
+    # EVEN_SLICES (takes_even_slices, from the table's GPU model's EVEN_FROM)
+    exact_or_even_only: bool = False
 
 
 # mode=None's backward: the cuTile persistent kernel, except where another mode's backward measured
@@ -68,14 +70,18 @@ CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
 # On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns) with a 16-bit weight (or none) and no dh:
 # the CuTe DSL backward where its slices tile the row exactly (N a multiple of 1024 there: 9216 over 1 x
-# 128 x 9 vectors, 10240 over 2 x 128 x 5) and at every row from H200_CUTE_BWD_MIN_BYTES; the cuTile
-# kernel at the other rows below it, where the CuTe kernel's last slice would be part empty. The cuTile
-# kernel's H200 table has entries at 10240 and 12288, taken by the nearest in log2: rows from 11218 (the
-# two's geometric mean) run its 12288 config, the row split over 4 blocks, which measured 0.815-0.846 at
-# 11264-12160 against the CuTe kernel's 0.903-0.979 (part-empty slices included); rows below run one
-# block a row (a piece of 8192 and a tail), 0.811-0.931 at the padded widths 8200-11136 against the CuTe
-# kernel's 0.754-0.900 (9736 the exception: 0.821 against 0.852), and 0.878-0.945 at the exact ones
-# against 0.911-0.971. The band starts at the first whole 16-byte vector past that switch (11224).
+# 128 x 9 vectors, 10240 over 2 x 128 x 5), where the row is a multiple of 32 bytes (N of 16: one CTA of
+# 256 threads, its EVEN_SLICES: cute/rmsnorm_bwd_config.py) and at every row from H200_CUTE_BWD_MIN_BYTES;
+# the cuTile kernel at the other rows below it (an odd count of 16-byte vectors), where the CuTe kernel's
+# last slice would be part empty over the 16 KiB rule's 2 CTAs. The cuTile kernel's H200 table has entries
+# at 10240 and 12288, taken by the nearest in log2: rows from 11218 (the two's geometric mean) run its
+# 12288 config, the row split over 4 blocks, which measured 0.815-0.846 at 11264-12160 against the CuTe
+# kernel's 0.903-0.979 (part-empty slices included); rows below run one block a row (a piece of 8192 and a
+# tail), 0.811-0.931 at the padded widths 8200-11136 against the CuTe kernel's 0.754-0.900 over 2 CTAs of
+# 128 threads (9736 the exception: 0.821 against 0.852), and 0.878-0.945 at the exact ones against
+# 0.911-0.971; over EVEN_SLICES' one CTA of 256 threads the CuTe kernel measured 0.957-0.983 at 8704 /
+# 9472 / 10000 / 11008 / 11136 against the cuTile kernel's 0.890-0.923 (same run). The band starts at the
+# first whole 16-byte vector past that switch (11224).
 H200_CUTE_BWD_MIN_BYTES = 2 * 11224
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
@@ -134,12 +140,13 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), 16 * 1024 + 1, H200_CUTE_BWD_MIN_BYTES - 1, "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, rows the CuTe DSL backward's slices tile exactly, against the "
                 "cuTile persistent kernel (medians of 3, two runs): N=9216 0.971 / 0.945, 0.967 / 0.943; 10240 "
-                "0.915 / 0.882, 0.911 / 0.878; the padded rows stay with the cuTile kernel: 8200 0.754 / 0.811, "
-                "8704 0.782 / 0.920, 9472 0.848 / 0.903, 10000 0.864 / 0.902, 10496 0.875 / 0.925, 10752 0.883 / "
-                "0.931, 11008 0.877 / 0.893, 11136 0.900 / 0.916 (9736 0.852 / 0.821); python "
-                "bench/probe/model_widths.py --only bwd --random 0 --kernels None,cutile,cute,triton --ns ...: "
+                "0.915 / 0.882, 0.911 / 0.878; 2026-11-27, rows of a multiple of 32 bytes over the CuTe kernel's "
+                "EVEN_SLICES (one CTA of 256 threads): 8704 0.966 / 0.923, 9472 0.983 / 0.890, 10000 0.965 / "
+                "0.898, 11008 0.957 / 0.891, 11136 0.970 / 0.918; the other padded rows stay with the cuTile "
+                "kernel (2 CTAs of 128 threads, 2026-11-26): 8200 0.754 / 0.811 (9736 0.852 / 0.821); python "
+                "bench/probe/model_widths.py --only bwd --random 0 --kernels None,cutile,cute,quack --ns ...: "
                 "see H200_CUTE_BWD_MIN_BYTES",
-                fp32_weight=False, dh_bytes_max=0, exact_only=True),
+                fp32_weight=False, dh_bytes_max=0, exact_or_even_only=True),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), H200_CUTE_BWD_MIN_BYTES, CUTE_BWD_MIN_BYTES - 1,
                 "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward against the cuTile persistent kernel on its "
@@ -161,16 +168,19 @@ def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = F
     """BACKWARD_TABLE's first row for this table key (a model's, else its arch's), dtype and width,
     beside an fp32 weight or not, with dh (the residual add's backward) or not, whose mode takes the
     rows (`refused`: dispatch's answer for the CuTe DSL backward)."""
-    from .cute.rmsnorm_bwd_config import exact_tiling  # (as dispatch does: no CuTe module at import)
+    from .cute.rmsnorm_bwd_config import even_from, exact_tiling, takes_even_slices  # (no CuTe module at import)
 
     rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
     table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
+    model = table.split("/")[1] if "/" in table else None
     itemsize = getattr(torch, dtype_name).itemsize
     nbytes = N * itemsize
 
     def holds(r: BackwardRow) -> bool:
         top = min(r.bytes_max, r.dh_bytes_max) if dh and r.dh_bytes_max is not None else r.bytes_max
         return (r.table == table and r.bytes_min <= nbytes <= top and (r.fp32_weight or not fp32_weight)
-                and (not r.exact_only or exact_tiling(N, itemsize) is not None) and not refused(r))
+                and (not r.exact_or_even_only or exact_tiling(N, itemsize) is not None
+                     or takes_even_slices(N, itemsize, even_from(model), 2 + dh))
+                and not refused(r))
 
     return next((r for r in rows if holds(r)), None)

@@ -259,15 +259,16 @@ def test_an_h200_takes_its_own_backward_rows():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_an_h200_runs_the_cute_backward_from_16_kib_where_it_tiles_the_row(dtype):
+def test_an_h200_runs_the_cute_backward_from_16_kib_where_it_tiles_or_evens_the_row(dtype):
     """H200, 16-bit rows of 16-24 KiB (backward_table.H200_CUTE_BWD_MIN_BYTES): the CuTe DSL backward at
-    rows its slices tile exactly (N a multiple of 1024 there) and at every row from 11224 columns; the
-    cuTile kernel at the other rows, beside an fp32 weight and with dh (not measured there); the H100
-    and mode="tma_smem_cached" by name keep the cuTile kernel under 24 KiB."""
+    rows its slices tile exactly (N a multiple of 1024 there), at rows a multiple of 32 bytes (its
+    EVEN_SLICES: one CTA of 256 threads) and at every row from 11224 columns; the cuTile kernel at the
+    other rows (an odd count of 16-byte vectors), beside an fp32 weight and with dh (not measured there);
+    the H100 and mode="tma_smem_cached" by name keep the cuTile kernel under 24 KiB."""
     from cutile_norms.cute.rmsnorm_bwd_config import exact_tiling
 
     h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
-    for N in (9216, 10240, 11224, 11264, 11392, 11776, 12040, 12280):
+    for N in (8704, 9216, 9472, 10000, 10240, 11008, 11136, 11224, 11264, 11392, 11776, 12040, 12280):
         c = dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, N)
         assert c.backward_mode == "tma_smem_cached" and "H200" in c.reason, (N, c)
         assert c.dh_backward_mode == "multi_wave_cached", (N, c)
@@ -276,9 +277,10 @@ def test_an_h200_runs_the_cute_backward_from_16_kib_where_it_tiles_the_row(dtype
         assert dispatch.resolve(None, H100, ALL_TOOLS, dtype, 4096, N).backward_mode == "multi_wave_cached"
         assert dispatch.resolve("tma_smem_cached", h200, ALL_TOOLS, dtype, 4096, N).backward_mode \
             == "multi_wave_cached"
-    for N in (8200, 8704, 9472, 9736, 10000, 10496, 10752, 11008, 11136, 11200, 11216):
-        assert exact_tiling(N, dtype.itemsize) is None
-        assert dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, N).backward_mode == "multi_wave_cached", N
+    for N in range(8200, 11224, 8):
+        cute = exact_tiling(N, dtype.itemsize) is not None or N % 16 == 0
+        mode = dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, N).backward_mode
+        assert mode == ("tma_smem_cached" if cute else "multi_wave_cached"), N
     assert [N for N in range(8200, 11224, 8) if exact_tiling(N, 2)] == [9216, 10240]
 
 

@@ -45,13 +45,15 @@ def backward_close(dx: torch.Tensor, dw: torch.Tensor, dx_ref: torch.Tensor, dw_
             and torch.allclose(dw.float(), dw_ref.float(), rtol=2e-2, atol=1e-1))
 
 
-def backward_case(N: int) -> tuple:
+def backward_case(N: int, w_dtype: torch.dtype = torch.bfloat16) -> tuple:
     """(M, x, w, dy, rstd, dx_ref, dw_ref): bf16 rows of N at the bench size (bench.tune.sweep.width_inputs),
-    dy normal, the forward's fp32 rstd, and the reference's grads (offset 0, eps 1e-6)."""
+    a weight of w_dtype, dy normal, the forward's fp32 rstd, and the reference's grads (offset 0, eps
+    1e-6)."""
     from bench.tune.sweep import width_inputs
     from cutile_norms.reference import rms_norm_backward, rms_norm_reference
 
     M, x, w = width_inputs(N, torch.bfloat16)
+    w = w.to(w_dtype)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     rstd = rms_norm_reference(x, w, 1e-6)[1].float().contiguous()
     return (M, x, w, dy, rstd, *rms_norm_backward(dy, x, w, rstd, 0.0))

@@ -20,7 +20,7 @@ from bench.probe.common import backward_case, backward_close, ints, no_gpu, widt
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, ring_stages  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import device_config, ring_stages  # noqa: E402
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
             M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
             dh = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
             for has_dh in (False, True):
-                cfg = analytic_config(N, 2, small_ring=ring_stages(dev), streams=3 if has_dh else 2)
+                cfg = device_config(N, 2, dev, streams=3 if has_dh else 2)
                 times = {k: [] for k in args.ks}
                 for rnd in range(args.rounds):
                     copy = copy_baseline_ms(x, reps=20)["median_ms"]

@@ -22,7 +22,7 @@ from bench.probe.common import backward_case, backward_close, no_gpu, width_pars
 from bench.timing import ratios_to_copy  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import analytic_config, reduction_shape, ring_stages  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import device_config, reduction_shape, ring_stages  # noqa: E402
 
 NS = [10240, 12288, 14336, 18432, 18984, 20480, 25464, 28672, 38040, 65536, 118632, 262144]
 
@@ -49,7 +49,7 @@ def main() -> int:
           f"{reduction_shape(2, 2, False)}", flush=True)
     rows = {}
     for N in args.ns:
-        cfg = analytic_config(N, 2, small_ring=ring_stages(dev))
+        cfg = device_config(N, 2, dev)
         M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
         dx, dw = torch.empty_like(x), torch.empty_like(w)
 

@@ -22,7 +22,7 @@ from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, MAX_STAGES, SLICE_BYTES,  # noqa: E402
                                                   SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config,
-                                                  ring_stages)
+                                                  device_config, ring_stages)
 from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa: E402
 
 # vectors a thread the cluster variants may hold: past the rule's exact tilings (rmsnorm_bwd_config.MAX_VECS,
@@ -30,9 +30,10 @@ from cutile_norms.reference import rms_norm_backward, rms_norm_reference  # noqa
 PROBE_VECS = 16
 
 
-def variants(N, e, ring):
-    """The rule's config on this GPU (`ring`: its small clusters' ring slots) and its variants."""
-    out = {"analytic": analytic_config(N, e, small_ring=ring)}
+def variants(N, e, dev):
+    """The rule's config on this GPU (`dev`) and its variants (the 16 KiB rule's, on its ring)."""
+    ring = ring_stages(dev)
+    out = {"analytic": device_config(N, e, dev)}
     for name, kw in (("vecs 4", dict(vecs_per_thread=4)), ("vecs 2", dict(vecs_per_thread=2)),
                      ("slice 8K", dict(slice_bytes=8192)), ("slice 8K v4", dict(slice_bytes=8192, vecs_per_thread=4)),
                      ("slice 32K", dict(slice_bytes=32768)), ("slice 32K v16", dict(slice_bytes=32768, vecs_per_thread=16)),
@@ -96,9 +97,8 @@ def main() -> int:
         cut = lambda: PERSISTENT_BACKWARD.backward(dy, x, w, rstd, args.offset, True, True, dev)  # noqa: E731
         row["cutile"] = timed(cut)
         print(f"N={N:>6} {'cutile table':<14} {row['cutile']:.3f}", flush=True)
-        ring = ring_stages(dev)
-        runs = [(name, cfg, None) for name, cfg in variants(N, dtype.itemsize, ring).items()]
-        runs += [(f"reducers {r}", analytic_config(N, dtype.itemsize, small_ring=ring), r) for r in args.reducers]
+        runs = [(name, cfg, None) for name, cfg in variants(N, dtype.itemsize, dev).items()]
+        runs += [(f"reducers {r}", device_config(N, dtype.itemsize, dev), r) for r in args.reducers]
         for name, cfg, reducers in runs:
             try:
                 def run(need_dw=True, cfg=cfg, reducers=reducers):

@@ -4,9 +4,11 @@ of --rounds interleaved rounds (the copy timed again each round), with min-max; 
 misses the reference says WRONG.
 
     python bench/tune/cute_rmsnorm_bwd_ab.py --ns 12288,13312 --configs rule,pad,1x128x12 [--rounds 3] [--out F]
+        [--weight-dtype float32]   # bf16 x beside an fp32 weight
 
-Configs: `rule` (analytic_config on this GPU), `pad` (the rule's padded slices even where an exact
-tiling exists), `CxTxV` (C CTAs of T threads of V vectors, the rule's ring slots for its cluster size,
+Configs: `rule` (analytic_config on this GPU: device_config), `rule16` (the 16 KiB rule alone, without
+EVEN_SLICES), `pad` (the 16 KiB rule's padded slices even where an exact tiling exists), `sliceK` /
+`sliceKpad` (rule16's / pad's formula over slices of K KiB instead of SLICE_BYTES), `CxTxV` (C CTAs of T threads of V vectors, the rule's ring slots for its cluster size,
 fewer where shared memory does not hold them) or `CxTxVsS` (S slots). A config equal to an earlier
 one is timed once, under the earlier name.
 """
@@ -26,20 +28,23 @@ from bench.probe.common import backward_case, backward_close, no_gpu, width_pars
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, MAX_STAGES, MIN_STAGES, SMALL_CLUSTER,  # noqa: E402
-                                                  SMEM_MAX, BwdConfig, analytic_config, ring_stages)
+from cutile_norms._platform import gpu_model  # noqa: E402
+from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, EVEN_FROM_OTHERS, MAX_STAGES, MIN_STAGES,  # noqa: E402
+                                                  SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config, even_from,
+                                                  ring_stages)
 
 SPEC = re.compile(r"(\d+)x(\d+)x(\d+)(?:s(\d+))?$")
+SLICE = re.compile(r"slice(\d+)(pad)?$")
 
 
 def parse(name: str) -> tuple[int, int, int, int | None] | None:
     """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule` and `pad`; exits with
     the reason for any other name or a value the kernel does not take."""
-    if name in ("rule", "pad"):
+    if name in ("rule", "rule16", "pad") or SLICE.match(name):
         return None
     m = SPEC.match(name)
     if m is None:
-        raise SystemExit(f"unknown config {name!r}: rule, pad, CxTxV or CxTxVsS")
+        raise SystemExit(f"unknown config {name!r}: rule, pad, sliceK, CxTxV or CxTxVsS")
     c, t, v = (int(g) for g in m.groups()[:3])
     s = int(m.group(4)) if m.group(4) else None
     if not (1 <= c <= CLUSTER_MAX and 32 <= t <= 1024 and t % 32 == 0 and v >= 1
@@ -49,13 +54,17 @@ def parse(name: str) -> tuple[int, int, int, int | None] | None:
     return c, t, v, s
 
 
-def named_config(name: str, N: int, ring: int) -> BwdConfig | None:
-    """The config `name` stands for at bf16 rows of N (module docstring); None where it does not hold the
-    row without an empty CTA or does not fit shared memory (an explicit slot count is never lowered)."""
-    if name == "rule":
-        return analytic_config(N, 2, small_ring=ring)
+def named_config(name: str, N: int, ring: int, even: int | None = EVEN_FROM_OTHERS) -> BwdConfig | None:
+    """The config `name` stands for at bf16 rows of N on a GPU of `ring` slots and EVEN_SLICES from `even`
+    bytes (module docstring); None where it does not hold the row without an empty CTA or does not fit
+    shared memory (an explicit slot count is never lowered)."""
+    if name in ("rule", "rule16"):
+        return analytic_config(N, 2, small_ring=ring, even_slices_from=even if name == "rule" else None)
     if name == "pad":
         return analytic_config(N, 2, small_ring=ring, exact=False)
+    if SLICE.match(name):
+        kib, pad = SLICE.match(name).groups()
+        return analytic_config(N, 2, slice_bytes=int(kib) * 1024, small_ring=ring, exact=not pad)
     c, t, v, s = parse(name)
     if not c * t * v * 8 >= N > (c - 1) * t * v * 8:
         return None
@@ -66,14 +75,16 @@ def named_config(name: str, N: int, ring: int) -> BwdConfig | None:
     return None
 
 
-def measure(N: int, names: list[str], ring: int, sm_count: int, rounds: int) -> dict:
-    """{name: its config, median, min, max and whether dx and dw match the reference} at bf16 rows of N."""
+def measure(N: int, names: list[str], ring: int, even: int, sm_count: int, rounds: int,
+            w_dtype: torch.dtype = torch.bfloat16) -> dict:
+    """{name: its config, median, min, max and whether dx and dw match the reference} at bf16 rows of N
+    beside a weight of w_dtype."""
     cfgs = {}
     for name in names:
-        cfg = named_config(name, N, ring)
+        cfg = named_config(name, N, ring, even)
         if cfg is not None and cfg not in cfgs.values():
             cfgs[name] = cfg
-    M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
+    M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N, w_dtype)
     runs = {}
     for name, cfg in cfgs.items():
         def run(cfg=cfg):
@@ -91,6 +102,7 @@ def measure(N: int, names: list[str], ring: int, sm_count: int, rounds: int) -> 
 def main() -> int:
     p = width_parser(__doc__, [12288, 13312])
     p.add_argument("--configs", default="rule,pad")
+    p.add_argument("--weight-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     args = p.parse_args()
     names = args.configs.split(",")
     for name in names:
@@ -99,15 +111,18 @@ def main() -> int:
         return 0
     dev = device_info("cuda")
     ring = ring_stages(dev)
-    print(f"{torch.cuda.get_device_name()}, {ring} ring slots for clusters up to {SMALL_CLUSTER}", flush=True)
+    print(f"{torch.cuda.get_device_name()}, {ring} ring slots for clusters up to {SMALL_CLUSTER}, "
+          f"{args.weight_dtype} weight", flush=True)
     rows = {}
     for N in args.ns:
-        rows[str(N)] = measure(N, names, ring, dev.sm_count, args.rounds)
+        rows[str(N)] = measure(N, names, ring, even_from(gpu_model(dev.name)), dev.sm_count, args.rounds,
+                               getattr(torch, args.weight_dtype))
         torch.cuda.empty_cache()
         for name, r in rows[str(N)].items():
             print(f"N={N:>6} {name:<12} {r['median']:.3f} [{r['min']:.3f}-{r['max']:.3f}]"
                   f"{'' if r['ok'] else '  WRONG'}  {r['config']}", flush=True)
-    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "rounds": args.rounds, "rows": rows})
+    write_json(args.out, {"gpu": torch.cuda.get_device_name(), "rounds": args.rounds,
+                          "weight_dtype": args.weight_dtype, "rows": rows})
     return 0
 
 

@@ -20,7 +20,7 @@ import torch
 
 from .._platform import DeviceInfo
 from .._workspace import current_raw_stream, grad_outputs, workspace
-from .rmsnorm_bwd_config import BwdConfig, analytic_config, reduction_shape, ring_stages
+from .rmsnorm_bwd_config import BwdConfig, analytic_config, device_config, reduction_shape
 from .compile import CompileCache, compile_options, cutlass_dtype
 
 
@@ -170,7 +170,7 @@ class TmaSmemBackward:
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo | None = None, w_dtype=None,
                has_dh: bool = False) -> BwdConfig | None:
-        return analytic_config(N, dtype.itemsize, small_ring=ring_stages(dev), streams=3 if has_dh else 2)
+        return device_config(N, dtype.itemsize, dev, streams=3 if has_dh else 2)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
                  has_dh: bool = False) -> str:

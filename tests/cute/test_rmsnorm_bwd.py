@@ -36,10 +36,11 @@ EPS = 1e-6
 # CPU: config rules
 # ------------------------------------------------------------------------------------------------
 def _shape(e, n16):
-    """(CTAs, threads, vectors) of the rule's config for rows of e-byte elements as long as n16 16-bit ones."""
+    """(CTAs, threads, vectors) of the 16 KiB rule's config (without EVEN_SLICES) for rows of e-byte elements
+    as long as n16 16-bit ones."""
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
-    cfg = analytic_config(n16 * 2 // e, e)
+    cfg = analytic_config(n16 * 2 // e, e, even_slices_from=None)
     return cfg.cluster_n, cfg.threads, cfg.nvb
 
 
@@ -61,8 +62,54 @@ def test_config_covers_the_row(N, e, ring):
     assert MIN_STAGES <= cfg.stages and cfg.smem_bytes(e) <= SMEM_MAX
     if cfg.cluster_n <= SMALL_CLUSTER:
         assert cfg.stages <= ring
-    # the ring is all the GPU model changes: the slices are the same
+    # at one EVEN_SLICES start the ring is all that changes: the slices are the same
     assert dataclasses.replace(cfg, stages=0) == dataclasses.replace(analytic_config(N, e), stages=0)
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+@pytest.mark.parametrize("gpu", [H100, H200])
+def test_even_rows_go_over_24_kib_slices(gpu):
+    """rmsnorm_bwd_config.EVEN_SLICES: a 16-bit row a multiple of 32 bytes long, past the GPU model's
+    EVEN_FROM (H200 16 KiB, H100 48 KiB) and up to 8 slices of 16 KiB, without dh, goes over the padded
+    formula's 24 KiB slices (256 threads of at most 6 vectors from 16 KiB a CTA), unless the 16 KiB rule
+    tiles it exactly with slices of 16 KiB or more; every other row (odd vector counts, dh's ring, fp32
+    rows, wider rows) keeps the 16 KiB rule's config."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cute.rmsnorm_bwd_config import (EVEN_FROM, EVEN_FROM_OTHERS, EVEN_SLICE_BYTES, SLICE_BYTES,
+                                                      SMALL_CLUSTER, analytic_config, device_config, ring_stages)
+
+    dev = DeviceInfo("nvidia", gpu, (9, 0), 132, 0)
+    ring, start = ring_stages(dev), (EVEN_FROM["H200"] if gpu == H200 else EVEN_FROM_OTHERS)
+    moved = 0
+    for e in (2, 4):
+        for N in range(8 * 1024 // e, 160 * 1024 // e + 1, 16 // e):
+            for streams in (2, 3):
+                cfg = device_config(N, e, dev, streams=streams)
+                rule16 = analytic_config(N, e, small_ring=ring, streams=streams, even_slices_from=None)
+                whole16 = rule16.cluster_n * rule16.slice_cols == N and rule16.slice_cols * e >= SLICE_BYTES
+                if (e == 2 and streams == 2 and N % 16 == 0 and start < N * e <= SMALL_CLUSTER * SLICE_BYTES
+                        and not whole16):
+                    wide = analytic_config(N, e, EVEN_SLICE_BYTES, exact=False, small_ring=ring, even_slices_from=None)
+                    assert cfg == wide and cfg.slice_cols * e <= EVEN_SLICE_BYTES and cfg.nvb <= 8, (N, cfg)
+                    assert cfg.threads == 256 or cfg.slice_cols * e <= SLICE_BYTES, (N, cfg)
+                    assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols, (N, cfg)
+                    moved += cfg != rule16
+                else:
+                    assert cfg == rule16, (N, streams, cfg, rule16)
+    assert moved > 1000
+    shape = lambda N: (lambda c: (c.cluster_n, c.threads, c.nvb))(device_config(N, 2, dev))  # noqa: E731
+    if gpu == H200:  # rows measured (rmsnorm_bwd_config's numbers)
+        assert shape(9472) == (1, 256, 5) and shape(18432) == (2, 256, 5) and shape(22000) == (2, 256, 6)
+        assert shape(12288) == (1, 256, 6) and shape(44000) == (4, 256, 6) and shape(60000) == (5, 256, 6)
+    else:
+        assert shape(9472) == (2, 128, 5) and shape(18432) == (3, 128, 6) and shape(22000) == (3, 128, 8)
+        assert shape(27616) == (3, 256, 5) and shape(44000) == (4, 256, 6) and shape(53248) == (5, 256, 6)
+    # kept: an odd vector count, exact tilings of 16 KiB slices or more, past 8 slices
+    assert shape(19368) == (3, 128, 7) and shape(24576) == (3, 128, 8) and shape(20480) == (2, 128, 10)
+    assert shape(36864) == (4, 128, 9) and shape(65536) == (8, 128, 8) and shape(70000) == (7, 256, 5)
 
 
 @pytest.mark.parametrize("e", [2, 4])
@@ -101,8 +148,8 @@ def test_rows_padded_over_7_ctas_go_over_8_where_none_is_left_empty(e):
     per = SLICE_BYTES // e
     for N in range(6 * per + 16 // e, 7 * per + 1, 16 // e):
         for ring in (2, 3):
-            for streams in (2, 3):
-                cfg = analytic_config(N, e, small_ring=ring, streams=streams)
+            for streams in (2, 3):  # (the 16 KiB rule: EVEN_SLICES takes the even rows of 2 streams first)
+                cfg = analytic_config(N, e, small_ring=ring, streams=streams, even_slices_from=None)
                 shape = (cfg.cluster_n, cfg.threads, cfg.nvb)
                 if N == 7 * per:
                     assert shape == (7, 128, 8), (N, cfg)
@@ -112,8 +159,7 @@ def test_rows_padded_over_7_ctas_go_over_8_where_none_is_left_empty(e):
                     assert shape == (8, 128, 7) and cfg.slice_cols * 7 < N, (N, cfg)
                 else:  # 8 CTAs of 6 vectors do not hold it, of 7 leave the 8th empty
                     assert shape[0] == 7, (N, cfg)
-    assert analytic_config(48000 * 2 // e, e).cluster_n == 6
-    assert (analytic_config(66000 * 2 // e, e).cluster_n, analytic_config(66000 * 2 // e, e).threads) == (7, 256)
+    assert _shape(e, 48000)[0] == 6 and _shape(e, 66000)[:2] == (7, 256)
 
 
 @pytest.mark.parametrize("e", [2, 4])
@@ -150,12 +196,12 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
     thread (exact tilings of 12 ran 0.64-0.81 x copy on an H200, of 13 0.55-0.76, of 15 0.07), and a row
     that 8 CTAs of 16 KiB slices hold never goes over 9-15 CTAs for an exact tiling (53248: 0.62 on an
     H200 over 13 CTAs)."""
-    from cutile_norms.cute.rmsnorm_bwd_config import (ONE_A_GPC, SLICE_BYTES, SMALL_CLUSTER, analytic_config,
-                                                      exact_tiling)
+    from cutile_norms.cute.rmsnorm_bwd_config import (EVEN_FROM, EVEN_FROM_OTHERS, ONE_A_GPC, SLICE_BYTES,
+                                                      SMALL_CLUSTER, analytic_config, exact_tiling)
 
     for N in range(16 // e, 512 * 1024 // e + 1, 16 // e):
-        for ring in (2, 3):
-            cfg = analytic_config(N, e, small_ring=ring)
+        for ring, even in ((2, EVEN_FROM_OTHERS), (3, EVEN_FROM["H200"])):  # the H100's and the H200's configs
+            cfg = analytic_config(N, e, small_ring=ring, even_slices_from=even)
             assert cfg.nvb <= 11, (N, cfg)
             if N * e <= SMALL_CLUSTER * SLICE_BYTES:
                 assert cfg.cluster_n not in ONE_A_GPC, (N, cfg)
@@ -271,6 +317,26 @@ def test_other_configs(seed, N, variant):
     dy = random_rows((M, N), torch.bfloat16, "cuda")
     dx, dw = _run(x, w, dy, 0.0, cfg=cfg)
     _check(x, w, dy, 0.0, dx, dw, f"N={N} {cfg.short()}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [9472, 12288, 18432, 22000, 44000, 60000])
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("M", [1, 133, 2000])
+def test_the_h200s_even_slices(seed, N, w_dtype, M):
+    """The configs of rmsnorm_bwd_config.EVEN_SLICES an H200 runs (256 threads over one CTA or clusters of
+    2-5, part-empty last slices), on whichever GPU this is: fewer rows than clusters, and many rows a
+    cluster so that the ring wraps."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cute.rmsnorm_bwd_config import device_config
+
+    cfg = device_config(N, 2, DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0))
+    assert cfg.threads == 256, cfg
+    x = random_rows((M, N), torch.bfloat16, "cuda")
+    w = random_weight(N, w_dtype, "cuda")
+    dy = random_rows((M, N), torch.bfloat16, "cuda")
+    dx, dw = _run(x, w, dy, 0.0, cfg=cfg)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} M={M} {cfg.short()}", seed)
 
 
 @pytest.mark.gpu

@@ -52,6 +52,22 @@ def test_compiles_with_the_deep_ring(N, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,x_dtype,w_dtype", [(9472, "bfloat16", "bfloat16"), (22000, "bfloat16", "bfloat16"),
+                                               (60000, "bfloat16", "bfloat16"), (22000, "float16", "float16"),
+                                               (22000, "bfloat16", "float32")])
+def test_compiles_the_h200s_even_slices(N, x_dtype, w_dtype, arch):
+    """The configs of rmsnorm_bwd_config.EVEN_SLICES an H200 runs (256 threads of 5-6 vectors: one CTA at
+    9472, clusters of 2 and 5 at 22000 and 60000) build without spills, beside an fp32 weight too."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cute.rmsnorm_bwd_config import device_config
+
+    cfg = device_config(N, 2, DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0))
+    assert cfg.threads == 256 and cfg.stages == 3, cfg
+    fn = compile_backward(DT[x_dtype], DT[w_dtype], N, cfg, True, True, arch, keep_ptx=True)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("ring", [2, 3])
 @pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 53248, 65536, 72928, 117144, 204800, 262144])
 def test_compiles_with_dh(N, ring, arch):

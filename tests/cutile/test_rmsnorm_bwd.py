@@ -355,7 +355,7 @@ def test_dh_added_inside(seed, N, x_dtype, w_dtype, M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [14600, 16024, 18440, 19336])
+@pytest.mark.parametrize("N", [9472, 14600, 16024, 18432, 18440, 19336])
 @pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
 def test_mode_none_runs_the_backward_its_table_names(seed, N, w_dtype):
     """mode=None's backward (backward_table.BACKWARD_TABLE) tells a 16-bit weight from an fp32 one and the
