@@ -145,7 +145,8 @@ ONE_A_GPC = range(SMALL_CLUSTER + 1, CLUSTER_MAX)  # the 16 KiB slice counts mov
 # 0.837 / 0.866), nor 7 CTAs of 256 threads (ONE_A_GPC's 66000 / 68000 / 70000 over 7 x 256 x 5, H200
 # 0.924 / 0.946 / 0.946 against 8 x 128 x 9's 0.882 / 0.910 / 0.917); a cause for 7 alone is not
 # measured (`python bench/tune/cute_rmsnorm_bwd_ab.py --ns 51000,53248 --configs rule,7x128x8`,
-# docs/performance.md 2.36).
+# docs/performance.md 2.36). Since EVEN_SLICES (below), which takes the 16-bit rows of a multiple of 32
+# bytes first, this holds for the others (an odd vector count, dh's third ring, fp32 rows).
 SEVEN_PADDED = SMALL_CLUSTER - 1
 FULL_GPC = range(CLUSTER_MAX - 1, CLUSTER_MAX + 1)
 WIDE_THREADS = 256
