@@ -180,7 +180,7 @@ def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = F
         top = min(r.bytes_max, r.dh_bytes_max) if dh and r.dh_bytes_max is not None else r.bytes_max
         return (r.table == table and r.bytes_min <= nbytes <= top and (r.fp32_weight or not fp32_weight)
                 and (not r.exact_or_even_only or exact_tiling(N, itemsize) is not None
-                     or takes_even_slices(N, itemsize, even_from(model), 2 + dh))
+                     or takes_even_slices(N, itemsize, even_from(model), 3 if dh else 2))
                 and not refused(r))
 
     return next((r for r in rows if holds(r)), None)

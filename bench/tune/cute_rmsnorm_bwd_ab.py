@@ -8,8 +8,9 @@ misses the reference says WRONG.
 
 Configs: `rule` (analytic_config on this GPU: device_config), `rule16` (the 16 KiB rule alone, without
 EVEN_SLICES), `pad` (the 16 KiB rule's padded slices even where an exact tiling exists), `sliceK` /
-`sliceKpad` (rule16's / pad's formula over slices of K KiB instead of SLICE_BYTES), `CxTxV` (C CTAs of T threads of V vectors, the rule's ring slots for its cluster size,
-fewer where shared memory does not hold them) or `CxTxVsS` (S slots). A config equal to an earlier
+`sliceKpad` (rule16's / pad's formula over slices of K KiB instead of SLICE_BYTES), `CxTxV` (C CTAs of
+T threads of V vectors, the rule's ring slots for its cluster size, fewer where shared memory does not
+hold them) or `CxTxVsS` (S slots). A config equal to an earlier
 one is timed once, under the earlier name.
 """
 from __future__ import annotations
@@ -26,9 +27,8 @@ sys.path.insert(0, ROOT)
 
 from bench.probe.common import backward_case, backward_close, no_gpu, width_parser, write_json  # noqa: E402
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
-from cutile_norms._platform import device_info  # noqa: E402
+from cutile_norms._platform import device_info, gpu_model  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms._platform import gpu_model  # noqa: E402
 from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, EVEN_FROM_OTHERS, MAX_STAGES, MIN_STAGES,  # noqa: E402
                                                   SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config, even_from,
                                                   ring_stages)
@@ -38,13 +38,13 @@ SLICE = re.compile(r"slice(\d+)(pad)?$")
 
 
 def parse(name: str) -> tuple[int, int, int, int | None] | None:
-    """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule` and `pad`; exits with
-    the reason for any other name or a value the kernel does not take."""
+    """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule`, `rule16`, `pad` and
+    `sliceK[pad]`; exits with the reason for any other name or a value the kernel does not take."""
     if name in ("rule", "rule16", "pad") or SLICE.match(name):
         return None
     m = SPEC.match(name)
     if m is None:
-        raise SystemExit(f"unknown config {name!r}: rule, pad, sliceK, CxTxV or CxTxVsS")
+        raise SystemExit(f"unknown config {name!r}: rule, rule16, pad, sliceK, sliceKpad, CxTxV or CxTxVsS")
     c, t, v = (int(g) for g in m.groups()[:3])
     s = int(m.group(4)) if m.group(4) else None
     if not (1 <= c <= CLUSTER_MAX and 32 <= t <= 1024 and t % 32 == 0 and v >= 1
@@ -62,8 +62,8 @@ def named_config(name: str, N: int, ring: int, even: int | None = EVEN_FROM_OTHE
         return analytic_config(N, 2, small_ring=ring, even_slices_from=even if name == "rule" else None)
     if name == "pad":
         return analytic_config(N, 2, small_ring=ring, exact=False)
-    if SLICE.match(name):
-        kib, pad = SLICE.match(name).groups()
+    if m := SLICE.match(name):
+        kib, pad = m.groups()
         return analytic_config(N, 2, slice_bytes=int(kib) * 1024, small_ring=ring, exact=not pad)
     c, t, v, s = parse(name)
     if not c * t * v * 8 >= N > (c - 1) * t * v * 8:
