@@ -24,7 +24,7 @@ class BackwardRow:
     fp32_weight: bool = True  # False: not beside an fp32 weight (16-bit x); such calls take the next row
     dh_bytes_max: int | None = None  # with dh (the residual add's backward) only up to rows of these bytes (0: never)
     # only rows the CuTe DSL backward's slices tile exactly (its exact_tiling) or that it takes over its
-    # EVEN_SLICES (takes_even_slices, from the table's GPU model's EVEN_FROM)
+    # EVEN_SLICES (takes_even_slices, in the table's GPU model's EVEN_BANDS)
     exact_or_even_only: bool = False
 
 
@@ -54,6 +54,12 @@ class BackwardRow:
 # kernel's exact tiling, 0.923); past 20480 the shape changes with the width (20488 / 21520: a 4096
 # piece, a 1024 one and a tail, 0.954 / 0.965; 22176: a 4096 piece and a padded 2048, 0.899; 23480: 8
 # blocks a row, 0.826 against the CuTe kernel's 0.917), and the sweep's best at 21848 was 0.901.
+# Inside that band the CuTe kernel runs the rows its slices tile exactly or that its EVEN_SLICES takes (an even
+# count of 16-byte vectors, 16-bit weight or none, no dh: the band's first BACKWARD_TABLE row), over 2 CTAs of
+# 128 threads of 8 vectors or of 256 threads of 5 (cute/rmsnorm_bwd_config.py): medians of 3 same-run rounds
+# 0.946-0.981 at 13 such widths of 14592-20480 against the cuTile kernel's 0.881-0.963, level at 19968 /
+# 20480 (0.964 / 0.946 against 0.963 / 0.953, the one exact tiling of 10 vectors); the cuTile kernel keeps the
+# rows of an odd vector count, where the CuTe kernel's slices cost (its numbers above).
 # Beside an fp32 weight (16-bit x) the same holds, by the same worst case, without dh (BACKWARD_TABLE's
 # second band row): the cuTile kernel (its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align,
 # and the bf16 weight's configs) measured 0.854-0.951 at 11 widths of 14600-20480 against the CuTe kernel's
@@ -93,6 +99,15 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
                 "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
                 "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "tma_smem_cached",
+                "H100 80GB HBM3 2026-11-27, bf16, rows of an even vector count, the CuTe DSL backward over its "
+                "EVEN_SLICES against the cuTile persistent kernel, medians of 3 same-run rounds: N=14592 0.978 / "
+                "0.881, 15104 0.980 / 0.890, 15360 0.970 / 0.893, 16000 0.981 / 0.909, 16384 0.967 / 0.948, "
+                "16768 0.978 / 0.914, 17152 0.978 / 0.924, 17920 0.973 / 0.938, 18432 0.959 / 0.933, 19200 "
+                "0.968 / 0.949, 19968 0.964 / 0.963, 20480 0.946 / 0.953 x copy (python "
+                "bench/tune/cute_rmsnorm_bwd_ab.py --ns ... --configs cutile,rule,even28,slice24pad): see "
+                "CUTILE_BWD_BAND",
+                fp32_weight=False, dh_bytes_max=0, exact_or_even_only=True),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "multi_wave_cached",
                 "H100 80GB HBM3 2026-11-26, bf16, the cuTile persistent kernel (the row over 4 blocks, 2 per SM, "
                 "prefetching) against the CuTe DSL backward, medians of 3: N=14536 0.877 / 0.849, 14600 0.878 / "
@@ -168,7 +183,7 @@ def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = F
     """BACKWARD_TABLE's first row for this table key (a model's, else its arch's), dtype and width,
     beside an fp32 weight or not, with dh (the residual add's backward) or not, whose mode takes the
     rows (`refused`: dispatch's answer for the CuTe DSL backward)."""
-    from .cute.rmsnorm_bwd_config import even_from, exact_tiling, takes_even_slices  # (no CuTe module at import)
+    from .cute.rmsnorm_bwd_config import even_bands, exact_tiling, takes_even_slices  # (no CuTe module at import)
 
     rows = [r for r in BACKWARD_TABLE if dtype_name in r.dtypes]
     table = key if any(r.table == key for r in rows) else (key or "").split("/")[0]
@@ -180,7 +195,7 @@ def backward_row(key: str | None, dtype_name: str, N: int, fp32_weight: bool = F
         top = min(r.bytes_max, r.dh_bytes_max) if dh and r.dh_bytes_max is not None else r.bytes_max
         return (r.table == table and r.bytes_min <= nbytes <= top and (r.fp32_weight or not fp32_weight)
                 and (not r.exact_or_even_only or exact_tiling(N, itemsize) is not None
-                     or takes_even_slices(N, itemsize, even_from(model), 3 if dh else 2))
+                     or takes_even_slices(N, itemsize, even_bands(model), 3 if dh else 2))
                 and not refused(r))
 
     return next((r for r in rows if holds(r)), None)

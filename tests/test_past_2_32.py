@@ -4,10 +4,12 @@ for autograd, and the backward (dx and dw), on bf16 x of M * N = 2^32 + 64 * N e
 Offsets past 2^32 elements overflow a 32-bit element index even when it is read as unsigned (an index
 below 2^32 can pass unnoticed as one), so the rows checked are the first, those on either side of the
 2^31 and 2^32 element boundaries, the middle and the last, each against the fp64 reference; dw sums
-every row (its fp64 reference is summed in row chunks). Two widths: 8192 (one CTA or block per row
-tile) and 262144 (rows split over a cluster or over blocks). Each output is poisoned before it is freed,
-so a later mode that leaves rows unwritten cannot pass on an earlier mode's values. The residual add
-(fused and unfused: y, h, dx = dr, dw) and the FP8 output (q and scales, bit for bit) on the same rows.
+every row (its fp64 reference is summed in row chunks). Three widths: 8192 (one CTA or block per row
+tile), 50000 (a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over its
+EVEN_SLICES on both GPU models) and 262144 (rows split over a cluster or over blocks). Each output is
+poisoned before it is freed, so a later mode that leaves rows unwritten cannot pass on an earlier mode's
+values. The residual add (fused and unfused: y, h, dx = dr, dw) and the FP8 output (q and scales, bit for
+bit) on the same rows.
 
 Marked `big`: x, dy, y and dx take ~8.6 GiB each (tests/run_sharded.py runs these alone).
 """
@@ -26,7 +28,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.big]
 EPS = 1e-6
 # every mode with a GPU kernel: "torch" is the fp32 oracle made of torch ops (its indexing is torch's)
 MODES = [m for m in dispatch.MODES if m != "torch"] + [None]
-WIDTHS = {8192: torch.bfloat16, 262144: torch.float32}  # N -> the weight's dtype (both kinds covered)
+# N -> the weight's dtype (both kinds covered)
+WIDTHS = {8192: torch.bfloat16, 50000: torch.bfloat16, 262144: torch.float32}
 CHUNK_ELEMS = 1 << 27  # elements per chunk of the fp64 dw reference and of the input fill
 
 

@@ -8,9 +8,11 @@ misses the reference says WRONG.
 
 Configs: `rule` (analytic_config on this GPU: device_config), `rule16` (the 16 KiB rule alone, without
 EVEN_SLICES), `pad` (the 16 KiB rule's padded slices even where an exact tiling exists), `sliceK` /
-`sliceKpad` (rule16's / pad's formula over slices of K KiB instead of SLICE_BYTES), `CxTxV` (C CTAs of
+`sliceKpad` (rule16's / pad's formula over slices of K KiB instead of SLICE_BYTES), `evenK` (the rule
+with EVEN_SLICES at every row past K KiB), `CxTxV` (C CTAs of
 T threads of V vectors, the rule's ring slots for its cluster size, fewer where shared memory does not
-hold them) or `CxTxVsS` (S slots). A config equal to an earlier
+hold them) or `CxTxVsS` (S slots); `cutile` times the cuTile persistent backward (mode=None's choice
+inside the cuTile bands: cutile_norms/backward_table.py) in the same rounds. A config equal to an earlier
 one is timed once, under the earlier name.
 """
 from __future__ import annotations
@@ -29,22 +31,23 @@ from bench.probe.common import backward_case, backward_close, no_gpu, width_pars
 from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
 from cutile_norms._platform import device_info, gpu_model  # noqa: E402
 from cutile_norms.cute import rmsnorm_bwd as B  # noqa: E402
-from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, EVEN_FROM_OTHERS, MAX_STAGES, MIN_STAGES,  # noqa: E402
-                                                  SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config, even_from,
-                                                  ring_stages)
+from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, EVEN_BANDS_OTHERS, MAX_STAGES, MIN_STAGES,  # noqa: E402
+                                                  SLICE_BYTES, SMALL_CLUSTER, SMEM_MAX, BwdConfig, analytic_config,
+                                                  even_bands, ring_stages)
 
 SPEC = re.compile(r"(\d+)x(\d+)x(\d+)(?:s(\d+))?$")
 SLICE = re.compile(r"slice(\d+)(pad)?$")
+EVEN = re.compile(r"even(\d+)$")
 
 
 def parse(name: str) -> tuple[int, int, int, int | None] | None:
     """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule`, `rule16`, `pad` and
     `sliceK[pad]`; exits with the reason for any other name or a value the kernel does not take."""
-    if name in ("rule", "rule16", "pad") or SLICE.match(name):
+    if name in ("rule", "rule16", "pad", "cutile") or SLICE.match(name) or EVEN.match(name):
         return None
     m = SPEC.match(name)
     if m is None:
-        raise SystemExit(f"unknown config {name!r}: rule, rule16, pad, sliceK, sliceKpad, CxTxV or CxTxVsS")
+        raise SystemExit(f"unknown config {name!r}: rule, rule16, pad, sliceK, sliceKpad, CxTxV, CxTxVsS or cutile")
     c, t, v = (int(g) for g in m.groups()[:3])
     s = int(m.group(4)) if m.group(4) else None
     if not (1 <= c <= CLUSTER_MAX and 32 <= t <= 1024 and t % 32 == 0 and v >= 1
@@ -54,14 +57,17 @@ def parse(name: str) -> tuple[int, int, int, int | None] | None:
     return c, t, v, s
 
 
-def named_config(name: str, N: int, ring: int, even: int | None = EVEN_FROM_OTHERS) -> BwdConfig | None:
-    """The config `name` stands for at bf16 rows of N on a GPU of `ring` slots and EVEN_SLICES from `even`
-    bytes (module docstring); None where it does not hold the row without an empty CTA or does not fit
-    shared memory (an explicit slot count is never lowered)."""
+def named_config(name: str, N: int, ring: int, even: tuple | None = EVEN_BANDS_OTHERS) -> BwdConfig | None:
+    """The config `name` stands for at bf16 rows of N on a GPU of `ring` slots and EVEN_SLICES in the bands
+    `even` of row bytes (module docstring); None where it does not hold the row without an empty CTA or does
+    not fit shared memory (an explicit slot count is never lowered)."""
     if name in ("rule", "rule16"):
-        return analytic_config(N, 2, small_ring=ring, even_slices_from=even if name == "rule" else None)
+        return analytic_config(N, 2, small_ring=ring, even_slices=even if name == "rule" else None)
     if name == "pad":
         return analytic_config(N, 2, small_ring=ring, exact=False)
+    if m := EVEN.match(name):
+        band = (int(m.group(1)) * 1024, SMALL_CLUSTER * SLICE_BYTES)
+        return analytic_config(N, 2, small_ring=ring, even_slices=(band,))
     if m := SLICE.match(name):
         kib, pad = m.groups()
         return analytic_config(N, 2, slice_bytes=int(kib) * 1024, small_ring=ring, exact=not pad)
@@ -75,12 +81,14 @@ def named_config(name: str, N: int, ring: int, even: int | None = EVEN_FROM_OTHE
     return None
 
 
-def measure(N: int, names: list[str], ring: int, even: int, sm_count: int, rounds: int,
+def measure(N: int, names: list[str], ring: int, even: tuple, dev, rounds: int,
             w_dtype: torch.dtype = torch.bfloat16) -> dict:
     """{name: its config, median, min, max and whether dx and dw match the reference} at bf16 rows of N
     beside a weight of w_dtype."""
     cfgs = {}
     for name in names:
+        if name == "cutile":
+            continue
         cfg = named_config(name, N, ring, even)
         if cfg is not None and cfg not in cfgs.values():
             cfgs[name] = cfg
@@ -88,15 +96,22 @@ def measure(N: int, names: list[str], ring: int, even: int, sm_count: int, round
     runs = {}
     for name, cfg in cfgs.items():
         def run(cfg=cfg):
-            return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, sm_count)
+            return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
         runs[name] = (run, backward_close(*run(), dx_ref, dw_ref))
-    ratios = {name: [] for name in cfgs}
+    if "cutile" in names:
+        from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
+
+        def run():
+            return PERSISTENT_BACKWARD.backward(dy, x, w, rstd, 0.0, True, True, dev)
+        runs["cutile"] = (run, backward_close(*run(), dx_ref, dw_ref))
+    ratios = {name: [] for name in runs}
     for _ in range(rounds):
         copy = copy_baseline_ms(x, reps=20)["median_ms"]
         for name, (run, _ok) in runs.items():
             ratios[name].append(1.5 * copy / device_ms(run, reps=20)["median_ms"])
-    return {name: {"config": cfgs[name].short(), "median": statistics.median(r), "min": min(r), "max": max(r),
-                   "ok": runs[name][1]} for name, r in ratios.items()}
+    return {name: {"config": cfgs[name].short() if name in cfgs else "cuTile persistent",
+                   "median": statistics.median(r), "min": min(r), "max": max(r), "ok": runs[name][1]}
+            for name, r in ratios.items()}
 
 
 def main() -> int:
@@ -115,7 +130,7 @@ def main() -> int:
           f"{args.weight_dtype} weight", flush=True)
     rows = {}
     for N in args.ns:
-        rows[str(N)] = measure(N, names, ring, even_from(gpu_model(dev.name)), dev.sm_count, args.rounds,
+        rows[str(N)] = measure(N, names, ring, even_bands(gpu_model(dev.name)), dev, args.rounds,
                                getattr(torch, args.weight_dtype))
         torch.cuda.empty_cache()
         for name, r in rows[str(N)].items():

@@ -179,34 +179,37 @@ WIDE_SLICES = 18
 # dh's third ring) the reduction keeps one row at a time: ptxas's allocation of the row loop moved with
 # the reducer's code there, e.g. bf16 N = 20480 (2 x 128 x 10) spilled 128 bytes beside an fp32 weight
 # (28 one row at a time) and, with dh and 3 ring slots, 2596 at 32 registers (8); not measured on a GPU.
-# EVEN_SLICES: a 16-bit row a multiple of 32 bytes long (an even count of 16-byte vectors: every row starts
-# on a 32-byte sector), of up to SMALL_CLUSTER 16 KiB slices and past the GPU model's EVEN_FROM bytes, goes
-# over slices of EVEN_SLICE_BYTES (the padded rule's formula: 256 threads of at most 6 vectors from 16 KiB a
-# CTA, fewer CTAs), unless the rule's own config is an exact tiling of slices of SLICE_BYTES or more. bf16,
-# medians of 3 same-run rounds, the rule's config against these. H200, rows past 16 KiB: padded rows
-# 8704 / 9472 / 10496 / 10752 / 11136 0.804 / 0.849 / 0.877 / 0.877 / 0.899 against 0.962 / 0.984 / 0.985
-# / 0.974 / 0.969 (one CTA of 256 threads for a cluster of 2), 16400-19456 (3 x 128 x 6-7) 0.841-0.892
-# against 0.949-0.988 (2 x 256 x 5) at 7 widths, 20496-24064 (3 x 128 x 7-8) 0.889-0.937 against
-# 0.972-0.995 (2 x 256 x 6) at 6, 27616 / 30000 / 34976 / 35648 / 39088 +1.4 to +11 %, 42000 / 44000 /
-# 50000 / 52000 / 54000 / 58000 / 60000 0.843 / 0.818 / 0.866 / 0.900 / 0.914 / 0.887 / 0.916 against 0.962
-# / 0.980 / 0.960 / 0.922 / 0.935 / 0.965 / 0.977; exact tilings of slices under 16 KiB 10240 / 15360 /
-# 18432 / 28672 +3.4 / +9.0 / +9.0 / +1.4 %, 12288 (2 x 128 x 6 against one CTA) -1.7 %; those of 16 KiB
-# or more held (24576 / 32768 / 36864 / 40960 / 49152: 0.969 / 0.986 / 0.979 / 0.955 / 0.935 against
-# 0.933 / 0.976 / 0.893 / 0.949 / 0.912). H100, the same from 48 KiB: 27616 / 28672 / 30000 / 34976 / 35648
-# / 39088 / 42000 / 44000 / 50000 / 58000 / 60000 +2.8 / +0.3 / 0.0 / +3.4 / +1.6 / +2.9 / +7.3 / +5.2 /
-# +7.7 / +1.9 / -0.7 %; its rows of 43-47 KiB lost (22000 / 23040 / 24064: -1.3 / -1.3 / -2.5 % over 2 x 256
-# x 6), and 12288 -2.3 %, while below (8704-19456) it gained 1.6-12 % (rows its table gives the cuTile or
-# Triton kernel). Rows of an odd vector count keep the rule: they lost on both GPUs at most widths (H200
-# 18104 / 19368 / 20488 / 21096 / 22536 / 38488 -2.6 to -9.0 %, 16440 / 17000 / 25928 +3.2 to +6.7 %; H100
-# 17496 / 21096 / 38488 -1.1 / -7.3 / -2.5 %), as they run slower than aligned rows with the rule's own
-# slices (docs/performance.md 2.37). Past SMALL_CLUSTER slices the rule's cluster shapes hold (H200 70000
-# / 80000: 0.939 / 0.992 against 0.936 / 0.946). dh's third ring and fp32 rows are not measured: the rule
-# there. The cause of the gain is not measured (more slots in a 16 KiB ring, 4 against 3, gained nothing
-# on the H200 at 16400-24064). `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 9472,18432,44000 --configs
-# rule,slice24pad`, docs/performance.md 2.38.
+# EVEN_SLICES: a 16-bit row a multiple of 32 bytes long (an even count of 16-byte vectors: every row starts on a 32-byte
+# sector), of up to SMALL_CLUSTER 16 KiB slices and inside one of the GPU model's EVEN_BANDS, goes over slices of
+# EVEN_SLICE_BYTES (the padded rule's formula: 256 threads of at most 6 vectors from 16 KiB a CTA, fewer CTAs), unless
+# the rule's own config is an exact tiling of slices of SLICE_BYTES or more. bf16, medians of 3 same-run rounds, the
+# rule's config against these. H200, rows past 16 KiB: padded rows 8704 / 9472 / 10496 / 10752 / 11136 0.804 / 0.849 /
+# 0.877 / 0.877 / 0.899 against 0.962 / 0.984 / 0.985 / 0.974 / 0.969 (one CTA of 256 threads for a cluster of 2),
+# 16400-19456 (3 x 128 x 6-7) 0.841-0.892 against 0.949-0.988 (2 x 256 x 5) at 7 widths, 20496-24064 (3 x 128 x 7-8)
+# 0.889-0.937 against 0.972-0.995 (2 x 256 x 6) at 6, 27616 / 30000 / 34976 / 35648 / 39088 +1.4 to +11 %, 42000 / 44000
+# / 50000 / 52000 / 54000 / 58000 / 60000 0.843 / 0.818 / 0.866 / 0.900 / 0.914 / 0.887 / 0.916 against 0.962 / 0.980 /
+# 0.960 / 0.922 / 0.935 / 0.965 / 0.977; exact tilings of slices under 16 KiB 10240 / 15360 / 18432 / 28672 +3.4 / +9.0
+# / +9.0 / +1.4 %, 12288 (2 x 128 x 6 against one CTA) -1.7 %; those of 16 KiB or more held (24576 / 32768 / 36864 /
+# 40960 / 49152: 0.969 / 0.986 / 0.979 / 0.955 / 0.935 against 0.933 / 0.976 / 0.893 / 0.949 / 0.912). H100: from 48 KiB
+# 27616 / 28672 / 30000 / 34976 / 35648 / 39088 / 42000 / 44000 / 50000 / 58000 / 60000 +2.8 / +0.3 / 0.0 / +3.4 / +1.6
+# / +2.9 / +7.3 / +5.2 / +7.7 / +1.9 / -0.7 %; at 24-40 KiB the even rows the 16 KiB rule spreads over 3 CTAs of 5-7
+# vectors (15360-19968: 0.881-0.943) 0.956-0.978 over 2 CTAs, against the cuTile kernel's 0.893-0.963 in the same rounds
+# (the rows its table gave that kernel; below 28.4 KiB both formulas give the same 2 CTAs); at 40-48 KiB, where the 16
+# KiB rule's 3 CTAs of 128 threads hold 7-8 vectors (near-full slices), the 24 KiB slices' 2 x 256 x 6 lost (21504 /
+# 22000 / 23040 / 23552 / 24064: -1.4 / -1.3 to -1.8 / -1.3 / -2.5 / -2.5 %), and at 24 KiB 12288 (its exact 2 x 128 x 6
+# against one CTA) -2.3 %. Hence the H100's two bands, past 24 KiB up to 40 KiB and past 48 KiB. Rows of an odd vector
+# count keep the rule: they lost on both GPUs at most widths (H200 18104 / 19368 / 20488 / 21096 / 22536 / 38488 -2.6 to
+# -9.0 %, 16440 / 17000 / 25928 +3.2 to +6.7 %; H100 17496 / 21096 / 38488 -1.1 / -7.3 / -2.5 %), as they run slower
+# than aligned rows with the rule's own slices (docs/performance.md 2.37). Past SMALL_CLUSTER slices the rule's cluster
+# shapes hold (H200 70000 / 80000: 0.939 / 0.992 against 0.936 / 0.946). dh's third ring and fp32 rows are not measured:
+# the rule there. The cause of the gain is not measured (more slots in a 16 KiB ring, 4 against 3, gained nothing on the
+# H200 at 16400-24064). `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 9472,18432,44000 --configs
+# rule,slice24pad,cutile`, docs/performance.md 2.38 and 2.39.
 EVEN_SLICE_BYTES = 24 * 1024
-EVEN_FROM = {"H200": SLICE_BYTES}  # GPU model -> rows past these bytes take EVEN_SLICES
-EVEN_FROM_OTHERS = 3 * SLICE_BYTES  # the H100's, and any GPU model EVEN_FROM does not name
+# GPU model -> bands of row bytes (lo, hi]: rows past lo and up to hi take EVEN_SLICES
+EVEN_BANDS = {"H200": ((SLICE_BYTES, SMALL_CLUSTER * SLICE_BYTES),)}
+# the H100's, and any GPU model EVEN_BANDS does not name
+EVEN_BANDS_OTHERS = ((24 * 1024, 40 * 1024), (3 * SLICE_BYTES, SMALL_CLUSTER * SLICE_BYTES))
 RED_ROUNDS = 1
 RED_CLUSTERS = 8
 
@@ -246,35 +249,37 @@ def ring_stages(dev: DeviceInfo | None) -> int:
     return DEEP_RING.get(gpu_model(dev.name), MIN_STAGES) if dev is not None else MIN_STAGES
 
 
-def even_from(model: str | None) -> int:
-    """The row bytes past which EVEN_SLICES applies on a GPU model (_platform.gpu_model; None: the H100's)."""
-    return EVEN_FROM.get(model, EVEN_FROM_OTHERS)
+def even_bands(model: str | None) -> tuple[tuple[int, int], ...]:
+    """The bands of row bytes where EVEN_SLICES applies on a GPU model (_platform.gpu_model; None: the H100's)."""
+    return EVEN_BANDS.get(model, EVEN_BANDS_OTHERS)
 
 
-def takes_even_slices(N: int, elem_bytes: int, from_bytes: int | None, streams: int = 2) -> bool:
-    """Whether a row of N elements of elem_bytes is one EVEN_SLICES is for, past from_bytes (None: none is):
-    16-bit, a multiple of 32 bytes, past from_bytes and up to SMALL_CLUSTER slices, x's and dy's rings only
-    (analytic_config then keeps an exact tiling of its own slices of SLICE_BYTES or more)."""
-    return (from_bytes is not None and elem_bytes == 2 and streams == 2 and (N * elem_bytes) % 32 == 0
-            and from_bytes < N * elem_bytes <= SMALL_CLUSTER * SLICE_BYTES)
+def takes_even_slices(N: int, elem_bytes: int, bands: tuple[tuple[int, int], ...] | None, streams: int = 2) -> bool:
+    """Whether a row of N elements of elem_bytes is one EVEN_SLICES is for, inside one of `bands` (lo, hi]
+    of row bytes (None: none is; each band ends at SMALL_CLUSTER slices at most): 16-bit, a multiple of 32
+    bytes, x's and dy's rings only (analytic_config then keeps an exact tiling of its own slices of
+    SLICE_BYTES or more)."""
+    nbytes = N * elem_bytes
+    return (bands is not None and elem_bytes == 2 and streams == 2 and nbytes % 32 == 0
+            and nbytes <= SMALL_CLUSTER * SLICE_BYTES and any(lo < nbytes <= hi for lo, hi in bands))
 
 
 def device_config(N: int, elem_bytes: int, dev: DeviceInfo | None, streams: int = 2) -> BwdConfig | None:
-    """analytic_config for `dev` (None: the H100's rules): its ring (ring_stages) and EVEN_SLICES' start."""
+    """analytic_config for `dev` (None: the H100's rules): its ring (ring_stages) and EVEN_SLICES' bands."""
     return analytic_config(N, elem_bytes, small_ring=ring_stages(dev), streams=streams,
-                           even_slices_from=even_from(gpu_model(dev.name) if dev is not None else None))
+                           even_slices=even_bands(gpu_model(dev.name) if dev is not None else None))
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, stages: int | None = None,
                     exact: bool = True, small_ring: int = MIN_STAGES, streams: int = 2,
-                    even_slices_from: int | None = EVEN_FROM_OTHERS) -> BwdConfig | None:
+                    even_slices: tuple[tuple[int, int], ...] | None = EVEN_BANDS_OTHERS) -> BwdConfig | None:
     """The config for rows of N elements of `elem_bytes` (`stages`: that many ring slots instead of the
     rule's; `exact=False`: the padded rule even where an exact tiling exists, for probes; `small_ring`:
     the slots of clusters of up to SMALL_CLUSTER CTAs, ring_stages(dev); `streams` 3: a ring for dh too,
-    the residual add's backward, whose slots are the same slices; `even_slices_from`: the GPU model's
-    EVEN_FROM, None for the 16 KiB rule alone); None where no config fits (a slice ring of MIN_STAGES
+    the residual add's backward, whose slots are the same slices; `even_slices`: the GPU model's
+    EVEN_BANDS, None for the 16 KiB rule alone); None where no config fits (a slice ring of MIN_STAGES
     rows over at most CLUSTER_MAX CTAs does not fit shared memory). device_config gives a GPU's."""
     vec = 16 // elem_bytes
     slices = -(-N * elem_bytes // slice_bytes)
@@ -298,10 +303,10 @@ def analytic_config(N: int, elem_bytes: int, slice_bytes: int = SLICE_BYTES,
             cluster_n, nvb = SMALL_CLUSTER, nvb8
     if exact and tiling and cluster_n * threads * nvb * vec != N:
         cluster_n, threads, nvb = tiling
-    if rules and exact and takes_even_slices(N, elem_bytes, even_slices_from, streams) and not (
+    if rules and exact and takes_even_slices(N, elem_bytes, even_slices, streams) and not (
             cluster_n * threads * nvb * vec == N and threads * nvb * 16 >= SLICE_BYTES):  # EVEN_SLICES
         return analytic_config(N, elem_bytes, EVEN_SLICE_BYTES, stages=stages, exact=False, small_ring=small_ring,
-                               streams=streams, even_slices_from=None)
+                               streams=streams, even_slices=None)
     cfg = BwdConfig(cluster_n=cluster_n, threads=threads, nvb=nvb, stages=1, vec=vec, streams=streams)
     room = SMEM_MAX - cfg.smem_bytes(elem_bytes) + streams * -(-cfg.slice_cols * elem_bytes // 128) * 128
     fit = min(MAX_STAGES, room // (streams * cfg.slice_cols * elem_bytes))

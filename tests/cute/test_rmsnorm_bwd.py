@@ -40,7 +40,7 @@ def _shape(e, n16):
     as long as n16 16-bit ones."""
     from cutile_norms.cute.rmsnorm_bwd_config import analytic_config
 
-    cfg = analytic_config(n16 * 2 // e, e, even_slices_from=None)
+    cfg = analytic_config(n16 * 2 // e, e, even_slices=None)
     return cfg.cluster_n, cfg.threads, cfg.nvb
 
 
@@ -73,26 +73,28 @@ H200 = "NVIDIA H200"
 @pytest.mark.parametrize("gpu", [H100, H200])
 def test_even_rows_go_over_24_kib_slices(gpu):
     """rmsnorm_bwd_config.EVEN_SLICES: a 16-bit row a multiple of 32 bytes long, past the GPU model's
-    EVEN_FROM (H200 16 KiB, H100 48 KiB) and up to 8 slices of 16 KiB, without dh, goes over the padded
-    formula's 24 KiB slices (256 threads of at most 6 vectors from 16 KiB a CTA), unless the 16 KiB rule
-    tiles it exactly with slices of 16 KiB or more; every other row (odd vector counts, dh's ring, fp32
-    rows, wider rows) keeps the 16 KiB rule's config."""
+    EVEN_BANDS (H200: past 16 KiB; H100: past 24 KiB up to 40 KiB and past 48 KiB) and up to 8 slices of
+    16 KiB, without dh, goes over the padded formula's 24 KiB slices (256 threads of at most 6 vectors from
+    16 KiB a CTA), unless the 16 KiB rule tiles it exactly with slices of 16 KiB or more; every other row
+    (odd vector counts, dh's ring, fp32 rows, wider rows, the H100's 40-48 KiB) keeps the 16 KiB rule's
+    config."""
     from cutile_norms._platform import DeviceInfo
-    from cutile_norms.cute.rmsnorm_bwd_config import (EVEN_FROM, EVEN_FROM_OTHERS, EVEN_SLICE_BYTES, SLICE_BYTES,
-                                                      SMALL_CLUSTER, analytic_config, device_config, ring_stages)
+    from cutile_norms.cute.rmsnorm_bwd_config import (EVEN_SLICE_BYTES, SLICE_BYTES, SMALL_CLUSTER, analytic_config,
+                                                      device_config, ring_stages)
 
     dev = DeviceInfo("nvidia", gpu, (9, 0), 132, 0)
-    ring, start = ring_stages(dev), (EVEN_FROM["H200"] if gpu == H200 else EVEN_FROM_OTHERS)
+    ring = ring_stages(dev)
+    bands = [(16 << 10, 128 << 10)] if gpu == H200 else [(24 << 10, 40 << 10), (48 << 10, 128 << 10)]
     moved = 0
     for e in (2, 4):
         for N in range(8 * 1024 // e, 160 * 1024 // e + 1, 16 // e):
             for streams in (2, 3):
                 cfg = device_config(N, e, dev, streams=streams)
-                rule16 = analytic_config(N, e, small_ring=ring, streams=streams, even_slices_from=None)
+                rule16 = analytic_config(N, e, small_ring=ring, streams=streams, even_slices=None)
                 whole16 = rule16.cluster_n * rule16.slice_cols == N and rule16.slice_cols * e >= SLICE_BYTES
-                if (e == 2 and streams == 2 and N % 16 == 0 and start < N * e <= SMALL_CLUSTER * SLICE_BYTES
-                        and not whole16):
-                    wide = analytic_config(N, e, EVEN_SLICE_BYTES, exact=False, small_ring=ring, even_slices_from=None)
+                inside = any(lo < N * e <= hi for lo, hi in bands) and N * e <= SMALL_CLUSTER * SLICE_BYTES
+                if e == 2 and streams == 2 and N % 16 == 0 and inside and not whole16:
+                    wide = analytic_config(N, e, EVEN_SLICE_BYTES, exact=False, small_ring=ring, even_slices=None)
                     assert cfg == wide and cfg.slice_cols * e <= EVEN_SLICE_BYTES and cfg.nvb <= 8, (N, cfg)
                     assert cfg.threads == 256 or cfg.slice_cols * e <= SLICE_BYTES, (N, cfg)
                     assert cfg.slice_cols * cfg.cluster_n >= N > (cfg.cluster_n - 1) * cfg.slice_cols, (N, cfg)
@@ -105,7 +107,8 @@ def test_even_rows_go_over_24_kib_slices(gpu):
         assert shape(9472) == (1, 256, 5) and shape(18432) == (2, 256, 5) and shape(22000) == (2, 256, 6)
         assert shape(12288) == (1, 256, 6) and shape(44000) == (4, 256, 6) and shape(60000) == (5, 256, 6)
     else:
-        assert shape(9472) == (2, 128, 5) and shape(18432) == (3, 128, 6) and shape(22000) == (3, 128, 8)
+        assert shape(9472) == (2, 128, 5) and shape(18432) == (2, 256, 5) and shape(22000) == (3, 128, 8)
+        assert shape(15360) == (2, 128, 8) and shape(12288) == (2, 128, 6) and shape(24064) == (3, 128, 8)
         assert shape(27616) == (3, 256, 5) and shape(44000) == (4, 256, 6) and shape(53248) == (5, 256, 6)
     # kept: an odd vector count, exact tilings of 16 KiB slices or more, past 8 slices
     assert shape(19368) == (3, 128, 7) and shape(24576) == (3, 128, 8) and shape(20480) == (2, 128, 10)
@@ -149,7 +152,7 @@ def test_rows_padded_over_7_ctas_go_over_8_where_none_is_left_empty(e):
     for N in range(6 * per + 16 // e, 7 * per + 1, 16 // e):
         for ring in (2, 3):
             for streams in (2, 3):  # (the 16 KiB rule: EVEN_SLICES takes the even rows of 2 streams first)
-                cfg = analytic_config(N, e, small_ring=ring, streams=streams, even_slices_from=None)
+                cfg = analytic_config(N, e, small_ring=ring, streams=streams, even_slices=None)
                 shape = (cfg.cluster_n, cfg.threads, cfg.nvb)
                 if N == 7 * per:
                     assert shape == (7, 128, 8), (N, cfg)
@@ -196,12 +199,12 @@ def test_exact_tilings_stop_at_11_vectors_and_short_of_one_cluster_a_gpc(e):
     thread (exact tilings of 12 ran 0.64-0.81 x copy on an H200, of 13 0.55-0.76, of 15 0.07), and a row
     that 8 CTAs of 16 KiB slices hold never goes over 9-15 CTAs for an exact tiling (53248: 0.62 on an
     H200 over 13 CTAs)."""
-    from cutile_norms.cute.rmsnorm_bwd_config import (EVEN_FROM, EVEN_FROM_OTHERS, ONE_A_GPC, SLICE_BYTES,
+    from cutile_norms.cute.rmsnorm_bwd_config import (EVEN_BANDS, EVEN_BANDS_OTHERS, ONE_A_GPC, SLICE_BYTES,
                                                       SMALL_CLUSTER, analytic_config, exact_tiling)
 
     for N in range(16 // e, 512 * 1024 // e + 1, 16 // e):
-        for ring, even in ((2, EVEN_FROM_OTHERS), (3, EVEN_FROM["H200"])):  # the H100's and the H200's configs
-            cfg = analytic_config(N, e, small_ring=ring, even_slices_from=even)
+        for ring, even in ((2, EVEN_BANDS_OTHERS), (3, EVEN_BANDS["H200"])):  # the H100's and the H200's configs
+            cfg = analytic_config(N, e, small_ring=ring, even_slices=even)
             assert cfg.nvb <= 11, (N, cfg)
             if N * e <= SMALL_CLUSTER * SLICE_BYTES:
                 assert cfg.cluster_n not in ONE_A_GPC, (N, cfg)

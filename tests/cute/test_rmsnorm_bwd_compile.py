@@ -68,6 +68,23 @@ def test_compiles_the_h200s_even_slices(N, x_dtype, w_dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,x_dtype,w_dtype,shape", [(15360, "bfloat16", "bfloat16", (2, 128, 8)),
+                                                     (18432, "float16", "float16", (2, 256, 5)),
+                                                     (19968, "bfloat16", "float32", (2, 256, 5))])
+def test_compiles_the_h100s_even_slices(N, x_dtype, w_dtype, shape, arch):
+    """The configs of rmsnorm_bwd_config.EVEN_SLICES an H100 runs in its 24-40 KiB band (2 CTAs of 128
+    threads of 8 vectors or of 256 threads of 5, 2 ring slots) build without spills, beside an fp32 weight
+    too (mode="tma_smem_cached"; beside an fp32 weight mode=None runs the cuTile kernel there)."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cute.rmsnorm_bwd_config import device_config
+
+    cfg = device_config(N, 2, DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0))
+    assert (cfg.cluster_n, cfg.threads, cfg.nvb, cfg.stages) == (*shape, 2), cfg
+    fn = compile_backward(DT[x_dtype], DT[w_dtype], N, cfg, True, True, arch, keep_ptx=True)
+    check_kernel_ptx(fn.__ptx__, arch, spills_at_most=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("ring", [2, 3])
 @pytest.mark.parametrize("N", [12288, 19336, 20480, 24576, 40960, 53248, 65536, 72928, 117144, 204800, 262144])
 def test_compiles_with_dh(N, ring, arch):
