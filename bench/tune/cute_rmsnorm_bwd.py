@@ -38,7 +38,8 @@ def variants(N, e, dev):
                      ("slice 8K", dict(slice_bytes=8192)), ("slice 8K v4", dict(slice_bytes=8192, vecs_per_thread=4)),
                      ("slice 32K", dict(slice_bytes=32768)), ("slice 32K v16", dict(slice_bytes=32768, vecs_per_thread=16)),
                      ("stages 2", dict(stages=2)), ("stages 3", dict(stages=3)), ("stages 4", dict(stages=4))):
-        cfg = analytic_config(N, e, **kw) if "stages" in kw else analytic_config(N, e, small_ring=ring, **kw)
+        kw = dict(kw, even_slices=None) if "stages" in kw else dict(kw, small_ring=ring, even_slices=None)
+        cfg = analytic_config(N, e, **kw)
         if cfg is not None and cfg not in out.values():
             out[name] = cfg
     # clusters of given sizes; the first, 16 KiB slices of 128 threads at any cluster size (the rule

@@ -41,13 +41,15 @@ EVEN = re.compile(r"even(\d+)$")
 
 
 def parse(name: str) -> tuple[int, int, int, int | None] | None:
-    """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule`, `rule16`, `pad` and
-    `sliceK[pad]`; exits with the reason for any other name or a value the kernel does not take."""
+    """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule`, `rule16`, `pad`,
+    `sliceK[pad]`, `evenK` and `cutile`; exits with the reason for any other name or a value the kernel
+    does not take."""
     if name in ("rule", "rule16", "pad", "cutile") or SLICE.match(name) or EVEN.match(name):
         return None
     m = SPEC.match(name)
     if m is None:
-        raise SystemExit(f"unknown config {name!r}: rule, rule16, pad, sliceK, sliceKpad, CxTxV, CxTxVsS or cutile")
+        raise SystemExit(f"unknown config {name!r}: rule, rule16, pad, sliceK, sliceKpad, evenK, CxTxV, "
+                         "CxTxVsS or cutile")
     c, t, v = (int(g) for g in m.groups()[:3])
     s = int(m.group(4)) if m.group(4) else None
     if not (1 <= c <= CLUSTER_MAX and 32 <= t <= 1024 and t % 32 == 0 and v >= 1

@@ -193,18 +193,18 @@ WIDE_SLICES = 18
 # 40960 / 49152: 0.969 / 0.986 / 0.979 / 0.955 / 0.935 against 0.933 / 0.976 / 0.893 / 0.949 / 0.912). H100: from 48 KiB
 # 27616 / 28672 / 30000 / 34976 / 35648 / 39088 / 42000 / 44000 / 50000 / 58000 / 60000 +2.8 / +0.3 / 0.0 / +3.4 / +1.6
 # / +2.9 / +7.3 / +5.2 / +7.7 / +1.9 / -0.7 %; at 24-40 KiB the even rows the 16 KiB rule spreads over 3 CTAs of 5-7
-# vectors (15360-19968: 0.881-0.943) 0.956-0.978 over 2 CTAs, against the cuTile kernel's 0.893-0.963 in the same rounds
+# vectors (15360-19968: 0.881-0.943) 0.959-0.978 over 2 CTAs, against the cuTile kernel's 0.893-0.963 in the same rounds
 # (the rows its table gave that kernel; below 28.4 KiB both formulas give the same 2 CTAs); at 40-48 KiB, where the 16
 # KiB rule's 3 CTAs of 128 threads hold 7-8 vectors (near-full slices), the 24 KiB slices' 2 x 256 x 6 lost (21504 /
-# 22000 / 23040 / 23552 / 24064: -1.4 / -1.3 to -1.8 / -1.3 / -2.5 / -2.5 %), and at 24 KiB 12288 (its exact 2 x 128 x 6
-# against one CTA) -2.3 %. Hence the H100's two bands, past 24 KiB up to 40 KiB and past 48 KiB. Rows of an odd vector
-# count keep the rule: they lost on both GPUs at most widths (H200 18104 / 19368 / 20488 / 21096 / 22536 / 38488 -2.6 to
-# -9.0 %, 16440 / 17000 / 25928 +3.2 to +6.7 %; H100 17496 / 21096 / 38488 -1.1 / -7.3 / -2.5 %), as they run slower
-# than aligned rows with the rule's own slices (docs/performance.md 2.37). Past SMALL_CLUSTER slices the rule's cluster
-# shapes hold (H200 70000 / 80000: 0.939 / 0.992 against 0.936 / 0.946). dh's third ring and fp32 rows are not measured:
-# the rule there. The cause of the gain is not measured (more slots in a 16 KiB ring, 4 against 3, gained nothing on the
-# H200 at 16400-24064). `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 9472,18432,44000 --configs
-# rule,slice24pad,cutile`, docs/performance.md 2.38 and 2.39.
+# 22000 / 23040 / 23552 / 24064: -1.4 / -1.3 to -1.8 / -1.3 / -2.5 / -2.5 %; 20992, 41 KiB, +0.3 %), and at 24 KiB 12288
+# (its exact 2 x 128 x 6 against one CTA) -2.3 %. Hence the H100's two bands, past 24 KiB up to 40 KiB and past 48 KiB.
+# Rows of an odd vector count keep the rule: they lost on both GPUs at most widths (H200 18104 / 19368 / 20488 / 21096 /
+# 22536 / 38488 -2.6 to -9.0 %, 16440 / 17000 / 25928 +3.2 to +6.7 %; H100 17496 / 21096 / 38488 -1.1 / -7.3 / -2.5 %),
+# as they run slower than aligned rows with the rule's own slices (docs/performance.md 2.37). Past SMALL_CLUSTER slices
+# the rule's cluster shapes hold (H200 70000 / 80000: 0.939 / 0.992 against 0.936 / 0.946). dh's third ring and fp32
+# rows are not measured: the rule there. The cause of the gain is not measured (more slots in a 16 KiB ring, 4 against
+# 3, gained nothing on the H200 at 16400-24064). `python bench/tune/cute_rmsnorm_bwd_ab.py --ns 9472,18432,44000
+# --configs rule16,slice24pad,cutile`, docs/performance.md 2.38 and 2.39.
 EVEN_SLICE_BYTES = 24 * 1024
 # GPU model -> bands of row bytes (lo, hi]: rows past lo and up to hi take EVEN_SLICES
 EVEN_BANDS = {"H200": ((SLICE_BYTES, SMALL_CLUSTER * SLICE_BYTES),)}
