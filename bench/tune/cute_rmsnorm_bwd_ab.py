@@ -9,11 +9,11 @@ misses the reference says WRONG.
 Configs: `rule` (analytic_config on this GPU: device_config), `rule16` (the 16 KiB rule alone, without
 EVEN_SLICES), `pad` (the 16 KiB rule's padded slices even where an exact tiling exists), `sliceK` /
 `sliceKpad` (rule16's / pad's formula over slices of K KiB instead of SLICE_BYTES), `evenK` (the rule
-with EVEN_SLICES at every row past K KiB), `CxTxV` (C CTAs of
-T threads of V vectors, the rule's ring slots for its cluster size, fewer where shared memory does not
-hold them) or `CxTxVsS` (S slots); `cutile` times the cuTile persistent backward (mode=None's choice
-inside the cuTile bands: cutile_norms/backward_table.py) in the same rounds. A config equal to an earlier
-one is timed once, under the earlier name.
+with EVEN_SLICES at every row past K KiB), `CxTxV` (C CTAs of T threads of V vectors, the rule's ring
+slots for its cluster size, fewer where shared memory does not hold them) or `CxTxVsS` (S slots);
+`cutile` times the cuTile persistent backward (mode=None's choice inside the cuTile bands:
+cutile_norms/backward_table.py) in the same rounds. A config equal to an earlier one is timed once, under
+the earlier name.
 """
 from __future__ import annotations
 

@@ -361,8 +361,8 @@ def test_mode_none_runs_the_backward_its_table_names(seed, N, w_dtype):
     """mode=None's backward (backward_table.BACKWARD_TABLE) tells a 16-bit weight from an fp32 one and the
     residual add's backward from the norm's (on an H100, 28-40 KiB rows: this kernel beside an fp32 weight
     and at an odd vector count beside a 16-bit one, with dh to 36 KiB beside a 16-bit one; the CuTe DSL one
-    otherwise): explain() names the kernel that
-    runs, and the grads of x, the residual and the weight match the fp64 closed form."""
+    otherwise): explain() names the kernel that runs, and the grads of x, the residual and the weight match
+    the fp64 closed form."""
     import cutile_norms as cn
     from cutile_norms._platform import toolchain
 
