@@ -60,19 +60,26 @@ class BackwardRow:
 # 0.946-0.981 at 12 such widths of 14592-20480 against the cuTile kernel's 0.881-0.963, level at 19968
 # (0.964 against 0.963) and -0.7 % at 20480 (0.946 against 0.953, the one exact tiling of 10 vectors); the
 # cuTile kernel keeps the rows of an odd vector count, where the CuTe kernel's slices cost (its numbers above).
-# Beside an fp32 weight (16-bit x) the same holds, by the same worst case, without dh (BACKWARD_TABLE's
-# third band row): the cuTile kernel (its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align,
-# and the bf16 weight's configs) measured 0.854-0.951 at 11 widths of 14600-20480 against the CuTe kernel's
-# 0.826-0.931, ahead from 16024 (+2.4 to +7.4 %), level at 14600 and behind at 15200 / 15408 (rows of two
-# slices, 0.871 / 0.875 against 0.927 / 0.931); an earlier run gave 0.857 / 0.923 / 0.943 / 0.945 at 14600 /
-# 18432 / 19368 / 20480 against 0.877 / 0.897 / 0.888 / 0.870. With dh beside an fp32 weight (not measured)
-# the CuTe kernel runs, as it did before.
+# Beside an fp32 weight (16-bit x) the CuTe kernel runs those rows up to 34.75 KiB (17792 columns,
+# CUTE_BWD_FP32_WEIGHT_MAX_BYTES; the band's second row): there both kernels keep one config shape (the CuTe
+# kernel 2 x 256 x 5 from 16640, the cuTile kernel its 4 blocks a row), the cuTile kernel's ratio climbs with
+# the width as its padded piece's idle share shrinks (0.862 at 14592 to 0.954 at 19968) and the CuTe kernel's
+# falls slowly as its slices fill (0.940 at 16128 to 0.910 at 19456), so they cross once. Medians of 3
+# same-run rounds: the CuTe kernel ahead by +2.3 to +8.3 % at 14592-17152, by 0.0 to +1.3 % at 17408-17792,
+# behind from 17920 (-0.2 to -1.5 % at 17920-18176 in two runs, -1.2 to -7.9 % at 18432-20480).
+# Past it, and at rows of an odd vector count, the cuTile kernel runs beside an fp32 weight without dh
+# (BACKWARD_TABLE's fourth band row; its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and
+# the bf16 weight's configs): 0.854-0.951 at 11 widths of 14600-20480 against the CuTe kernel's 16 KiB rule's
+# 0.826-0.931 (ahead from 16024 by +2.4 to +7.4 %, level at 14600), and 0.923 / 0.939 / 0.948 at 18432 /
+# 19456 / 20480 against its EVEN_SLICES' or exact tiling's 0.912 / 0.910 / 0.874 (above). With dh beside an
+# fp32 weight (not measured) the CuTe kernel runs, as it did before.
 # With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
 # 128 registers with at most 16 bytes of spills up to 18 values a thread (a 4096 piece and a 512 tail,
-# 18432 columns: 36 KiB), and spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953 against the CuTe kernel's
-# 0.910-0.979 (18440, 18800, 19368, 20352, 20480); up to 36 KiB 0.975-0.995 against 0.83-0.97.
+# 18432 columns: 36 KiB), and spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953
+# against the CuTe kernel's 0.910-0.979 (18440, 18800, 19368, 20352, 20480); up to 36 KiB 0.975-0.995 against 0.83-0.97.
 CUTILE_BWD_BAND = (2 * 14529, 40 * 1024)  # H100, 16-bit rows: the cuTile backward inside the CuTe band
 CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
+CUTE_BWD_FP32_WEIGHT_MAX_BYTES = 2 * 17792  # H100: the CuTe backward's even rows beside an fp32 weight
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
 # On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns) with a 16-bit weight (or none) and no dh:
 # the CuTe DSL backward where its slices tile the row exactly (N a multiple of 1024 there: 9216 over 1 x
@@ -108,6 +115,18 @@ BACKWARD_TABLE = (
                 "bench/tune/cute_rmsnorm_bwd_ab.py --ns ... --configs cutile,rule16,even28,slice24pad): see "
                 "CUTILE_BWD_BAND",
                 fp32_weight=False, dh_bytes_max=0, exact_or_even_only=True),
+    BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTE_BWD_FP32_WEIGHT_MAX_BYTES,
+                "tma_smem_cached",
+                "H100 80GB HBM3 2026-11-28, bf16 x beside an fp32 weight, rows of an even vector count, the CuTe "
+                "DSL backward (EVEN_SLICES) against the cuTile persistent kernel, medians of 3 same-run rounds: "
+                "N=14592 0.934 / 0.862, 15104 0.936 / 0.871, 15616 0.939 / 0.887, 16128 0.940 / 0.900, 16640 "
+                "0.928 / 0.889, 17152 0.929 / 0.900, 17408 0.915 / 0.905, 17664 0.928 / 0.915 x copy (python "
+                "bench/tune/cute_rmsnorm_bwd_ab.py --weight-dtype float32 --configs cutile,rule --ns ...); "
+                "17408 / 17664 / 17792 0.909 / 0.915 / 0.915 against 0.909 / 0.912 / 0.910, 17920 / 18176 / "
+                "18432 0.919 / 0.902 / 0.900 against 0.933 / 0.913 / 0.923 (python bench/probe/model_widths.py "
+                "--only bwd --weight-dtype float32 --kernels None,cutile,cute --random 0 --rounds 3 --ns ...): "
+                "see CUTILE_BWD_BAND",
+                dh_bytes_max=0, exact_or_even_only=True),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "multi_wave_cached",
                 "H100 80GB HBM3 2026-11-26, bf16, the cuTile persistent kernel (the row over 4 blocks, 2 per SM, "
                 "prefetching) against the CuTe DSL backward, medians of 3: N=14536 0.877 / 0.849, 14600 0.878 / "

@@ -4,9 +4,10 @@ for autograd, and the backward (dx and dw), on bf16 x of M * N = 2^32 + 64 * N e
 Offsets past 2^32 elements overflow a 32-bit element index even when it is read as unsigned (an index
 below 2^32 can pass unnoticed as one), so the rows checked are the first, those on either side of the
 2^31 and 2^32 element boundaries, the middle and the last, each against the fp64 reference; dw sums
-every row (its fp64 reference is summed in row chunks). Three widths: 8192 (one CTA or block per row
-tile), 50000 (a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over its
-EVEN_SLICES on both GPU models) and 262144 (rows split over a cluster or over blocks). Each output is
+every row (its fp64 reference is summed in row chunks). Four widths: 8192 (one CTA or block per row
+tile), 18432 (the H100's 28-40 KiB band, where mode=None's backward runs the CuTe DSL kernel over 2 x 256
+x 5 EVEN_SLICES), 50000 (a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over
+its EVEN_SLICES on both GPU models) and 262144 (rows split over a cluster or over blocks). Each output is
 poisoned before it is freed, so a later mode that leaves rows unwritten cannot pass on an earlier mode's
 values. The residual add (fused and unfused: y, h, dx = dr, dw) and the FP8 output (q and scales, bit for
 bit) on the same rows.
@@ -29,7 +30,7 @@ EPS = 1e-6
 # every mode with a GPU kernel: "torch" is the fp32 oracle made of torch ops (its indexing is torch's)
 MODES = [m for m in dispatch.MODES if m != "torch"] + [None]
 # N -> the weight's dtype (both kinds covered)
-WIDTHS = {8192: torch.bfloat16, 50000: torch.bfloat16, 262144: torch.float32}
+WIDTHS = {8192: torch.bfloat16, 18432: torch.bfloat16, 50000: torch.bfloat16, 262144: torch.float32}
 CHUNK_ELEMS = 1 << 27  # elements per chunk of the fp64 dw reference and of the input fill
 
 
@@ -152,7 +153,8 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, mode, seed, monkeypa
         for t, name in ((dx, "dx"), (dr, "dr")):
             err = (t[rows].double() - ex).abs()
             over = ~(err <= 1e-5 + 2 * TOLERANCES[t.dtype]["rtol"] * terms + 2.0 ** -16 * sx)  # NaN never passes
-            assert not over.any(), f"{tag} {name}: {int(over.sum())} elements off, worst {err.max().item():.3g} [seed {seed}]"
+            assert not over.any(), (f"{tag} {name}: {int(over.sum())} elements off, worst {err.max().item():.3g} "
+                                    f"[seed {seed}]")
     ew, sw = torch.zeros(N, dtype=torch.float64, device="cuda"), torch.zeros(N, dtype=torch.float64, device="cuda")
     step = max(1, CHUNK_ELEMS // N)
     for r0 in range(0, M, step):  # dw's fp64 reference over h as stored
