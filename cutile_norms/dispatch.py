@@ -284,8 +284,7 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
     docs/design.md). tma_smem_cached's own backward is
     the CuTe DSL kernel only where cute_backward_refusal says so."""
     if row is not None and unavailable_reason(MODES[row.mode], dev, tools) is None:
-        if choice.backward_mode == row.mode:
-            return choice
+        # (named even where it is the forward's own mode: explain() shows the backward's row too)
         return Choice(choice.mode, f"{choice.reason}; backward: {row.mode}'s ({row.evidence})", bwd_mode=row.mode)
     if choice.mode == "tma_smem_cached" or MODES[choice.mode].bwd_backend not in (None, _CUTILE_BWD, _CUTE_BWD):
         if unavailable_reason(MODES["multi_wave_cached"], dev, tools) is None:
