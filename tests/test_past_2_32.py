@@ -4,9 +4,10 @@ for autograd, and the backward (dx and dw), on bf16 x of M * N = 2^32 + 64 * N e
 Offsets past 2^32 elements overflow a 32-bit element index even when it is read as unsigned (an index
 below 2^32 can pass unnoticed as one), so the rows checked are the first, those on either side of the
 2^31 and 2^32 element boundaries, the middle and the last, each against the fp64 reference; dw sums
-every row (its fp64 reference is summed in row chunks). Four widths: 8192 (one CTA or block per row
-tile), 18432 (the H100's 28-40 KiB band, where mode=None's backward runs the CuTe DSL kernel over 2 x 256
-x 5 EVEN_SLICES), 50000 (a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over
+every row (its fp64 reference is summed in row chunks). Five widths: 8192 (one CTA or block per row
+tile), 16128 beside an fp32 weight (the H100's fp32-weight row of the 28-40 KiB band: mode=None's
+backward runs the CuTe DSL kernel over 2 x 128 x 8 EVEN_SLICES, its last CTA part padded), 18432 (the
+H100's band, where mode=None's backward runs the CuTe DSL kernel over 2 x 256 x 5 EVEN_SLICES), 50000 (a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over
 its EVEN_SLICES on both GPU models) and 262144 (rows split over a cluster or over blocks). Each output is
 poisoned before it is freed, so a later mode that leaves rows unwritten cannot pass on an earlier mode's
 values. The residual add (fused and unfused: y, h, dx = dr, dw) and the FP8 output (q and scales, bit for
@@ -30,7 +31,8 @@ EPS = 1e-6
 # every mode with a GPU kernel: "torch" is the fp32 oracle made of torch ops (its indexing is torch's)
 MODES = [m for m in dispatch.MODES if m != "torch"] + [None]
 # N -> the weight's dtype (both kinds covered)
-WIDTHS = {8192: torch.bfloat16, 18432: torch.bfloat16, 50000: torch.bfloat16, 262144: torch.float32}
+WIDTHS = {8192: torch.bfloat16, 16128: torch.float32, 18432: torch.bfloat16, 50000: torch.bfloat16,
+          262144: torch.float32}
 CHUNK_ELEMS = 1 << 27  # elements per chunk of the fp64 dw reference and of the input fill
 
 
