@@ -12,8 +12,9 @@ EVEN_SLICES), `pad` (the 16 KiB rule's padded slices even where an exact tiling 
 with EVEN_SLICES at every row past K KiB), `CxTxV` (C CTAs of T threads of V vectors, the rule's ring
 slots for its cluster size, fewer where shared memory does not hold them) or `CxTxVsS` (S slots);
 `cutile` times the cuTile persistent backward (mode=None's choice inside the cuTile bands:
-cutile_norms/backward_table.py) in the same rounds. A config equal to an earlier one is timed once, under
-the earlier name.
+cutile_norms/backward_table.py) in the same rounds. Any CuTe name takes `/RxK`: dw's reducers with R
+column tiles a round and K partial rows at once (`rule/1x8`; without it, reduction_shape's for the dtypes).
+A config equal to an earlier one (with the same reduction) is timed once, under the earlier name.
 """
 from __future__ import annotations
 
@@ -38,12 +39,14 @@ from cutile_norms.cute.rmsnorm_bwd_config import (CLUSTER_MAX, EVEN_BANDS_OTHERS
 SPEC = re.compile(r"(\d+)x(\d+)x(\d+)(?:s(\d+))?$")
 SLICE = re.compile(r"slice(\d+)(pad)?$")
 EVEN = re.compile(r"even(\d+)$")
+RED = re.compile(r"(\d+)x(\d+)$")
 
 
 def parse(name: str) -> tuple[int, int, int, int | None] | None:
     """(CTAs, threads, vectors, slots or None) of a `CxTxV[sS]` name; None for `rule`, `rule16`, `pad`,
     `sliceK[pad]`, `evenK` and `cutile`; exits with the reason for any other name or a value the kernel
     does not take."""
+    name, _ = split_reduction(name)
     if name in ("rule", "rule16", "pad", "cutile") or SLICE.match(name) or EVEN.match(name):
         return None
     m = SPEC.match(name)
@@ -57,6 +60,18 @@ def parse(name: str) -> tuple[int, int, int, int | None] | None:
         raise SystemExit(f"{name!r}: CTAs 1-{CLUSTER_MAX}, threads a multiple of 32 up to 1024, "
                          f"slots {MIN_STAGES}-{MAX_STAGES}")
     return c, t, v, s
+
+
+def split_reduction(name: str) -> tuple[str, tuple[int, int] | None]:
+    """(the config's name, (column tiles a round, partial rows at once) or None) of `name[/RxK]`; exits
+    with the reason for a reduction that is not two positive integers."""
+    if "/" not in name:
+        return name, None
+    base, red = name.split("/", 1)
+    m = RED.match(red)
+    if m is None or base == "cutile" or min(int(g) for g in m.groups()) < 1:
+        raise SystemExit(f"{name!r}: a CuTe config's reduction is /RxK (R column tiles a round, K partial rows)")
+    return base, (int(m.group(1)), int(m.group(2)))
 
 
 def named_config(name: str, N: int, ring: int, even: tuple | None = EVEN_BANDS_OTHERS) -> BwdConfig | None:
@@ -87,18 +102,19 @@ def measure(N: int, names: list[str], ring: int, even: tuple, dev, rounds: int,
             w_dtype: torch.dtype = torch.bfloat16) -> dict:
     """{name: its config, median, min, max and whether dx and dw match the reference} at bf16 rows of N
     beside a weight of w_dtype."""
-    cfgs = {}
+    cfgs = {}  # name -> (config, reduction or None)
     for name in names:
         if name == "cutile":
             continue
-        cfg = named_config(name, N, ring, even)
-        if cfg is not None and cfg not in cfgs.values():
-            cfgs[name] = cfg
+        base, red = split_reduction(name)
+        cfg = named_config(base, N, ring, even)
+        if cfg is not None and (cfg, red) not in cfgs.values():
+            cfgs[name] = (cfg, red)
     M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N, w_dtype)
     runs = {}
-    for name, cfg in cfgs.items():
-        def run(cfg=cfg):
-            return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count)
+    for name, (cfg, red) in cfgs.items():
+        def run(cfg=cfg, red=red):
+            return B.launch(cfg, dy, x, w, rstd, 0.0, True, True, dev.sm_count, reduction=red)
         runs[name] = (run, backward_close(*run(), dx_ref, dw_ref))
     if "cutile" in names:
         from cutile_norms.cutile.rmsnorm_bwd import PERSISTENT_BACKWARD
@@ -111,7 +127,8 @@ def measure(N: int, names: list[str], ring: int, even: tuple, dev, rounds: int,
         copy = copy_baseline_ms(x, reps=20)["median_ms"]
         for name, (run, _ok) in runs.items():
             ratios[name].append(1.5 * copy / device_ms(run, reps=20)["median_ms"])
-    return {name: {"config": cfgs[name].short() if name in cfgs else "cuTile persistent",
+    return {name: {"config": (cfgs[name][0].short() + (f", reduction {cfgs[name][1]}" if cfgs[name][1] else "")
+                              if name in cfgs else "cuTile persistent"),
                    "median": statistics.median(r), "min": min(r), "max": max(r), "ok": runs[name][1]}
             for name, r in ratios.items()}
 
