@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     rest = [a for i, a in enumerate(sel) if a != "-m" and (i == 0 or sel[i - 1] != "-m")]
     # -v: a shard killed by the timeout shows the test it was in as its log's last line; each test's
     # time on its line (pytest >= 8.4), so a slow shard's log says which tests (compiles) took it
-    base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rf", "-o", "console_output_style=times"]
+    base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rf",
+            "-o", "console_output_style=times"]
     shard_m = f"({marker}) and not big" if marker else "not big"  # a shard's selection
     runs, envs = [], []
     t0 = time.time()

@@ -7,8 +7,9 @@ below 2^32 can pass unnoticed as one), so the rows checked are the first, those 
 every row (its fp64 reference is summed in row chunks). Five widths: 8192 (one CTA or block per row
 tile), 16128 beside an fp32 weight (the H100's fp32-weight row of the 28-40 KiB band: mode=None's
 backward runs the CuTe DSL kernel over 2 x 128 x 8 EVEN_SLICES, its last CTA part padded), 18432 (the
-H100's band, where mode=None's backward runs the CuTe DSL kernel over 2 x 256 x 5 EVEN_SLICES), 50000 (a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over
-its EVEN_SLICES on both GPU models) and 262144 (rows split over a cluster or over blocks). Each output is
+H100's band, where mode=None's backward runs the CuTe DSL kernel over 2 x 256 x 5 EVEN_SLICES), 50000
+(a row no kernel tiles exactly: the CuTe DSL backward's last CTA part empty, over its EVEN_SLICES on both
+GPU models) and 262144 (rows split over a cluster or over blocks). Each output is
 poisoned before it is freed, so a later mode that leaves rows unwritten cannot pass on an earlier mode's
 values. The residual add (fused and unfused: y, h, dx = dr, dw) and the FP8 output (q and scales, bit for
 bit) on the same rows.
