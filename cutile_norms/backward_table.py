@@ -60,28 +60,36 @@ class BackwardRow:
 # 0.946-0.981 at 12 such widths of 14592-20480 against the cuTile kernel's 0.881-0.963, level at 19968
 # (0.964 against 0.963) and -0.7 % at 20480 (0.946 against 0.953, the one exact tiling of 10 vectors); the
 # cuTile kernel keeps the rows of an odd vector count, where the CuTe kernel's slices cost (its numbers above).
-# Beside an fp32 weight (16-bit x) the CuTe kernel runs those rows up to 34.75 KiB (17792 columns,
-# CUTE_BWD_FP32_WEIGHT_MAX_BYTES; the band's second row): there both kernels keep one config shape (the CuTe
-# kernel 2 x 256 x 5 from 16640, the cuTile kernel its 4 blocks a row), the cuTile kernel's ratio climbs with
-# the width as its padded piece's idle share shrinks (0.862 at 14592 to 0.954 at 19968) and the CuTe kernel's
-# falls slowly as its slices fill (0.940 at 16128 to 0.910 at 19456), so they cross once. Medians of 3
-# same-run rounds: the CuTe kernel ahead by +2.3 to +8.3 % at 14592-17152, by 0.0 to +1.3 % at 17408-17792,
-# behind from 17920 (-0.2 to -1.5 % at 17920-18176 in two runs, -1.2 to -7.9 % at 18432-20480).
-# Past it, and at rows of an odd vector count, the cuTile kernel runs beside an fp32 weight without dh
-# (BACKWARD_TABLE's fourth band row; its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and
-# the bf16 weight's configs): 0.854-0.951 at 11 widths of 14600-20480 against the CuTe kernel's 16 KiB rule's
-# 0.826-0.931 (ahead from 16024 by +2.4 to +7.4 %, level at 14600), and 0.923 / 0.939 / 0.948 at 18432 /
-# 19456 / 20480 against its EVEN_SLICES' or exact tiling's 0.912 / 0.910 / 0.874 (above). With dh beside an
-# fp32 weight (not measured) the CuTe kernel runs, as it did before.
+# Beside an fp32 weight (16-bit x) the CuTe kernel runs those rows too, to 20464 columns
+# (CUTE_BWD_FP32_WEIGHT_MAX_BYTES; the band's second row): since dw's reduction loads 8 partial rows at once
+# beside an fp32 weight (cute/rmsnorm_bwd_config.py, RED_CLUSTERS) it runs them at a 16-bit weight's level,
+# medians of 3 same-run rounds 0.956-0.987 at 14 even widths of 14592-20416 against the cuTile kernel's
+# 0.863-0.952 (+0.5 % at 19968, +1.2 to +2.7 % at 19712-20416, +3.5 to +13 % below). At 20480 the CuTe
+# kernel's exact tiling, 2 x 128 x 10 vectors (255 registers, ptxas spills 128 bytes there on the H100's
+# 2-slot ring), measured 0.931 against 0.945: the cuTile kernel's, as beside a 16-bit weight (0.946 against
+# 0.953 above).
+# At rows of an odd vector count the cuTile kernel runs beside an fp32 weight without dh (BACKWARD_TABLE's
+# fourth band row; its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and the bf16 weight's
+# configs): 16440 / 17816 / 19368 0.899 / 0.924 / 0.948 against the CuTe kernel's 0.861 / 0.885 / 0.910,
+# 16024 level (0.883 / 0.883), behind only at 14600 (0.857 against 0.905): the better worst case by 0.4 %,
+# the same kernel as beside a 16-bit weight. With dh beside an fp32 weight (not measured) the CuTe kernel
+# runs, as it did before.
 # With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
 # 128 registers with at most 16 bytes of spills up to 18 values a thread (a 4096 piece and a 512 tail,
 # 18432 columns: 36 KiB), and spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953
 # against the CuTe kernel's 0.910-0.979 (18440, 18800, 19368, 20352, 20480); up to 36 KiB 0.975-0.995 against 0.83-0.97.
 CUTILE_BWD_BAND = (2 * 14529, 40 * 1024)  # H100, 16-bit rows: the cuTile backward inside the CuTe band
 CUTILE_BWD_DH_MAX_BYTES = 36 * 1024
-CUTE_BWD_FP32_WEIGHT_MAX_BYTES = 2 * 17792  # H100: the CuTe backward's even rows beside an fp32 weight
+CUTE_BWD_FP32_WEIGHT_MAX_BYTES = 2 * 20464  # H100: the CuTe backward's even rows beside an fp32 weight
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
-# On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns) with a 16-bit weight (or none) and no dh:
+# ... but on an H100 from 11592 columns, where the cuTile kernel's config comes from its 16384 entry (the
+# nearest of 8192 and 16384 in log2 past their geometric mean, 11585): scaled to 11648-12288 it splits the
+# row over 4 blocks and measured 0.812-0.843 (bf16 x, bf16 or fp32 weight), against the CuTe DSL kernel's
+# 0.922-0.964 (2 CTAs of 128 threads, 6 vectors a thread, the last slice part empty below 12288); at 11264
+# / 11520, on the 8192 entry's config (one block a row), the cuTile kernel keeps 0.974-0.993 against
+# 0.942-0.945. With dh not measured: the cuTile kernel.
+H100_CUTE_BWD_MIN_BYTES = 2 * 11592
+# On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns), any weight, no dh:
 # the CuTe DSL backward where its slices tile the row exactly (N a multiple of 1024 there: 9216 over 1 x
 # 128 x 9 vectors, 10240 over 2 x 128 x 5), where the row is a multiple of 32 bytes (N of 16: one CTA of
 # 256 threads, its EVEN_SLICES: cute/rmsnorm_bwd_config.py) and at every row from H200_CUTE_BWD_MIN_BYTES;
@@ -94,7 +102,10 @@ CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see
 # 128 threads (9736 the exception: 0.821 against 0.852), and 0.878-0.945 at the exact ones against
 # 0.911-0.971; over EVEN_SLICES' one CTA of 256 threads the CuTe kernel measured 0.957-0.983 at 8704 /
 # 9472 / 10000 / 11008 / 11136 against the cuTile kernel's 0.890-0.923 (same run). The band starts at the
-# first whole 16-byte vector past that switch (11224).
+# first whole 16-byte vector past that switch (11224). Beside an fp32 weight the same rows (since dw's 8-row
+# reduction there, cute/rmsnorm_bwd_config.py): the CuTe kernel 0.886-0.985 at 12 such widths against
+# 0.787-0.948, the cuTile kernel ahead at the odd rows measured (8200 / 9736 / 11000: 0.869 / 0.900 / 0.876
+# against 0.776 / 0.853 / 0.871).
 H200_CUTE_BWD_MIN_BYTES = 2 * 11224
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
@@ -106,6 +117,15 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 12289, 16383, "triton",
                 "H100 80GB HBM3 2026-11-25, bf16 N=6144 / 7168: triton 0.932 / 0.952 x copy, the cuTile "
                 "persistent kernel 0.911 / 0.884; python bench/probe/model_widths.py --only bwd"),
+    BackwardRow("sm_90", ("bfloat16", "float16"), H100_CUTE_BWD_MIN_BYTES, CUTE_BWD_MIN_BYTES - 1, "tma_smem_cached",
+                "H100 80GB HBM3 2026-11-28, the CuTe DSL backward against the cuTile persistent kernel on its "
+                "16384 entry's config, medians of 3 same-run rounds: bf16 weight N=11776 0.956 / 0.842, 12040 "
+                "0.922 / 0.835, 12160 0.964 / 0.840; fp32 weight 11648 0.947 / 0.812, 11776 0.952 / 0.831, 11904 "
+                "0.955 / 0.816, 12000 0.946 / 0.821, 12040 0.925 / 0.823, 12104 0.928 / 0.827, 12160 0.965 / "
+                "0.825, 12200 0.928 / 0.830 x copy; on the 8192 entry's config 11264 / 11520 0.974 / 0.975 "
+                "against 0.945 / 0.944 (python bench/probe/model_widths.py --only bwd [--weight-dtype float32] "
+                "--kernels None,cutile,cute --random 0 --rounds 3 --ns ...): see H100_CUTE_BWD_MIN_BYTES",
+                dh_bytes_max=0),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "tma_smem_cached",
                 "H100 80GB HBM3 2026-11-27, bf16, rows of an even vector count, the CuTe DSL backward (exact "
                 "tilings or EVEN_SLICES) against the cuTile persistent kernel, medians of 3 same-run rounds: "
@@ -118,15 +138,13 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTE_BWD_FP32_WEIGHT_MAX_BYTES,
                 "tma_smem_cached",
                 "H100 80GB HBM3 2026-11-28, bf16 x beside an fp32 weight, rows of an even vector count, the CuTe "
-                "DSL backward (EVEN_SLICES) against the cuTile persistent kernel, medians of 3 same-run rounds: "
-                "N=14592 0.934 / 0.862, 15104 0.936 / 0.871, 15616 0.939 / 0.887, 16128 0.940 / 0.900, 16640 "
-                "0.928 / 0.889, 17152 0.929 / 0.900, 17408 0.915 / 0.905, 17664 0.928 / 0.915 x copy (python "
-                "bench/tune/cute_rmsnorm_bwd_ab.py --weight-dtype float32 --configs cutile,rule --ns ...); "
-                "17408 / 17664 / 17792 0.909 / 0.915 / 0.915 against 0.909 / 0.912 / 0.910, 17920 / 18176 / "
-                "18432 0.919 / 0.902 / 0.900 against 0.933 / 0.913 / 0.923 (python bench/probe/model_widths.py "
-                "--only bwd --weight-dtype float32 --kernels None,cutile,cute --random 0 --rounds 3 --ns ...); "
-                "fp16 x 14592-17792 0.922-0.938 against 0.863-0.911 (the same probe, --dtype float16): see "
-                "CUTILE_BWD_BAND",
+                "DSL backward (EVEN_SLICES or an exact tiling, dw's 8-row reduction) against the cuTile "
+                "persistent kernel, medians of 3 same-run rounds: N=14592 0.976 / 0.863, 15104 0.986 / 0.877, "
+                "16128 0.984 / 0.895, 17152 0.978 / 0.897, 17792 0.974 / 0.910, 17920 0.975 / 0.928, 18432 "
+                "0.961 / 0.926, 19200 0.972 / 0.942, 19712 0.956 / 0.929, 19968 0.962 / 0.957, 20096 0.962 / "
+                "0.945, 20224 0.964 / 0.952, 20352 0.962 / 0.947, 20416 0.966 / 0.944; 20480 (2 x 128 x 10) "
+                "0.931 / 0.945 x copy (python bench/probe/model_widths.py --only bwd --weight-dtype float32 "
+                "--kernels None,cutile,cute --random 0 --rounds 3 --ns ...): see CUTILE_BWD_BAND",
                 dh_bytes_max=0, exact_or_even_only=True),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "multi_wave_cached",
                 "H100 80GB HBM3 2026-11-26, bf16, the cuTile persistent kernel (the row over 4 blocks, 2 per SM, "
@@ -141,12 +159,12 @@ BACKWARD_TABLE = (
                 "CUTILE_BWD_BAND",
                 fp32_weight=False, dh_bytes_max=CUTILE_BWD_DH_MAX_BYTES),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTILE_BWD_BAND[0], CUTILE_BWD_BAND[1], "multi_wave_cached",
-                "H100 80GB HBM3 2026-11-27, bf16 x beside an fp32 weight, the cuTile persistent kernel against the "
-                "CuTe DSL backward, medians of 3: N=14600 0.854 / 0.857, 15200 0.871 / 0.927, 15408 0.875 / 0.931, "
-                "16024 0.883 / 0.826, 16440 0.900 / 0.840, 17000 0.903 / 0.845, 17816 0.922 / 0.860, 18432 0.922 / "
-                "0.898, 18800 0.938 / 0.890, 19368 0.946 / 0.885, 20480 0.951 / 0.875 x copy: the better worst "
-                "case (python bench/probe/model_widths.py --only bwd --weight-dtype float32 --kernels "
-                "None,cutile,cute,quack --random 0 --rounds 3 --ns ...): see CUTILE_BWD_BAND",
+                "H100 80GB HBM3 2026-11-28, bf16 x beside an fp32 weight, rows of an odd vector count (and 20480), "
+                "the cuTile persistent kernel against the CuTe DSL backward with dw's 8-row reduction, medians of "
+                "3: N=14600 0.857 / 0.905, 16024 0.883 / 0.883, 16440 0.899 / 0.861, 17816 0.924 / 0.885, 19368 "
+                "0.948 / 0.910, 20480 0.945 / 0.931 x copy: the better worst case (python "
+                "bench/probe/model_widths.py --only bwd --weight-dtype float32 --kernels None,cutile,cute --random "
+                "0 --rounds 3 --ns ...): see CUTILE_BWD_BAND",
                 dh_bytes_max=0),
     BackwardRow("sm_90", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "H100 80GB HBM3 2026-11-25, bf16, the CuTe DSL backward against the cuTile persistent kernel: "
@@ -179,16 +197,21 @@ BACKWARD_TABLE = (
                 "EVEN_SLICES (one CTA of 256 threads): 8704 0.966 / 0.923, 9472 0.983 / 0.890, 10000 0.965 / "
                 "0.898, 11008 0.957 / 0.891, 11136 0.970 / 0.918; the other padded rows stay with the cuTile "
                 "kernel (2 CTAs of 128 threads, 2026-11-26): 8200 0.754 / 0.811 (9736 0.852 / 0.821); python "
-                "bench/probe/model_widths.py --only bwd --random 0 --kernels None,cutile,cute,quack --ns ...: "
-                "see H200_CUTE_BWD_MIN_BYTES",
-                fp32_weight=False, dh_bytes_max=0, exact_or_even_only=True),
+                "bench/probe/model_widths.py --only bwd --random 0 --kernels None,cutile,cute,quack --ns ...; "
+                "2026-11-28, bf16 x beside an fp32 weight (dw's 8-row reduction), the same probe with "
+                "--weight-dtype float32 --rounds 3: 8704 0.955 / 0.904, 9216 0.960 / 0.948, 9472 0.985 / 0.850, "
+                "10000 0.982 / 0.853, 10240 0.927 / 0.855, 11008 0.956 / 0.895, 11136 0.966 / 0.912 (8200 / "
+                "9736 / 11000 0.776 / 0.853 / 0.871 against 0.869 / 0.900 / 0.876): see H200_CUTE_BWD_MIN_BYTES",
+                dh_bytes_max=0, exact_or_even_only=True),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), H200_CUTE_BWD_MIN_BYTES, CUTE_BWD_MIN_BYTES - 1,
                 "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward against the cuTile persistent kernel on its "
                 "12288 entry's config (medians of 3): N=11264 0.969 / 0.822, 0.979 / 0.832; 11392 0.906 / 0.815, "
                 "11520 0.916 / 0.835, 11648 0.918 / 0.828, 11776 0.924 / 0.846, 11904 0.928 / 0.839, 12040 0.903 "
-                "/ 0.830, 12160 0.926 / 0.839; same command: see H200_CUTE_BWD_MIN_BYTES",
-                fp32_weight=False, dh_bytes_max=0),
+                "/ 0.830, 12160 0.926 / 0.839; same command; 2026-11-28, bf16 x beside an fp32 weight: 11264 "
+                "0.952 / 0.796, 11392 0.967 / 0.787, 11648 0.957 / 0.798, 12040 0.886 / 0.821, 12160 0.946 / "
+                "0.818: see H200_CUTE_BWD_MIN_BYTES",
+                dh_bytes_max=0),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward with 3 ring slots against the cuTile "
                 "persistent kernel: N=12288 0.876 / 0.847 (the cuTile sweep's best), 18432 0.863 / 0.816, "

@@ -172,12 +172,13 @@ def test_mode_none_takes_the_backward_table_row():
         assert c.backward_mode == c.dh_backward_mode == "tma_smem_cached", (dtype, N, c)
     # ... except 14529-20480 columns (backward_table.CUTILE_BWD_BAND): the cuTile kernel at rows of an odd
     # vector count (the CuTe one at even counts: its EVEN_SLICES or exact tiling), beside an fp32 weight also
-    # at even rows past 17792 columns (CUTE_BWD_FP32_WEIGHT_MAX_BYTES); with dh (the residual add) the cuTile
+    # at even rows past 20464 columns (CUTE_BWD_FP32_WEIGHT_MAX_BYTES); with dh (the residual add) the cuTile
     # one only to 36 KiB, and beside an fp32 weight not at all
     for dtype, N in ((torch.bfloat16, 14536), (torch.bfloat16, 16384), (torch.float16, 18112),
                      (torch.bfloat16, 18432), (torch.bfloat16, 19336), (torch.float16, 20480),
                      (torch.float16, 16440), (torch.bfloat16, 18440), (torch.bfloat16, 14592),
-                     (torch.bfloat16, 17792), (torch.float16, 17808), (torch.bfloat16, 17800)):
+                     (torch.bfloat16, 17792), (torch.float16, 17808), (torch.bfloat16, 17800),
+                     (torch.bfloat16, 20464), (torch.float16, 20352)):
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N)
         if N % 16:
             assert c.backward_mode == "multi_wave_cached" and "CUTILE_BWD_BAND" in c.reason, (dtype, N, c)
@@ -185,7 +186,7 @@ def test_mode_none_takes_the_backward_table_row():
             assert c.backward_mode == "tma_smem_cached", (dtype, N, c)
         assert c.dh_backward_mode == ("multi_wave_cached" if N <= 18432 else "tma_smem_cached"), (dtype, N, c)
         c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 512, N, fp32_weight=True)
-        if N % 16 or N > 17792:
+        if N % 16 or N > 20464:
             assert c.backward_mode == "multi_wave_cached" and "fp32 weight" in c.reason, (dtype, N, c)
         else:
             # (the row named even where the forward is the same mode: explain() shows the backward's row)
@@ -273,9 +274,10 @@ def test_an_h200_takes_its_own_backward_rows():
 def test_an_h200_runs_the_cute_backward_from_16_kib_where_it_tiles_or_evens_the_row(dtype):
     """H200, 16-bit rows of 16-24 KiB (backward_table.H200_CUTE_BWD_MIN_BYTES): the CuTe DSL backward at
     rows its slices tile exactly (N a multiple of 1024 there), at rows a multiple of 32 bytes (its
-    EVEN_SLICES: one CTA of 256 threads) and at every row from 11224 columns; the cuTile kernel at the
-    other rows (an odd count of 16-byte vectors), beside an fp32 weight and with dh (not measured there);
-    the H100 and mode="tma_smem_cached" by name keep the cuTile kernel under 24 KiB."""
+    EVEN_SLICES: one CTA of 256 threads) and at every row from 11224 columns, beside either weight; the
+    cuTile kernel at the other rows (an odd count of 16-byte vectors) and with dh (not measured there); the
+    H100 (below 11592 columns: test_an_h100_runs_the_cute_backward_from_11592_columns) and
+    mode="tma_smem_cached" by name keep the cuTile kernel under 24 KiB."""
     from cutile_norms.cute.rmsnorm_bwd_config import exact_tiling
 
     h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
@@ -284,15 +286,37 @@ def test_an_h200_runs_the_cute_backward_from_16_kib_where_it_tiles_or_evens_the_
         assert c.backward_mode == "tma_smem_cached" and "H200" in c.reason, (N, c)
         assert c.dh_backward_mode == "multi_wave_cached", (N, c)
         assert dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, N, fp32_weight=True).backward_mode \
-            == "multi_wave_cached"
-        assert dispatch.resolve(None, H100, ALL_TOOLS, dtype, 4096, N).backward_mode == "multi_wave_cached"
+            == "tma_smem_cached"
+        assert dispatch.resolve(None, H100, ALL_TOOLS, dtype, 4096, N).backward_mode \
+            == ("tma_smem_cached" if N >= 11592 else "multi_wave_cached")
         assert dispatch.resolve("tma_smem_cached", h200, ALL_TOOLS, dtype, 4096, N).backward_mode \
             == "multi_wave_cached"
     for N in range(8200, 11224, 8):
         cute = exact_tiling(N, dtype.itemsize) is not None or N % 16 == 0
-        mode = dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, N).backward_mode
-        assert mode == ("tma_smem_cached" if cute else "multi_wave_cached"), N
+        for fp32_weight in (False, True):
+            mode = dispatch.resolve(None, h200, ALL_TOOLS, dtype, 4096, N, fp32_weight=fp32_weight).backward_mode
+            assert mode == ("tma_smem_cached" if cute else "multi_wave_cached"), (N, fp32_weight)
     assert [N for N in range(8200, 11224, 8) if exact_tiling(N, 2)] == [9216, 10240]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_h100_runs_the_cute_backward_from_11592_columns(dtype):
+    """H100, 16-bit rows of 11592-12287 columns (backward_table.H100_CUTE_BWD_MIN_BYTES), either weight, no
+    dh: the CuTe DSL backward, where the cuTile kernel's config comes from its table's 16384 entry (past the
+    geometric mean of 8192 and 16384); below, on the 8192 entry's, the cuTile kernel; with dh the cuTile
+    kernel; mode="tma_smem_cached" by name keeps the cuTile kernel under 24 KiB."""
+    from cutile_norms.cutile.rmsnorm_bwd_config import config_and_source
+
+    assert "N=8192 " in config_and_source(11584, 2, H100, "bfloat16")[1]
+    assert "N=16384 " in config_and_source(11592, 2, H100, "bfloat16")[1]
+    for N in range(11000, 12296, 8):
+        for fp32_weight in (False, True):
+            c = dispatch.resolve(None, H100, ALL_TOOLS, dtype, 4096, N, fp32_weight=fp32_weight)
+            assert c.backward_mode == ("tma_smem_cached" if N >= 11592 else "multi_wave_cached"), (N, c)
+            assert c.dh_backward_mode == ("tma_smem_cached" if N >= 12288 else "multi_wave_cached"), (N, c)
+    for N in (11592, 12040, 12280):
+        assert dispatch.resolve("tma_smem_cached", H100, ALL_TOOLS, dtype, 4096, N).backward_mode \
+            == "multi_wave_cached"
 
 
 def test_gpu_models_of_an_arch_have_their_own_tables(monkeypatch):

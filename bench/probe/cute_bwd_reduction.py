@@ -46,7 +46,7 @@ def main() -> int:
         return 0
     dev = device_info(torch.device("cuda"))
     print(f"# {torch.cuda.get_device_name()}, ring slots {ring_stages(dev)}, the config's shape "
-          f"{reduction_shape(2, 2, False)}", flush=True)
+          f"{reduction_shape(False)}", flush=True)
     rows = {}
     for N in args.ns:
         cfg = device_config(N, 2, dev)

@@ -150,7 +150,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
                           has_offset=has_w and offset != 0.0, has_dh=has_dh, reduction=reduction)
     w_arg = weight if has_w else x2d[0]
     ctas = clusters * cfg.cluster_n
-    rounds = (reduction or reduction_shape(x2d.element_size(), weight.element_size() if has_w else None, has_dh))[0]
+    rounds = (reduction or reduction_shape(has_dh))[0]
     reducers = min(ctas, reducers or min(max(1, sm_count // 2), -(-N // (4 * cfg.threads * rounds))))
     fn(x2d, dy2d, dh2d if has_dh else dy2d, w_arg, rstd, dx if need_dx else x2d, dw if need_dw else w_arg,
        part[:(clusters if need_dw else 1) * N].view(-1, N), tickets, offset, clusters, reducers)

@@ -175,10 +175,17 @@ WIDE_SLICES = 18
 # 128 x 7); 8 rows of one tile spill none at 11 bf16 widths of 10240-262144, both rings
 # (tests/cute/test_rmsnorm_bwd_compile.py), and 8 bytes at 11264 (one CTA of 11 vectors a thread, 255
 # registers), as every reduction there does.
-# Where the row loop already sits at 255 registers beside other state (an fp32 weight beside 16-bit x,
-# dh's third ring) the reduction keeps one row at a time: ptxas's allocation of the row loop moved with
-# the reducer's code there, e.g. bf16 N = 20480 (2 x 128 x 10) spilled 128 bytes beside an fp32 weight
-# (28 one row at a time) and, with dh and 3 ring slots, 2596 at 32 registers (8); not measured on a GPU.
+# Beside an fp32 weight (16-bit x) too: the one-row reduction cost that kernel 1.7-21 % (its row loop
+# matches a 16-bit weight's: SASS at 18432 over 2 x 256 x 5, fewer instructions and registers). bf16 x,
+# the rule's config with one row against 8 rows, medians of 3 same-run rounds: H200 0.784-0.965 -> 0.874-
+# 0.986 at 22 widths of 8192-90000 (12288 0.784 -> 0.952, 18432 0.904 -> 0.967, 28672 0.913 -> 0.952),
+# 131072 0.942 -> 0.944; H100 0.860-0.971 -> 0.902-0.987 (9216 0.860 -> 0.985, 20480 0.873 -> 0.928),
+# 131072 0.958 -> 0.957. ptxas spills nothing with 8 rows there at the measured configs but at 20480 over
+# 2 x 128 x 10 on the H100's 2-slot ring (255 registers: 128 bytes, against 28 with one row), which gained
+# all the same (`python bench/tune/cute_rmsnorm_bwd_ab.py --weight-dtype float32 --configs rule,rule/1x8
+# --ns ...`, docs/performance.md 2.42). With dh (its third ring) the reduction keeps one row at a time:
+# ptxas's allocation of the row loop moves with the reducer's code there, e.g. bf16 N = 20480 with 3 ring
+# slots spilled 2596 bytes at 32 registers (8 one row at a time); not measured on a GPU.
 # EVEN_SLICES: a 16-bit row a multiple of 32 bytes long (an even count of 16-byte vectors: every row starts on a 32-byte
 # sector), of up to SMALL_CLUSTER 16 KiB slices and inside one of the GPU model's EVEN_BANDS, goes over slices of
 # EVEN_SLICE_BYTES (the padded rule's formula: 256 threads of at most 6 vectors from 16 KiB a CTA, fewer CTAs), unless
@@ -214,10 +221,10 @@ RED_ROUNDS = 1
 RED_CLUSTERS = 8
 
 
-def reduction_shape(x_bytes: int, w_bytes: int | None, has_dh: bool) -> tuple[int, int]:
-    """(column tiles a round, partial rows loaded at once) of dw's reducers for a kernel of x elements
-    of x_bytes, a weight of w_bytes (None: no weight) and dh or not: see RED_CLUSTERS."""
-    if has_dh or (w_bytes is not None and w_bytes > x_bytes):
+def reduction_shape(has_dh: bool) -> tuple[int, int]:
+    """(column tiles a round, partial rows loaded at once) of dw's reducers for a kernel with dh or
+    without: see RED_CLUSTERS."""
+    if has_dh:
         return 4, 1
     return RED_ROUNDS, RED_CLUSTERS
 

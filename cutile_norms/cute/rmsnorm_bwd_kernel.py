@@ -71,8 +71,7 @@ class RMSNormBwdTmaSmem:
         self.elem_bytes = x_dtype.width // 8
         # dw's reducers: column tiles a round, partial rows loaded at once (rmsnorm_bwd_config.RED_CLUSTERS;
         # `reduction`: that shape instead, for probes)
-        self.red_rounds, self.red_rows = reduction or reduction_shape(
-            self.elem_bytes, w_dtype.width // 8 if has_weight else None, self.has_dh)
+        self.red_rounds, self.red_rows = reduction or reduction_shape(self.has_dh)
 
     # ---- host side ----------------------------------------------------------------------------
     def _tv_layout(self):

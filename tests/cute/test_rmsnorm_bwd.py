@@ -375,7 +375,7 @@ def test_dw_at_every_remainder_of_the_reduction(seed, w_dtype):
     """M rows on M clusters (one row each, M under the grid's 66 clusters of 2 CTAs at N = 12288): dw's
     reducers load RED_CLUSTERS partial rows at a time, and in the last group the rows past the last
     cluster repeat it with their add skipped. Every remainder of M by RED_CLUSTERS and two full
-    groups; beside an fp32 weight, the one-row reduction (rmsnorm_bwd_config.reduction_shape)."""
+    groups; beside a 16-bit weight and an fp32 one alike (rmsnorm_bwd_config.reduction_shape)."""
     from cutile_norms.cute.rmsnorm_bwd_config import RED_CLUSTERS
 
     N = 12288

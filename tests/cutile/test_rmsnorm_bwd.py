@@ -355,14 +355,15 @@ def test_dh_added_inside(seed, N, x_dtype, w_dtype, M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [9472, 14600, 16024, 16128, 18432, 18440, 19336])
+@pytest.mark.parametrize("N", [9472, 11776, 14600, 16024, 16128, 18432, 18440, 19336, 20480])
 @pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
 def test_mode_none_runs_the_backward_its_table_names(seed, N, w_dtype):
     """mode=None's backward (backward_table.BACKWARD_TABLE) tells a 16-bit weight from an fp32 one and the
     residual add's backward from the norm's (on an H100, 28-40 KiB rows: this kernel at an odd vector count,
-    beside an fp32 weight also at even rows past 17792 columns, with dh to 36 KiB beside a 16-bit weight;
-    the CuTe DSL one otherwise, 16128 beside an fp32 weight among them): explain() names the kernel that
-    runs, and the grads of x, the residual and the weight match the fp64 closed form."""
+    beside an fp32 weight also at 20480 columns, with dh to 36 KiB beside a 16-bit weight; the CuTe DSL one
+    otherwise, 16128 and 18432 beside an fp32 weight among them; 11776: the CuTe DSL one without dh on both
+    GPUs): explain() names the kernel that runs, and the grads of x, the residual and the weight match the
+    fp64 closed form."""
     import cutile_norms as cn
     from cutile_norms._platform import toolchain
 
