@@ -63,8 +63,8 @@ class BackwardRow:
 # Beside an fp32 weight (16-bit x) the CuTe kernel runs those rows too, to 20464 columns
 # (CUTE_BWD_FP32_WEIGHT_MAX_BYTES; the band's second row): since dw's reduction loads 8 partial rows at once
 # beside an fp32 weight (cute/rmsnorm_bwd_config.py, RED_CLUSTERS) it runs them at a 16-bit weight's level,
-# medians of 3 same-run rounds 0.956-0.987 at 14 even widths of 14592-20416 against the cuTile kernel's
-# 0.863-0.952 (+0.5 % at 19968, +1.2 to +2.7 % at 19712-20416, +3.5 to +13 % below). At 20480 the CuTe
+# medians of 3 same-run rounds 0.956-0.986 at 14 even widths of 14592-20416 against the cuTile kernel's
+# 0.863-0.957 (+0.5 % at 19968, +1.3 to +2.9 % at 19712 and 20096-20416, +3.2 to +13 % below). At 20480 the CuTe
 # kernel's exact tiling, 2 x 128 x 10 vectors (255 registers, ptxas spills 128 bytes there on the H100's
 # 2-slot ring), measured 0.931 against 0.945: the cuTile kernel's, as beside a 16-bit weight (0.946 against
 # 0.953 above).
