@@ -71,9 +71,9 @@ class BackwardRow:
 # At rows of an odd vector count the cuTile kernel runs beside an fp32 weight without dh (BACKWARD_TABLE's
 # fourth band row; its rows in the fp32 weight's layout, cutile/rmsnorm_bwd.row_align, and the bf16 weight's
 # configs): 16440 / 17816 / 19368 0.899 / 0.924 / 0.948 against the CuTe kernel's 0.861 / 0.885 / 0.910,
-# 16024 level (0.883 / 0.883), behind only at 14600 (0.857 against 0.905): the better worst case by 0.4 %,
-# the same kernel as beside a 16-bit weight. With dh beside an fp32 weight (not measured) the CuTe kernel
-# runs, as it did before.
+# 16024 level (0.883 / 0.883), behind only at 14600 (0.857 against 0.905): ahead at 3 of 5 widths by 4 %,
+# the worst cases 0.4 % apart (the CuTe kernel's the higher), the same kernel as beside a 16-bit weight.
+# With dh beside an fp32 weight (not measured) the CuTe kernel runs, as it did before.
 # With dh (the residual add's backward) the next row's dh waits in registers too: the launch fits its
 # 128 registers with at most 16 bytes of spills up to 18 values a thread (a 4096 piece and a 512 tail,
 # 18432 columns: 36 KiB), and spills 28-56 bytes at 20 (18440-20480), where it measured 0.811-0.953
@@ -84,10 +84,10 @@ CUTE_BWD_FP32_WEIGHT_MAX_BYTES = 2 * 20464  # H100: the CuTe backward's even row
 CUTE_BWD_MIN_BYTES = 24 * 1024  # narrower 16-bit rows: the cuTile backward (see BACKWARD_TABLE's evidence)
 # ... but on an H100 from 11592 columns, where the cuTile kernel's config comes from its 16384 entry (the
 # nearest of 8192 and 16384 in log2 past their geometric mean, 11585): scaled to 11648-12288 it splits the
-# row over 4 blocks and measured 0.812-0.843 (bf16 x, bf16 or fp32 weight), against the CuTe DSL kernel's
-# 0.922-0.964 (2 CTAs of 128 threads, 6 vectors a thread, the last slice part empty below 12288); at 11264
-# / 11520, on the 8192 entry's config (one block a row), the cuTile kernel keeps 0.974-0.993 against
-# 0.942-0.945. With dh not measured: the cuTile kernel.
+# row over 4 blocks and measured 0.792-0.842 (bf16 or fp16 x, bf16 or fp32 weight), against the CuTe DSL
+# kernel's 0.922-0.965 (2 CTAs of 128 threads, 6 vectors a thread, the last slice part empty below 12288);
+# at 11264 / 11520, on the 8192 entry's config (one block a row), the cuTile kernel keeps 0.974-0.993
+# against 0.942-0.950. With dh not measured: the cuTile kernel.
 H100_CUTE_BWD_MIN_BYTES = 2 * 11592
 # On an H200, 16-bit rows of 16-24 KiB (8193-12287 columns), any weight, no dh:
 # the CuTe DSL backward where its slices tile the row exactly (N a multiple of 1024 there: 9216 over 1 x
@@ -162,7 +162,7 @@ BACKWARD_TABLE = (
                 "H100 80GB HBM3 2026-11-28, bf16 x beside an fp32 weight, rows of an odd vector count (and 20480), "
                 "the cuTile persistent kernel against the CuTe DSL backward with dw's 8-row reduction, medians of "
                 "3: N=14600 0.857 / 0.905, 16024 0.883 / 0.883, 16440 0.899 / 0.861, 17816 0.924 / 0.885, 19368 "
-                "0.948 / 0.910, 20480 0.945 / 0.931 x copy: the better worst case (python "
+                "0.948 / 0.910, 20480 0.945 / 0.931 x copy: ahead at 3 of 5 odd rows (python "
                 "bench/probe/model_widths.py --only bwd --weight-dtype float32 --kernels None,cutile,cute --random "
                 "0 --rounds 3 --ns ...): see CUTILE_BWD_BAND",
                 dh_bytes_max=0),

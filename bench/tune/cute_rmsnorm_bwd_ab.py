@@ -13,7 +13,7 @@ with EVEN_SLICES at every row past K KiB), `CxTxV` (C CTAs of T threads of V vec
 slots for its cluster size, fewer where shared memory does not hold them) or `CxTxVsS` (S slots);
 `cutile` times the cuTile persistent backward (mode=None's choice inside the cuTile bands:
 cutile_norms/backward_table.py) in the same rounds. Any CuTe name takes `/RxK`: dw's reducers with R
-column tiles a round and K partial rows at once (`rule/1x8`; without it, reduction_shape's for the dtypes).
+column tiles a round and K partial rows at once (`rule/1x8`; without it, reduction_shape's: 1 x 8 without dh).
 A config equal to an earlier one (with the same reduction) is timed once, under the earlier name.
 """
 from __future__ import annotations

@@ -179,7 +179,7 @@ WIDE_SLICES = 18
 # matches a 16-bit weight's: SASS at 18432 over 2 x 256 x 5, fewer instructions and registers). bf16 x,
 # the rule's config with one row against 8 rows, medians of 3 same-run rounds: H200 0.784-0.965 -> 0.874-
 # 0.986 at 22 widths of 8192-90000 (12288 0.784 -> 0.952, 18432 0.904 -> 0.967, 28672 0.913 -> 0.952),
-# 131072 0.942 -> 0.944; H100 0.860-0.971 -> 0.902-0.987 (9216 0.860 -> 0.985, 20480 0.873 -> 0.928),
+# 131072 0.942 -> 0.944; H100 0.860-0.971 -> 0.902-0.986 (9216 0.860 -> 0.985, 20480 0.873 -> 0.928),
 # 131072 0.958 -> 0.957. ptxas spills nothing with 8 rows there at the measured configs but at 20480 over
 # 2 x 128 x 10 on the H100's 2-slot ring (255 registers: 128 bytes, against 28 with one row), which gained
 # all the same (`python bench/tune/cute_rmsnorm_bwd_ab.py --weight-dtype float32 --configs rule,rule/1x8
