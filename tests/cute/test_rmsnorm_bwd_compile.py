@@ -37,7 +37,7 @@ def test_compiles(N, x_dtype, w_dtype, arch):
     fn = compile_backward(DT[x_dtype], DT[w_dtype], N, cfg, True, True, arch, keep_ptx=True)
     # an fp32 weight beside bf16 x doubles the weight's registers: 2 x 128 x 10 at N = 20480 (2 ring slots)
     # spills 128 bytes per thread with dw's 8-row reduction (ptxas), which measured faster than the one-row
-    # reduction's 28 bytes all the same (test_reducer_rows_beside_an_fp32_weight); fp32 rows over 16 CTAs of
+    # reduction's 28 bytes all the same (test_reducer_rows_leave_the_row_loop_alone); fp32 rows over 16 CTAs of
     # 128 threads (65536) spill 16 bytes at 128 registers
     check_kernel_ptx(fn.__ptx__, arch, spills_at_most=128 if (x_dtype, w_dtype, N) == ("bfloat16", "float32", 20480)
                      else 32 if w_dtype == "float32" else 8)
@@ -182,31 +182,26 @@ def test_reduction_shape():
     assert reduction_shape(True) == (4, 1)
 
 
-@pytest.mark.parametrize("N", [9216, 10240, 11392, 12288, 14336, 18432, 19336, 20480, 25464, 28672, 38040])
-def test_reducer_rows_leave_the_row_loop_alone(N):
+# the widths measured with the RED_CLUSTERS-row reduction, per weight dtype beside bf16 x
+REDUCER_WIDTHS = {torch.bfloat16: [9216, 10240, 11392, 12288, 14336, 18432, 19336, 20480, 25464, 28672, 38040],
+                  torch.float32: [8192, 9216, 12288, 14592, 18432, 19368, 20480, 28672, 53248]}
+
+
+@pytest.mark.parametrize("w_dtype,N", [(w, n) for w, ns in REDUCER_WIDTHS.items() for n in ns])
+def test_reducer_rows_leave_the_row_loop_alone(w_dtype, N):
     """The RED_CLUSTERS-row reduction compiles the bf16 row loop of the widths measured with it (the
     H100's 2 and the H200's 3 ring slots) without spills, where the one-row reduction spilled 8 bytes
     at 19336 and 4 rows of 4 tiles 16. (11264, one CTA of 11 vectors a thread, sits at 255 registers
-    and spills 8 bytes with any reduction: test_no_spills_with_part_empty_slices' bound.)"""
+    and spills 8 bytes with any reduction: test_no_spills_with_part_empty_slices' bound.) Beside an fp32
+    weight the same, but at 20480 over 2 x 128 x 10 vectors on the H100's 2-slot ring (255 registers: 128
+    bytes, 28 with the one-row reduction), which measured faster than the one-row reduction all the same
+    (0.928 against 0.873 x copy, docs/performance.md 2.42)."""
     for ring in (2, 3):
         cfg = analytic_config(N, 2, small_ring=ring)
-        fn = compile_backward(torch.bfloat16, torch.bfloat16, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
+        fn = compile_backward(torch.bfloat16, w_dtype, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
         report = ptxas_report(fn.__ptx__, "sm_90a")
-        assert report["spill_stores"] == 0, f"N={N} {cfg.short()}: {report}"
-
-
-# bf16 x beside an fp32 weight: the configs of the widths measured with the 8-row reduction (both rings)
-@pytest.mark.parametrize("N", [8192, 9216, 12288, 14592, 18432, 19368, 20480, 28672, 53248])
-def test_reducer_rows_beside_an_fp32_weight(N):
-    """The RED_CLUSTERS-row reduction beside an fp32 weight compiles the row loop without spills, but at
-    20480 over 2 x 128 x 10 vectors on the H100's 2-slot ring (255 registers: 128 bytes, 28 with the
-    one-row reduction), which measured faster than the one-row reduction all the same (0.928 against
-    0.873 x copy, docs/performance.md 2.42)."""
-    for ring in (2, 3):
-        cfg = analytic_config(N, 2, small_ring=ring)
-        fn = compile_backward(torch.bfloat16, torch.float32, N, cfg, True, True, arch="sm_90a", keep_ptx=True)
-        report = ptxas_report(fn.__ptx__, "sm_90a")
-        assert report["spill_stores"] <= (128 if (N, ring) == (20480, 2) else 0), f"N={N} {cfg.short()}: {report}"
+        bound = 128 if (w_dtype, N, ring) == (torch.float32, 20480, 2) else 0
+        assert report["spill_stores"] <= bound, f"N={N} w {w_dtype} {cfg.short()}: {report}"
 
 
 def test_a_probes_reduction_shape_is_its_own_kernel():
