@@ -248,15 +248,20 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 # missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One mode per
 # width for every M: rows are bit-identical whatever the batch (tests/test_batch_invariance.py),
 # and at M <= 64, where a call is host bound, the modes' GPU times differ by tenths of a microsecond
-# while tma_smem_cached's host path is the cheapest (bench/decode.py).
-# The edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in one CTA up
-# to 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond. The 48 KiB edge
+# while their host paths differ by a few (bench/decode.py, H200, M = 1, N = 4096: tma_smem_cached
+# 11.0 us a call, Triton's call plan runner 16.6, F.rms_norm 13.6).
+# The 48 and 64 KiB edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in
+# one CTA up to 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond. The 48 KiB edge
 # matters on an H200: the cluster of 4 measured 0.77-0.93 x copy at eight bf16 widths in 48-64 KiB
 # (24736 ... 32768, six of them random) where multi_wave_cached held 0.95-0.99, while one CTA held
 # 0.96-1.0 below; on an H100 the cluster of 4 held 0.95-1.0 there and multi_wave_cached 0.995-1.01.
 # The H100's fp32 rows were written before that edge; they run tma_smem_cached on both sides of it
 # (fp32 N = 13000 / 15000 / 16384: 1.007 / 1.007 / 1.006 there, multi_wave_cached 1.003 / 1.008 / 1.007).
-FORWARD_BAND_EDGES = (48 * 1024, 64 * 1024)
+# The 8 KiB edge (8191: rows of 8 KiB fall above it) is where the Triton forward changes shape on NVIDIA
+# GPUs (triton/rmsnorm_fwd_config.fixed_config): rows in registers below, from 8 KiB two passes with N
+# compiled in, which on an H200 measured 0.979-1.016 x copy at 8-64 KiB (bf16, fp16, fp32) where
+# tma_smem_cached measured 0.962-0.984 and multi_wave_cached 0.844-0.991.
+FORWARD_BAND_EDGES = (8 * 1024 - 1, 48 * 1024, 64 * 1024)
 
 
 def cute_backward_refusal(N: int, dtype: torch.dtype, min_bytes: int = CUTE_BWD_MIN_BYTES) -> str | None:

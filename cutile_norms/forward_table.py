@@ -48,10 +48,20 @@ def band_rows(points: dict, elem_bytes: int) -> list[dict]:
 
 
 def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
-    """The rows of a table after a run that measured some bands: the run's rows, and the earlier rows
-    of the bands it did not measure (the band edges are FORWARD_BAND_EDGES' in both)."""
-    measured = {(r["n_min"], r["n_max"]) for r in new}
-    return sorted(new + [r for r in old if (r["n_min"], r["n_max"]) not in measured], key=lambda r: r["n_min"])
+    """The rows of a table after a run that measured some bands: the run's rows, and what the earlier
+    rows held outside them (an earlier row that a new one covers in part keeps the widths left to it:
+    rows written before a band edge was added; their evidence stays as measured)."""
+    kept = []
+    for r in old:
+        pieces = [(r["n_min"], r["n_max"])]
+        for n in new:
+            pieces = [q for lo, hi in pieces
+                      for q in ((lo, min(hi, n["n_min"] - 1)), (max(lo, n["n_max"] + 1), hi)) if q[0] <= q[1]]
+        kept += [dict(r, n_min=lo, n_max=hi) if (lo, hi) == (r["n_min"], r["n_max"]) else
+                 dict(r, n_min=lo, n_max=hi, evidence=f"{r['evidence']} [written for N {r['n_min']}-{r['n_max']}; "
+                                                      f"N {lo}-{hi} kept where a later run's rows do not reach]")
+                 for lo, hi in pieces]
+    return sorted(new + kept, key=lambda r: r["n_min"])
 
 
 def write_rows(points: dict, dtype: str, arch: str, gpu: str, command: str, date: str) -> str:

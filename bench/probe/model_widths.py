@@ -53,7 +53,7 @@ FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
 }
 
 
-def forward_fns(x, w, dev, kernels: set | None = None):
+def forward_fns(x, w, dev, kernels: set | None = None, anchors=("quack",)):
     fns = {"None": lambda: cn.rms_norm(x, w, 1e-6)}
     for mode in dispatch.modes_of("cutile") + dispatch.modes_of("triton"):
         backend = dispatch.backend(mode)
@@ -68,9 +68,9 @@ def forward_fns(x, w, dev, kernels: set | None = None):
             if cfg is not None and cfg not in seen:
                 seen.add(cfg)
                 fns[name] = (lambda c: (lambda: cute_fwd.launch(c, x, w, 1e-6, 0.0, False)[0]))(cfg)
-    quack, _ = anchor_registry.load(["quack"])
-    if quack:
-        fns["quack"] = lambda: quack["quack"](x, w, 1e-6)
+    loaded, _ = anchor_registry.load(anchors)
+    for name, fn in loaded.items():
+        fns[name] = (lambda f: (lambda: f(x, w, 1e-6)))(fn)
     return fns
 
 
@@ -124,6 +124,8 @@ def main() -> int:
                    help="write mode=None's rows from finished runs' --out JSONs of one GPU and dtype (no GPU needed)")
     p.add_argument("--command", default="python bench/probe/model_widths.py --only fwd",
                    help="with --write-table: the command that measured it (recorded beside the rows)")
+    p.add_argument("--anchors", type=lambda s: [v for v in s.split(",") if v], default=["quack"],
+                   help="the forward's anchors (bench/anchors.py names; default quack)")
     p.add_argument("--kernels", type=lambda s: set(v for v in s.split(",") if v), default=None,
                    help="only these kernels (and their anchors), by the names the table prints")
     args = p.parse_args()
@@ -154,7 +156,7 @@ def main() -> int:
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(getattr(torch, args.weight_dtype or args.dtype))
         row = {}
         if args.only in (None, "fwd"):
-            fns = pick(forward_fns(x, w, dev, args.kernels), args.kernels)
+            fns = pick(forward_fns(x, w, dev, args.kernels, args.anchors), args.kernels)
             for k in list(fns):
                 out = first_call(fns, k, N, "fwd")
                 if out is None:

@@ -6,6 +6,7 @@ persistent grid that prefetches its next tile, two passes over chunks or the who
 them. docs/history.md, "The Triton mode, second round", has the results and the choices made from them.
 
     python bench/tune/triton_rmsnorm.py [--ns 1024,4096,...] [--only fwd|bwd] [--match REGEX] [--out F]
+        [--rounds 3] [--dtype float16|float32]   (the forward: medians of interleaved rounds; x's dtype)
 
 Every variant is checked on every row against an fp32 reference and for identical bits on a later
 launch (split rows flip their exchange flags each launch); a wrong one prints WRONG.
@@ -17,6 +18,7 @@ import dataclasses
 import functools
 import os
 import re
+import statistics
 import sys
 
 import torch
@@ -25,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from bench.probe.common import no_gpu, write_json  # noqa: E402
-from bench.timing import copy_baseline_ms, device_ms  # noqa: E402
+from bench.timing import copy_baseline_ms, device_ms, ratios_to_copy  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.reference import rms_norm_backward  # noqa: E402
@@ -81,6 +83,14 @@ def fwd_variants(N, dev):
                     out[f"split {split} 2pass {block}/{warps}w"] = FC.FwdConfig(
                         rows=1, split=split, part=part, block_n=block, chunks=-(-part // block), num_warps=warps,
                         programs_per_sm=0)
+    if 2048 <= N <= 65536:  # two passes with N compiled in (rms_norm_fwd_fixed_kernel), 8 or 16 values a thread
+        for warps in (4, 8, 16, 32):
+            for vpt in (8, 16):
+                block = warps * 32 * vpt
+                if block <= 2 * pow2_ceil(N):
+                    out[f"fixed {block}/{warps}w"] = FC.FwdConfig(
+                        rows=1, split=1, part=N, block_n=block, chunks=-(-N // block), num_warps=warps,
+                        programs_per_sm=0, fixed_n=True)
     return out
 
 
@@ -129,6 +139,8 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--only", choices=("", "fwd", "bwd"), default="")
     p.add_argument("--match", default="", help="only the variants whose name matches this regex")
+    p.add_argument("--rounds", type=int, default=1, help="the forward: medians of this many interleaved rounds")
+    p.add_argument("--dtype", default="bfloat16", help="x's and the weight's dtype (the forward)")
     args = p.parse_args()
     if no_gpu():
         return 0
@@ -140,10 +152,10 @@ def main() -> int:
         liger = None
     results = {}
     for N in args.ns:
-        M, x, w = width_inputs(N, torch.bfloat16)
-        dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+        M, x, w = width_inputs(N, getattr(torch, args.dtype))
+        dy = torch.randn(M, N, device="cuda", dtype=x.dtype)
         rstd_all = torch.rsqrt(x.float().square().mean(-1) + 1e-6)
-        y_ref = (x.float() * rstd_all[:, None] * w.float()).to(torch.bfloat16)
+        y_ref = (x.float() * rstd_all[:, None] * w.float()).to(x.dtype)
         dx_ref, dw_ref = rms_norm_backward(dy, x, w, rstd_all)
         copy = copy_baseline_ms(x, reps=20)["median_ms"]
         row = {"copy_ms": copy}
@@ -152,6 +164,7 @@ def main() -> int:
             row["fwd Liger"] = r
             print(f"N={N:>6} fwd {'Liger (anchor)':<28} {r:.3f}", flush=True)
         if args.only in ("", "fwd"):
+            runs, cfgs = {}, {}
             for name, cfg in fwd_variants(N, dev).items():
                 if not re.search(args.match, name):
                     continue
@@ -160,12 +173,16 @@ def main() -> int:
                     y, rstd = run()
                     ok = (torch.allclose(y.float(), y_ref.float(), rtol=2e-2, atol=2e-2)
                           and torch.allclose(rstd, rstd_all, rtol=1e-4))
-                    r = copy / device_ms(run, reps=20)["median_ms"]
                     ok = ok and torch.equal(run()[0], y)  # every launch after the first (the exchange's flags flip)
-                    row[f"fwd {name}"] = r
-                    print(f"N={N:>6} fwd {name:<28} {r:.3f}{'' if ok else '  WRONG'}  {cfg.short()}", flush=True)
+                    if not ok:
+                        print(f"N={N:>6} fwd {name:<28} WRONG  {cfg.short()}", flush=True)
+                        continue
+                    runs[name], cfgs[name] = run, cfg
                 except Exception as e:  # noqa: BLE001
                     print(f"N={N:>6} fwd {name:<28} error {type(e).__name__}: {str(e)[:100]}", flush=True)
+            for name, rs in ratios_to_copy(x, runs, args.rounds).items():
+                row[f"fwd {name}"] = r = statistics.median(rs)
+                print(f"N={N:>6} fwd {name:<28} {r:.3f}  {cfgs[name].short()}", flush=True)
         if args.only in ("", "bwd"):
             for name, cfg in bwd_variants(N, dev).items():
                 if not re.search(args.match, name):

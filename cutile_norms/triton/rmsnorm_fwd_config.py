@@ -14,7 +14,13 @@ from .tiling import TileConfig, lanes_per_warp, split_for, warps_for
 # ================================================================================================
 @dataclass(frozen=True)
 class FwdConfig(TileConfig):
-    """The forward's launch config (TileConfig's fields)."""
+    """The forward's launch config (TileConfig's fields). fixed_n: one row per program in two passes over
+    chunks of block_n with N compiled in (rms_norm_fwd_fixed_kernel; rows 1, split 1, no persistent grid)."""
+
+    fixed_n: bool = False
+
+    def short(self) -> str:
+        return super().short() + (", N compiled in" if self.fixed_n else "")
 
 
 # Measured on an H100, bf16, 2^27 elements (`python bench/tune/triton_rmsnorm.py`; docs/design.md),
@@ -37,6 +43,11 @@ class FwdConfig(TileConfig):
 #     0.952 at 65536 / 131072; where parts pass PART_ELEMS (262144: 32 parts of 8192) each part in two
 #     passes of PART_ELEMS (8 warps): 0.949. One program per row in two passes gave 0.84 / 0.68 / 0.65
 #     there (the re-read misses L2: 132 rows of 512 KB in flight).
+#   * NVIDIA, rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES (any dtype): two passes of one program per
+#     row with N compiled in (`fixed_config`), on an H200 0.97-1.02 x copy at 21 bf16 widths of 4096-32768
+#     and 5 fp32 ones of 2048-16384 (`python bench/tune/triton_rmsnorm.py --only fwd --match
+#     "^(analytic$|fixed)" --rounds 3 [--dtype float32]`, medians of 3), where the rules below gave
+#     0.70-0.95 between the powers of two (10240 0.721, 17640 0.699, 20480 0.740 bf16).
 TILE_ELEMS = 4096
 ROW_ELEMS = 4096
 PART_ELEMS = 4096
@@ -44,13 +55,45 @@ SPLIT_FROM = 32768  # rows wider than this split over programs
 SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjacent in the grid
 
 
+FIXED_MIN_BYTES = 8 * 1024
+FIXED_MAX_BYTES = 64 * 1024
+# fixed_config's warps by row bytes, the measured reason (H200, medians of 3; bf16 / fp32 rows of the
+# same bytes agree): the second pass re-reads x from L2, so an SM's resident rows (2048 threads over
+# the program's) times the row's bytes times the SMs must stay within a part of L2, and fewer threads
+# a row are better while they do. 8 warps (8 rows an SM, 12.4 MiB at 12 KiB rows on 132 SMs) measured
+# 0.993-0.998 to 12 KiB and lost to 16 warps from 14 KiB (0.994 / 0.972 against 1.003 / 1.002 at
+# 7168 / 8192 bf16); 16 warps (4 rows, 18.6 MiB at 36 KiB) held 0.983-1.010 to 35 KiB (17640 bf16:
+# 0.983 against 32 warps' 0.961) and lost to 32 warps from 36 KiB (18432 / 20480: 0.982 / 0.980
+# against 0.986 / 0.998); 32 warps (2 rows, 16.5 MiB at 64 KiB) held 0.986-1.008 to 64 KiB and fell
+# past it (80 / 96 / 128 KiB: 0.969 / 0.919 / 0.847, the split rows' 0.909 at 128 KiB).
+FIXED_WARPS = ((12 * 1024, 8), (35 * 1024, 16), (FIXED_MAX_BYTES, 32))
+FIXED_CHUNK_ELEMS = 8192  # a chunk's elements: 16 values a thread up to 16 warps, 8 at 32 (8192 at 16 / 32
+#                           warps measured within 0.3 % of 4096 / 16384 but at 28-35 KiB rows, where 16
+#                           warps over 4096 lost 1.6-1.7 %, and at 40-44 KiB, where 32 over 16384 lost 0.6-1.6 %)
+
+
+def fixed_config(N: int, elem_bytes: int) -> FwdConfig | None:
+    """The two-pass config with N compiled in for rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES (NVIDIA),
+    else None: FIXED_WARPS by the row's bytes, chunks of FIXED_CHUNK_ELEMS or 16 values a thread."""
+    row_bytes = N * elem_bytes
+    if not FIXED_MIN_BYTES <= row_bytes <= FIXED_MAX_BYTES:
+        return None
+    warps = next(w for limit, w in FIXED_WARPS if row_bytes <= limit)
+    block = min(FIXED_CHUNK_ELEMS, 16 * 32 * warps)
+    return FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=-(-N // block), num_warps=warps,
+                     programs_per_sm=0, fixed_n=True)
+
+
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
-    """The measured rules above: whole rows in registers when narrow or a power of two up to
+    """The measured rules above: on NVIDIA GPUs rows of 8-64 KiB in two passes with N compiled in
+    (`fixed_config`); else whole rows in registers when narrow or a power of two up to
     ROW_ELEMS (16-bit: up to 2 x ROW_ELEMS, straight-line); up to SPLIT_FROM, other widths in two
     passes over chunks; wider rows split into parts (kept in registers up to PART_ELEMS, else in two
     passes). One program per row tile (per part)."""
     lanes = lanes_per_warp(vendor)
+    if vendor == "nvidia" and (fixed := fixed_config(N, elem_bytes)) is not None:
+        return fixed
     block_n = pow2_ceil(N)
     if N <= ROW_ELEMS // 2 or (N <= ROW_ELEMS and 8 * N >= 7 * block_n):
         rows = max(1, min(64, tile_elems // block_n))

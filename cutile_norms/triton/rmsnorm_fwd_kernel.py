@@ -133,3 +133,46 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                     tl.store(y_rows + cols_c[None, :], yc.to(Y.dtype.element_ty), mask=mask_c)
             if STORE_RSTD:
                 tl.store(RSTD + rows, rstd, mask=row_ok & (part == 0))
+
+
+@triton.jit
+def rms_norm_fwd_fixed_kernel(X, W, Y, RSTD, stride_x, eps, offset, N: tl.constexpr, BLOCK_N: tl.constexpr,
+                              HAS_W: tl.constexpr, HAS_OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr,
+                              CONTIG: tl.constexpr, INT64: tl.constexpr, ALIGN: tl.constexpr = 1):
+    # One row per program in two passes over chunks of BLOCK_N, the row's length compiled in (one
+    # compile per N): the loops' trip counts and every column mask are constants, and the mask's runs
+    # of equal bits follow from N itself, so each chunk moves whole 16-byte vectors. The first pass
+    # sums the squares into a vector of BLOCK_N lanes (one cross-warp reduction per row, not one per
+    # chunk) with x kept in L2 (evict_last); the second re-reads it (evict_first) and stores y.
+    # CONTIG: x's rows N apart (the row offset a constant multiple); else stride_x, said to be a
+    # multiple of ALIGN (tiling.offset_align).
+    row = tl.program_id(0)
+    if INT64:
+        row = row.to(tl.int64)
+    if CONTIG:
+        x_row = X + row * N
+    else:
+        x_off = row * stride_x
+        if ALIGN > 1:
+            x_off = tl.multiple_of(x_off, ALIGN)
+        x_row = X + x_off
+    lanes = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for c0 in tl.range(0, N, BLOCK_N):
+        cols = c0 + lanes
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    y_row = Y + row * N
+    for c0 in tl.range(0, N, BLOCK_N):
+        cols = c0 + lanes
+        ok = cols < N
+        y = tl.load(x_row + cols, mask=ok, other=0.0, eviction_policy="evict_first").to(tl.float32) * rstd
+        if HAS_W:
+            w = tl.load(W + cols, mask=ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            if HAS_OFFSET:
+                w = w + offset
+            y = y * w
+        tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=ok)
+    if STORE_RSTD:
+        tl.store(RSTD + row, rstd)

@@ -52,7 +52,9 @@ def test_config_covers_the_row(N, e, vendor, sms):
     assert cfg.block_n * cfg.chunks >= cfg.part and cfg.block_n & (cfg.block_n - 1) == 0
     assert cfg.programs_per_sm == 0  # one program per tile (per part)
     assert grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows) * cfg.split
-    if N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
+    if vendor == "nvidia" and 8 * 1024 <= N * e <= 64 * 1024:  # two passes, N compiled in (test_fixed_rows)
+        assert cfg.fixed_n and cfg.rows == 1 and cfg.block_n * (cfg.chunks - 1) < N <= cfg.block_n * cfg.chunks
+    elif N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
         assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
     elif e == 2 and N in (8191, 8192):  # 16-bit rows of 7168-8192: the row in registers, straight-line code
         assert cfg.rows == 1 and cfg.chunks == 1 and cfg.block_n == 2 * ROW_ELEMS and cfg.one_tile
@@ -62,6 +64,24 @@ def test_config_covers_the_row(N, e, vendor, sms):
         assert cfg.rows == 1 and cfg.chunks == 1
     lanes = 64 if vendor == "amd" else 32
     assert cfg.num_warps * lanes <= 1024 and (vendor != "amd" or cfg.num_warps <= 16)
+
+
+@pytest.mark.parametrize("e", [2, 4])
+def test_fixed_rows(e):
+    """NVIDIA rows of 8-64 KiB: two passes with N compiled in, 8 / 16 / 32 warps to 12 / 35 / 64 KiB rows
+    (FIXED_WARPS' measured edges), chunks of 16 values a thread to 16 warps and 8192 elements at 32;
+    AMD GPUs and the rows on either side keep the other forms."""
+    from cutile_norms.triton.rmsnorm_fwd_config import analytic_config, fixed_config
+
+    for row_bytes, warps in ((8192, 8), (12 * 1024, 8), (12 * 1024 + 16, 16), (35 * 1024, 16),
+                             (35 * 1024 + 16, 32), (64 * 1024, 32)):
+        N = row_bytes // e
+        cfg = analytic_config(N, e, "nvidia", 132)
+        assert cfg == fixed_config(N, e) and cfg.fixed_n and cfg.num_warps == warps, (row_bytes, cfg)
+        assert cfg.block_n == min(8192, 16 * 32 * warps) and cfg.chunks == -(-N // cfg.block_n)
+        assert not analytic_config(N, e, "amd", 304).fixed_n
+    for row_bytes in (8192 - 16, 64 * 1024 + 16):
+        assert fixed_config(row_bytes // e, e) is None and not analytic_config(row_bytes // e, e, "nvidia", 132).fixed_n
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,6 +172,41 @@ def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
     w = random_weight(N, DT[w_dtype], "cuda")
     y, rstd = _run(x, w, 0.0, "cuda")
     _check(x, w, 0.0, y, rstd, f"N={N} M={M}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4104, 8192, 11000, 17640, 32768])
+@pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
+def test_fixed_rows_through_the_call_plan(seed, N, x_dtype, w_dtype):
+    """rms_norm(mode="triton") at rows of N compiled in: the call plan's runner (the compiled kernel's own
+    launcher) on contiguous rows, rows at a stride of N + 8, misaligned rows (its fallback to the JIT
+    launch), one row, 3-D x, and autograd's forward (rstd stored), each called three times with new
+    values, the outputs poisoned before each call."""
+    import cutile_norms as cn
+
+    dt = DT[x_dtype]
+    w = random_weight(N, DT[w_dtype], "cuda") if w_dtype else None
+    offset = 0.5 if w is not None else 0.0
+    base = random_rows((37, N + 8), dt, "cuda")
+    layouts = {"contiguous": lambda b: b[:, :N].contiguous(), "stride N+8": lambda b: b[:, :N],
+               "misaligned": lambda b: b[:, 1:N + 1] if N % 2 == 0 else b[:, 3:N + 3],
+               "one row": lambda b: b[5:6, 8:N + 8], "3-D": lambda b: b[:36, :N].reshape(4, 9, N)}
+    for name, view in layouts.items():
+        for call in range(3):
+            base.copy_(random_rows(base.shape, dt, "cuda"))
+            x = view(base)
+            cn.rms_norm(x, w, EPS, offset=offset, mode="triton").fill_(float("nan"))  # a poisoned allocation
+            y = cn.rms_norm(x, w, EPS, offset=offset, mode="triton")
+            torch.cuda.synchronize()
+            x2, y2 = x.reshape(-1, N), y.reshape(-1, N)
+            assert_close(y2, reference64(x2, w, EPS, offset)[0], dt, f"{name} call {call}", seed)
+    xg = base[:, :N].detach().clone().requires_grad_()
+    y = cn.rms_norm(xg, w, EPS, offset=offset, mode="triton")
+    assert_close(y.detach(), reference64(xg.detach(), w, EPS, offset)[0], dt, "autograd's forward", seed)
+    from cutile_norms.triton.rmsnorm_fwd_config import fixed_config
+
+    kernel = "rms_norm_fwd_fixed_kernel" if fixed_config(N, dt.itemsize) else "rms_norm_fwd_kernel,"
+    assert kernel in cn.explain(xg.detach(), w, mode="triton")
 
 
 @pytest.mark.gpu
