@@ -240,27 +240,22 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 # band_rows): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes
 # the mode whose worst ratio to a copy over every width measured in it (the widths real models use
 # and the random ones of that run) is the highest, for every M. Why bands and not the nearest
-# measured width: inside a band the kernels keep their shape (tma_smem_cached holds a row in one
-# CTA up to 48 KiB and in a cluster of 4 up to 64 KiB; beyond, clusters of 5-16 CTAs whose last slice
-# may be part empty, which measured 0.74-0.83 x copy at N = 98368 and 36568 on an H100 where the
-# powers of two gave 0.975-0.998), so a mode that holds at a band's measured widths holds between
-# them; the nearest-width rule put modes measured within 0.1 % of each other in alternate ranges and
+# measured width: inside a band the kernels keep their shape (below), so a mode that holds at a
+# band's measured widths holds between them; the nearest-width rule put modes measured within 0.1 % of each other in alternate ranges and
 # missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One mode per
 # width for every M: rows are bit-identical whatever the batch (tests/test_batch_invariance.py),
-# and at M <= 64, where a call is host bound, the modes' GPU times differ by tenths of a microsecond
-# while their host paths differ by a few (bench/decode.py, H200, M = 1, N = 4096: tma_smem_cached
-# 11.0 us a call, Triton's call plan runner 16.6, F.rms_norm 13.6).
+# and at M <= 64, where a call is host bound, GPU times differ by tenths of a microsecond, host paths by a
+# few (bench/decode.py, H200, M = 1, N = 4096: tma_smem_cached 11.0-17.7 us, Triton 16.6-19.4).
 # The 48 and 64 KiB edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in
-# one CTA up to 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond. The 48 KiB edge
+# one CTA up to 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond, whose last
+# slice may be part empty (0.74-0.83 x copy at N = 98368 / 36568 on an H100). The 48 KiB edge
 # matters on an H200: the cluster of 4 measured 0.77-0.93 x copy at eight bf16 widths in 48-64 KiB
 # (24736 ... 32768, six of them random) where multi_wave_cached held 0.95-0.99, while one CTA held
 # 0.96-1.0 below; on an H100 the cluster of 4 held 0.95-1.0 there and multi_wave_cached 0.995-1.01.
 # The H100's fp32 rows were written before that edge; they run tma_smem_cached on both sides of it
 # (fp32 N = 13000 / 15000 / 16384: 1.007 / 1.007 / 1.006 there, multi_wave_cached 1.003 / 1.008 / 1.007).
-# The 8 KiB edge (8191: rows of 8 KiB fall above it) is where the Triton forward changes shape on NVIDIA
-# GPUs (triton/rmsnorm_fwd_config.fixed_config): rows in registers below, from 8 KiB two passes with N
-# compiled in, which on an H200 measured 0.979-1.016 x copy at 8-64 KiB (bf16, fp16, fp32) where
-# tma_smem_cached measured 0.962-0.984 and multi_wave_cached 0.844-0.991.
+# The 8 KiB edge (8191: 8 KiB rows above it): Triton's forward, rows in registers below, two passes with N
+# compiled in from 8 KiB (triton/rmsnorm_fwd_config.fixed_config; H200 0.979-1.016 x copy at 8-64 KiB).
 FORWARD_BAND_EDGES = (8 * 1024 - 1, 48 * 1024, 64 * 1024)
 
 

@@ -57,8 +57,12 @@ def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
         for n in new:
             pieces = [q for lo, hi in pieces
                       for q in ((lo, min(hi, n["n_min"] - 1)), (max(lo, n["n_max"] + 1), hi)) if q[0] <= q[1]]
+        evidence, span = r["evidence"], f"{r['n_min']}-{r['n_max']}"
+        if evidence.endswith("do not reach]") and " [written for N " in evidence:  # clipped before: its first span
+            evidence, note = evidence.rsplit(" [written for N ", 1)
+            span = note.split(";", 1)[0]
         kept += [dict(r, n_min=lo, n_max=hi) if (lo, hi) == (r["n_min"], r["n_max"]) else
-                 dict(r, n_min=lo, n_max=hi, evidence=f"{r['evidence']} [written for N {r['n_min']}-{r['n_max']}; "
+                 dict(r, n_min=lo, n_max=hi, evidence=f"{evidence} [written for N {span}; "
                                                       f"N {lo}-{hi} kept where a later run's rows do not reach]")
                  for lo, hi in pieces]
     return sorted(new + kept, key=lambda r: r["n_min"])

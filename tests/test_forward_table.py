@@ -64,3 +64,6 @@ def test_rows_written_before_an_edge_keep_the_widths_a_later_run_leaves():
         (1, 4095, A), (4096, 12000, B), (12001, 24576, A), (24577, 1 << 40, B)]
     assert rows[0]["evidence"].startswith("old [written for N 1-24576; N 1-4095 kept")
     assert rows[3] == old[1]  # untouched rows as they were
+    again = merge_rows(rows, [dict(old[0], n_min=1, n_max=2000, mode=B, evidence="newer")])
+    assert [(r["n_min"], r["n_max"]) for r in again][:2] == [(1, 2000), (2001, 4095)]
+    assert again[1]["evidence"] == "old [written for N 1-24576; N 2001-4095 kept where a later run's rows do not reach]"

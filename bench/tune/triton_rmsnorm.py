@@ -40,13 +40,16 @@ def _warps(threads_needed: int) -> int:
     return max(1, min(32, pow2_ceil(max(32, threads_needed)) // 32))
 
 
-def fwd_variants(N, dev):
-    base = FC.analytic_config(N, 2, dev.vendor, dev.sm_count)
-    out = {"analytic": base, "analytic 1tile": dataclasses.replace(base, one_tile=True)}
+def fwd_variants(N, dev, elem_bytes=2):
+    base = FC.analytic_config(N, elem_bytes, dev.vendor, dev.sm_count)
+    out = {"analytic": base}
+    if not base.fixed_n:  # (its kernel has no tile loop or prefetch to vary)
+        out["analytic 1tile"] = dataclasses.replace(base, one_tile=True)
     if N <= FC.ROW_ELEMS:
         block = pow2_ceil(N)
-        out["analytic prefetch"] = dataclasses.replace(base, prefetch=True)
-        out["one per tile"] = dataclasses.replace(base, programs_per_sm=0)
+        if not base.fixed_n:
+            out["analytic prefetch"] = dataclasses.replace(base, prefetch=True)
+            out["one per tile"] = dataclasses.replace(base, programs_per_sm=0)
         for tile in (2048, 4096):  # smaller tiles, one program per tile or persistent with prefetch
             rows = max(1, tile // block)
             for vpt in (8, 16):
@@ -165,7 +168,7 @@ def main() -> int:
             print(f"N={N:>6} fwd {'Liger (anchor)':<28} {r:.3f}", flush=True)
         if args.only in ("", "fwd"):
             runs, cfgs = {}, {}
-            for name, cfg in fwd_variants(N, dev).items():
+            for name, cfg in fwd_variants(N, dev, x.element_size()).items():
                 if not re.search(args.match, name):
                     continue
                 run = functools.partial(F.TRITON_FORWARD.forward, x, w, 1e-6, 0.0, True, dev, cfg=cfg)

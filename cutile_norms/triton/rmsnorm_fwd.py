@@ -8,7 +8,7 @@ import torch
 from triton import knobs
 
 from .._platform import DeviceInfo
-from .._workspace import workspace
+from .._workspace import current_raw_stream, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
 from .rmsnorm_fwd_config import FwdConfig, analytic_config, grid_programs
 from .rmsnorm_fwd_kernel import rms_norm_fwd_fixed_kernel, rms_norm_fwd_kernel
@@ -62,6 +62,15 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     return y, rstd
 
 
+# the current device and its current stream's handle, as torch's own launch paths read them (cheaper
+# than torch.cuda.current_device() and Triton's driver query: a call at M = 1 is host bound)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+
+
+def _raw_stream(index: int) -> int:
+    return current_raw_stream(index) if current_raw_stream else torch.cuda.current_stream(index).cuda_stream
+
+
 def _hooked(hook) -> bool:
     """A Triton launch hook that calls something: Triton keeps an empty chain of hooks (a HookChain) where
     none is set."""
@@ -85,16 +94,21 @@ class _FixedRunner:
     def __call__(self, x2d, weight, eps, offset, out_shape=None, out=None):
         M, N = x2d.shape
         fast = self.compiled.get((weight is not None, offset != 0.0, needs_int64(M, max(self.stride, N))))
-        if (fast is None or out is not None or (M > 1 and x2d.stride(0) != self.stride) or x2d.data_ptr() & 15
+        if (not fast or out is not None or (M > 1 and x2d.stride(0) != self.stride) or x2d.data_ptr() & 15
                 or (weight is not None and (weight.data_ptr() & 15 or weight.stride(0) != 1))
                 or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
-                or torch.cuda.current_device() != self.device.index):  # (the module the kernel is loaded in)
+                or _current_device() != self.device.index):  # (the module the kernel is loaded in)
             return self._first(x2d, weight, eps, offset, out_shape, out)
         launch_fn, head, consts = fast
-        y = torch.empty_like(x2d) if self.stride == N else torch.empty((M, N), dtype=x2d.dtype, device=x2d.device)
+        # rows at stride N: empty_like gives them contiguous, for half the host time of torch.empty (one
+        # row at another stride would keep that stride)
+        y = (torch.empty_like(x2d) if x2d.stride(0) == N else
+             torch.empty((M, N), dtype=x2d.dtype, device=x2d.device))
         rstd = torch.empty(M, dtype=torch.float32, device=x2d.device) if self.store_rstd else None
         y_ptr = y.data_ptr()
-        launch_fn(M, 1, 1, raw_stream(self.device), *head, x2d.data_ptr(),
+        if y_ptr & 15 or (rstd is not None and rstd.data_ptr() & 15):  # an allocator that does not align them
+            return launch(self.cfg, x2d, weight, eps, offset, self.store_rstd, self.sm_count, (y, rstd), out_shape)
+        launch_fn(M, 1, 1, _raw_stream(self.device.index), *head, x2d.data_ptr(),
                   weight.data_ptr() if weight is not None else y_ptr, y_ptr,
                   rstd.data_ptr() if rstd is not None else y_ptr, self.stride, eps, offset, *consts)
         return (y if out_shape is None else y.view(out_shape)), rstd
@@ -106,7 +120,7 @@ class _FixedRunner:
         fits = (out is None and (M == 1 or x2d.stride(0) == self.stride) and not x2d.data_ptr() & 15
                 and (weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
                 and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
-                and torch.cuda.current_device() == self.device.index)
+                and _current_device() == self.device.index)
         y, rstd = launch(self.cfg, x2d, weight, eps, offset, self.store_rstd, self.sm_count, out, out_shape)
         if fits and key not in self.compiled:
             y2d = y.view(M, N)
@@ -115,8 +129,13 @@ class _FixedRunner:
             consts = dict(N=N, BLOCK_N=self.cfg.block_n, HAS_W=weight is not None, HAS_OFFSET=offset != 0.0,
                           STORE_RSTD=self.store_rstd, CONTIG=self.stride == N,
                           INT64=key[2], ALIGN=offset_align(self.stride))
+            # the launcher takes every argument in the kernel's order, its constants too
+            assert tuple(consts) == tuple(rms_norm_fwd_fixed_kernel.arg_names[len(args):]), "kernel signature"
             kernel = rms_norm_fwd_fixed_kernel.warmup(*args, **consts, grid=(1,), num_warps=self.cfg.num_warps,
                                                       num_stages=self.cfg.num_stages)
+            if not hasattr(kernel, "_init_handles"):  # no compiled kernel to hold (a cache hook, async compiles)
+                self.compiled[key] = None
+                return y, rstd
             kernel._init_handles()
             launcher = kernel.run
             if (getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1) == 0
