@@ -8,7 +8,7 @@ import torch
 from triton import knobs
 
 from .._platform import DeviceInfo
-from .._workspace import current_raw_stream, workspace
+from .._workspace import workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
 from .rmsnorm_fwd_config import FwdConfig, analytic_config, grid_programs
 from .rmsnorm_fwd_kernel import rms_norm_fwd_fixed_kernel, rms_norm_fwd_kernel
@@ -34,9 +34,8 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         y, rstd = out
     if cfg.fixed_n:
         rms_norm_fwd_fixed_kernel[(M,)](
-            x2d, weight if weight is not None else y, y, rstd if store_rstd else y, stride, eps, offset, N=N,
-            BLOCK_N=cfg.block_n, HAS_W=weight is not None, HAS_OFFSET=offset != 0.0, STORE_RSTD=store_rstd,
-            CONTIG=stride == N, INT64=needs_int64(M, max(stride, N)), ALIGN=offset_align(stride),
+            x2d, weight if weight is not None else y, y, rstd if store_rstd else y, stride, eps, offset,
+            **_fixed_consts(cfg, M, N, stride, weight is not None, offset, store_rstd),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return y, rstd
     slots = y  # never touched without SPLIT > 1
@@ -62,13 +61,16 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     return y, rstd
 
 
-# the current device and its current stream's handle, as torch's own launch paths read them (cheaper
-# than torch.cuda.current_device() and Triton's driver query: a call at M = 1 is host bound)
+def _fixed_consts(cfg: FwdConfig, M: int, N: int, stride: int, has_w: bool, offset: float, store_rstd: bool) -> dict:
+    """rms_norm_fwd_fixed_kernel's constants for a launch, in its signature's order (the runner passes
+    them positionally to the compiled kernel's launcher)."""
+    return dict(N=N, BLOCK_N=cfg.block_n, HAS_W=has_w, HAS_OFFSET=offset != 0.0, STORE_RSTD=store_rstd,
+                CONTIG=stride == N, INT64=needs_int64(M, max(stride, N)), ALIGN=offset_align(stride))
+
+
+# the current device as torch's own launch paths read it (cheaper than torch.cuda.current_device(): a
+# call at M = 1 is host bound)
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-
-
-def _raw_stream(index: int) -> int:
-    return current_raw_stream(index) if current_raw_stream else torch.cuda.current_stream(index).cuda_stream
 
 
 def _hooked(hook) -> bool:
@@ -86,18 +88,22 @@ class _FixedRunner:
     bench/decode.py). A call the compiled kernel does not fit (a misaligned tensor, another row stride
     or current device, outputs given, a launch hook set by a profiler) goes through `launch`."""
 
-    def __init__(self, cfg: FwdConfig, N: int, stride: int, store_rstd: bool, sm_count: int, device: torch.device):
-        self.cfg, self.N, self.stride, self.store_rstd = cfg, N, stride, store_rstd
+    def __init__(self, cfg: FwdConfig, stride: int, store_rstd: bool, sm_count: int, device: torch.device):
+        self.cfg, self.stride, self.store_rstd = cfg, stride, store_rstd
         self.sm_count, self.device = sm_count, device
         self.compiled: dict = {}  # (weight or not, offset or not, int64 offsets or not) -> the launch's fixed parts
+
+    def _fits(self, x2d, weight, out) -> bool:
+        """Whether the compiled kernel takes this call as it is (else `launch`)."""
+        return (out is None and (x2d.shape[0] == 1 or x2d.stride(0) == self.stride) and not x2d.data_ptr() & 15
+                and (weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
+                and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
+                and _current_device() == self.device.index)  # (the module the kernel is loaded in)
 
     def __call__(self, x2d, weight, eps, offset, out_shape=None, out=None):
         M, N = x2d.shape
         fast = self.compiled.get((weight is not None, offset != 0.0, needs_int64(M, max(self.stride, N))))
-        if (not fast or out is not None or (M > 1 and x2d.stride(0) != self.stride) or x2d.data_ptr() & 15
-                or (weight is not None and (weight.data_ptr() & 15 or weight.stride(0) != 1))
-                or _hooked(knobs.runtime.launch_enter_hook) or _hooked(knobs.runtime.launch_exit_hook)
-                or _current_device() != self.device.index):  # (the module the kernel is loaded in)
+        if not fast or not self._fits(x2d, weight, out):
             return self._first(x2d, weight, eps, offset, out_shape, out)
         launch_fn, head, consts = fast
         # rows at stride N: empty_like gives them contiguous, for half the host time of torch.empty (one
@@ -108,7 +114,7 @@ class _FixedRunner:
         y_ptr = y.data_ptr()
         if y_ptr & 15 or (rstd is not None and rstd.data_ptr() & 15):  # an allocator that does not align them
             return launch(self.cfg, x2d, weight, eps, offset, self.store_rstd, self.sm_count, (y, rstd), out_shape)
-        launch_fn(M, 1, 1, _raw_stream(self.device.index), *head, x2d.data_ptr(),
+        launch_fn(M, 1, 1, raw_stream(self.device), *head, x2d.data_ptr(),
                   weight.data_ptr() if weight is not None else y_ptr, y_ptr,
                   rstd.data_ptr() if rstd is not None else y_ptr, self.stride, eps, offset, *consts)
         return (y if out_shape is None else y.view(out_shape)), rstd
@@ -117,18 +123,12 @@ class _FixedRunner:
         """`launch`, and the kernel compiled for the fast path where the call fits it."""
         M, N = x2d.shape
         key = (weight is not None, offset != 0.0, needs_int64(M, max(self.stride, N)))
-        fits = (out is None and (M == 1 or x2d.stride(0) == self.stride) and not x2d.data_ptr() & 15
-                and (weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
-                and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
-                and _current_device() == self.device.index)
         y, rstd = launch(self.cfg, x2d, weight, eps, offset, self.store_rstd, self.sm_count, out, out_shape)
-        if fits and key not in self.compiled:
+        if key not in self.compiled and self._fits(x2d, weight, out):
             y2d = y.view(M, N)
             args = (x2d, weight if weight is not None else y2d, y2d, rstd if self.store_rstd else y2d, self.stride,
                     eps, offset)
-            consts = dict(N=N, BLOCK_N=self.cfg.block_n, HAS_W=weight is not None, HAS_OFFSET=offset != 0.0,
-                          STORE_RSTD=self.store_rstd, CONTIG=self.stride == N,
-                          INT64=key[2], ALIGN=offset_align(self.stride))
+            consts = _fixed_consts(self.cfg, M, N, self.stride, weight is not None, offset, self.store_rstd)
             # the launcher takes every argument in the kernel's order, its constants too
             assert tuple(consts) == tuple(rms_norm_fwd_fixed_kernel.arg_names[len(args):]), "kernel signature"
             kernel = rms_norm_fwd_fixed_kernel.warmup(*args, **consts, grid=(1,), num_warps=self.cfg.num_warps,
@@ -167,8 +167,7 @@ class TritonForward:
         cfg = self.config(N, dtype, dev)
         if not cfg.fixed_n or INTERPRET or dev.vendor != "nvidia":
             return None
-        return _FixedRunner(cfg, N, N if M == 1 else stride, store_rstd, dev.sm_count,
-                            torch.device("cuda", dev.index))
+        return _FixedRunner(cfg, N if M == 1 else stride, store_rstd, dev.sm_count, torch.device("cuda", dev.index))
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo) -> FwdConfig:
         return analytic_config(N, dtype.itemsize, dev.vendor, max(1, dev.sm_count))
