@@ -129,10 +129,11 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
 
 def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
     """mode=None's rule between the two FP8 kernels (both bit for bit the same): the CuTe DSL kernel
-    past 8 KiB rows (4096 16-bit columns), and past 2048 columns wherever Triton's power-of-two block
-    pads the row; Triton's elsewhere. The same for every scale kind. Measured (bf16, 2^27 elements,
-    ratio to a copy of the bytes, medians of 3; `python bench/residual.py --parts fp8 --modes
-    triton,tma_smem_cached` and `python bench/tune/cute_fp8.py`, docs/performance.md 2.17):
+    past 8 KiB rows (4096 16-bit columns), past 2048 columns wherever Triton's power-of-two block
+    pads the row, and past 1024 where the row fills under 3/4 of it; Triton's elsewhere. The same for
+    every scale kind. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3;
+    `python bench/residual.py --parts fp8 --modes triton,tma_smem_cached` and `python
+    bench/tune/cute_fp8.py`, docs/performance.md 2.17, 2.44):
       * Triton's block holds the row in registers: past 4096 columns a thread's loads no longer keep
         enough bytes in flight on an H200 (8192 per token 0.877 against 0.964, groups 0.877 against
         0.946), and a padded block's idle lanes cost their share (10240 per token 0.566 against 0.946;
@@ -140,11 +141,16 @@ def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
       * At 2048 columns and below Triton's block is small and its rows many per program (H200 2048 per
         token 0.973 against 0.922, groups 0.970 against 0.898), and unpadded up to 4096 it stays ahead
         (4096 0.971 / 0.968 against 0.960 / 0.951).
+      * Between 1024 and 2048 columns a padded block's idle lanes cost Triton about their share where
+        they are many, and the CuTe kernel's 0.79-0.88 does not fall with them (H200 per token, Triton
+        against CuTe: 1032 0.547 / 0.792, 1160 0.583 / 0.855, 1304 0.631 / 0.815, where the row fills
+        50-64 % of the 2048 block; 1544 0.847 / 0.808 and 1664 0.916 / 0.859 at 75-81 %). 1800 (88 %)
+        measured 0.785 / 0.884 and keeps Triton's: no rule of the fill separates it.
     """
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
-    return N * elem_bytes > 8192 or (N > 2048 and block > N)
+    return N * elem_bytes > 8192 or (N > 2048 and block > N) or (N > 1024 and 4 * N < 3 * block)
 
 
 def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,

@@ -166,8 +166,8 @@ def test_kernel_rule():
     """A kernel runs for mode None / "triton" / "tma_smem_cached" on NVIDIA GPUs from sm_89, rows up to
     FP8_KERNEL_MAX_N, the fused kernels on; else the torch ops, with a reason (A100: no fp8e4nv in
     Triton; the CPU: the interpreter's fp8 conversion is not the GPU's). mode=None's choice between
-    the two (fp8.cute_wins): CuTe DSL past 4096 columns and past 2048 wherever Triton's block pads
-    the row, for every scale kind."""
+    the two (fp8.cute_wins): CuTe DSL past 4096 columns, past 2048 wherever Triton's block pads the
+    row and past 1024 where the row fills under 3/4 of it, for every scale kind."""
     import os
 
     from cutile_norms import fp8
@@ -183,10 +183,12 @@ def test_kernel_rule():
         assert fp8.kernel_refusal("triton", fp8.FP8_KERNEL_MAX_N, h100, tools) is None
         assert "up to" in fp8.kernel_refusal(None, fp8.FP8_KERNEL_MAX_N + 1, h100, tools)
         assert "no FP8 kernel" in fp8.kernel_refusal("multi_wave_cached", 4096, h100, tools)
-        assert [N for N in (1024, 1664, 2048, 2560, 3072, 3584, 4096, 4608, 8192, 16384)
-                if fp8.cute_wins(N, 2, None)] == [2560, 3072, 3584, 4608, 8192, 16384]
-        assert [N for N in (2048, 2560, 3584, 4096, 5120, 6144, 8192, 10240, 13312, 14336, 16384)
-                if fp8.cute_wins(N, 2, 128)] == [2560, 3584, 5120, 6144, 8192, 10240, 13312, 14336, 16384]
+        assert [N for N in (896, 1024, 1032, 1304, 1528, 1536, 1664, 1800, 2048, 2560, 3072, 3584, 4096, 4608, 8192,
+                            16384) if fp8.cute_wins(N, 2, None)] == [1032, 1304, 1528, 2560, 3072, 3584, 4608, 8192,
+                                                                     16384]
+        assert [N for N in (1152, 1408, 1536, 2048, 2560, 3584, 4096, 5120, 6144, 8192, 10240, 13312, 14336, 16384)
+                if fp8.cute_wins(N, 2, 128)] == [1152, 1408, 2560, 3584, 5120, 6144, 8192, 10240, 13312, 14336,
+                                                 16384]
         assert "sm_89" in fp8.kernel_refusal(None, 4096, a100, tools)
         assert "NVIDIA" in fp8.kernel_refusal(None, 4096, mi300, tools)
         assert "interpreter" in fp8.kernel_refusal("triton", 4096, CPU, tools)

@@ -6,6 +6,7 @@ import torch
 
 from .add_rmsnorm_bwd_config import config
 from .add_rmsnorm_bwd_kernel import add_rms_norm_bwd_kernel
+from .tiling import offset_align
 
 
 def add_rms_norm_bwd(dy2d: torch.Tensor, dh2d: torch.Tensor | None, h2d: torch.Tensor, weight: torch.Tensor | None,
@@ -27,6 +28,7 @@ def add_rms_norm_bwd(dy2d: torch.Tensor, dh2d: torch.Tensor | None, h2d: torch.T
     add_rms_norm_bwd_kernel[(programs,)](
         dy2d, dh2d if dh2d is not None else dy2d, h2d, weight if weight is not None else rstd, rstd, g, parts, M,
         *strides, offset, N, BLOCK_N=block, ROWS=rows, HAS_W=weight is not None, HAS_DH=dh2d is not None,
-        NEED_DW=need_dw, INT64=max(strides) * M + N >= 2 ** 31, num_warps=warps)
+        NEED_DW=need_dw, INT64=max(strides) * M + N >= 2 ** 31,
+        ALIGN=offset_align(*strides, N), num_warps=warps)
     dw = parts.sum(0).to(weight.dtype) if need_dw else None
     return g, dw

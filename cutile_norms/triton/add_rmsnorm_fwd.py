@@ -6,6 +6,7 @@ import torch
 
 from .add_rmsnorm_fwd_config import config
 from .add_rmsnorm_fwd_kernel import add_rms_norm_fwd_kernel
+from .tiling import offset_align
 
 
 def add_rms_norm_fwd(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
@@ -29,5 +30,5 @@ def add_rms_norm_fwd(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor 
     add_rms_norm_fwd_kernel[(-(-M // rows),)](
         x2d, r2d, weight if weight is not None else y, y, h, rstd if store_rstd else y, M, *strides, eps, offset, N,
         BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=weight is not None, STORE_RSTD=store_rstd, INT64=int64,
-        num_warps=warps)
+        ALIGN=offset_align(*strides, N), num_warps=warps)
     return y, h, rstd

@@ -18,21 +18,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import row_tile
+from ._common import bound, row_offsets, row_tile
 
 
 @triton.jit
 def add_rms_norm_fwd_kernel(X, R, W, Y, H, RSTD, M, stride_x, stride_r, stride_y, stride_h, eps, offset, N,
                             BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, ROWS: tl.constexpr,
-                            HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr, INT64: tl.constexpr):
+                            HAS_W: tl.constexpr, STORE_RSTD: tl.constexpr, INT64: tl.constexpr,
+                            ALIGN: tl.constexpr = 1):
+    # ALIGN: the row strides and N are multiples of it (tiling.offset_align), what Triton cannot infer
+    # where one is not a multiple of 16
     rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     lanes = tl.arange(0, BLOCK_N)
-    x_rows = X + rows[:, None] * stride_x
-    r_rows = R + rows[:, None] * stride_r
-    y_rows = Y + rows[:, None] * stride_y
-    h_rows = H + rows[:, None] * stride_h
+    x_rows = X + row_offsets(rows, stride_x, ALIGN)
+    r_rows = R + row_offsets(rows, stride_r, ALIGN)
+    y_rows = Y + row_offsets(rows, stride_y, ALIGN)
+    h_rows = H + row_offsets(rows, stride_h, ALIGN)
+    n = bound(N, BLOCK_N, ALIGN)
     if CHUNKS == 1:
-        ok = lanes < N
+        ok = lanes < n
         mask = row_ok[:, None] & ok[None, :]
         x = tl.load(x_rows + lanes[None, :], mask=mask, other=0.0).to(tl.float32)
         r = tl.load(r_rows + lanes[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -48,7 +52,7 @@ def add_rms_norm_fwd_kernel(X, R, W, Y, H, RSTD, M, stride_x, stride_r, stride_y
         ssq = tl.zeros([ROWS], dtype=tl.float32)
         for c in range(CHUNKS):
             cols = c * BLOCK_N + lanes
-            mask = row_ok[:, None] & (cols < N)[None, :]
+            mask = row_ok[:, None] & (cols < n)[None, :]
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             r = tl.load(r_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             h = (x + r).to(H.dtype.element_ty)
@@ -59,7 +63,7 @@ def add_rms_norm_fwd_kernel(X, R, W, Y, H, RSTD, M, stride_x, stride_r, stride_y
         tl.debug_barrier()  # h's stores (and, in place, every load of x) before the second pass
         for c in range(CHUNKS):
             cols = c * BLOCK_N + lanes
-            ok = cols < N
+            ok = cols < n
             mask = row_ok[:, None] & ok[None, :]
             y = tl.load(h_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32) * rstd[:, None]
             if HAS_W:

@@ -8,6 +8,7 @@ from ..fp8 import kernel_outputs
 from ..reference import FP8_MAX, FP8_MIN_AMAX
 from .rmsnorm_fp8_config import launch_config
 from .rmsnorm_fp8_kernel import rms_norm_fp8_kernel
+from .tiling import offset_align
 
 
 def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
@@ -32,5 +33,6 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         BLOCK_N=block, ROWS=rows, GROUP=group_size or 0, STATIC=scale is not None,
         HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0,
         TOP=FP8_MAX[out_dtype],
-        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, num_warps=warps)
+        MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, ALIGN=offset_align(sx, sr, N),
+        num_warps=warps)
     return q, scales, h, rstd

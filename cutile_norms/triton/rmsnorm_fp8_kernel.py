@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import row_tile
+from ._common import bound, row_offsets, row_tile
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _normed(hf, rstd, w, HAS_W: tl.constexpr):
 @triton.jit
 def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.constexpr, SIZE: tl.constexpr,
           GROUP: tl.constexpr, STATIC: tl.constexpr, HAS_UB: tl.constexpr, UE8M0: tl.constexpr,
-          TOP: tl.constexpr, MIN_AMAX: tl.constexpr):
+          TOP: tl.constexpr, MIN_AMAX: tl.constexpr, ALIGN: tl.constexpr):
     """q of SIZE columns `cols` (and, with 1 x GROUP scales, the scales of their groups; the groups past
     N, all zeros, are not stored) stored. q is y * (1 / s) unclamped: its conversion (cvt.rn.satfinite) saturates to
     the format's largest value and keeps NaN, as the reference's clamp does."""
@@ -75,21 +75,22 @@ def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.cons
         tl.store(S + rows[:, None] * (N // GROUP) + gcols[None, :], s,
                  mask=row_ok[:, None] & (gcols < N // GROUP)[None, :])
         q = tl.reshape(yg * tl.math.div_rn(1.0, s)[:, :, None], (ROWS, SIZE))
-    tl.store(Q + rows[:, None] * N + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
+    tl.store(Q + row_offsets(rows, N, ALIGN) + cols[None, :], q.to(Q.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr,
-               HAS_W: tl.constexpr, H_DTYPE: tl.constexpr):
+               HAS_W: tl.constexpr, H_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     """`rows` over `cols`: (h as stored in fp32, the weight (+ offset) in fp32 (without one: `offset`,
-    unused), the mask, each row's sum of squares of h); h stored."""
-    ok = cols < N
+    unused), the mask, each row's sum of squares of h); h stored. ALIGN: the row strides and N are
+    multiples of it (tiling.offset_align)."""
+    ok = cols < bound(N, BLOCK_N, ALIGN)
     mask = row_ok[:, None] & ok[None, :]
-    hf = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    hf = tl.load(X + row_offsets(rows, stride_x, ALIGN) + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_R:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(R + row_offsets(rows, stride_r, ALIGN) + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         hf = (hf + r).to(H_DTYPE).to(tl.float32)
-        tl.store(H + rows[:, None] * N + cols[None, :], hf.to(H_DTYPE), mask=mask)
+        tl.store(H + row_offsets(rows, N, ALIGN) + cols[None, :], hf.to(H_DTYPE), mask=mask)
     w = offset  # (unused without a weight)
     if HAS_W:
         w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
@@ -106,12 +107,14 @@ def _amax(y):
 def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, eps, offset, scale_ub, N,
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
                         STATIC: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_UB: tl.constexpr,
-                        UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr):
+                        UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr,
+                        ALIGN: tl.constexpr = 1):
     """ROWS rows in registers, read once, as one power-of-two block of BLOCK_N columns masked past N."""
     rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     H_DTYPE: tl.constexpr = H.dtype.element_ty
     cols = tl.arange(0, BLOCK_N)
-    hf, w, mask, sumsq = _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R, HAS_W, H_DTYPE)
+    hf, w, mask, sumsq = _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R, HAS_W,
+                                    H_DTYPE, BLOCK_N, ALIGN)
     rstd = tl.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = _normed(hf, rstd, w, HAS_W)
@@ -125,4 +128,4 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
     else:  # (per-group scales: each group's own reciprocal, in _emit)
         inv_row = tl.zeros([ROWS], dtype=tl.float32)
     _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS, BLOCK_N, GROUP, STATIC, HAS_UB,
-          UE8M0, TOP, MIN_AMAX)
+          UE8M0, TOP, MIN_AMAX, ALIGN)

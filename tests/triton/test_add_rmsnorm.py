@@ -100,11 +100,12 @@ def test_backward_matches_reference(seed, device, N, h_dtype, with_dh, with_w):
 
 
 CHILD = r"""
-import json, sys, triton
+import json, re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from cutile_norms.triton import add_rmsnorm_bwd_config, add_rmsnorm_bwd_kernel, add_rmsnorm_fwd_config
 from cutile_norms.triton import add_rmsnorm_fwd_kernel
+from cutile_norms.triton.tiling import offset_align
 out = {}
 for kind, N, x, h, arch in json.loads(sys.argv[1]):
     key = f"{kind}-{N}-{x}-{h}-{arch}"
@@ -115,26 +116,37 @@ for kind, N, x, h, arch in json.loads(sys.argv[1]):
             sig = {"X": f"*{x}", "R": f"*{x}", "W": f"*{x}", "Y": f"*{x}", "H": f"*{h}", "RSTD": "*fp32", "M": "i32",
                    "stride_x": "i32", "stride_r": "i32", "stride_y": "i32", "stride_h": "i32", "eps": "fp32",
                    "offset": "fp32", "N": "i32"}
-            consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=True, STORE_RSTD=True, INT64=False)
+            consts = dict(BLOCK_N=block, CHUNKS=chunks, ROWS=rows, HAS_W=True, STORE_RSTD=True, INT64=False,
+                          ALIGN=offset_align(N))
         else:
             K = add_rmsnorm_bwd_kernel.add_rms_norm_bwd_kernel
             block, rows, warps = add_rmsnorm_bwd_config.config(N)
             sig = {"DY": f"*{x}", "DH": f"*{h}", "H": f"*{h}", "W": f"*{x}", "RSTD": "*fp32", "G": f"*{h}",
                    "DWP": "*fp32", "M": "i32", "stride_dy": "i32", "stride_dh": "i32", "stride_h": "i32",
                    "offset": "fp32", "N": "i32"}
-            consts = dict(BLOCK_N=block, ROWS=rows, HAS_W=True, HAS_DH=True, NEED_DW=True, INT64=False)
+            consts = dict(BLOCK_N=block, ROWS=rows, HAS_W=True, HAS_DH=True, NEED_DW=True, INT64=False,
+                          ALIGN=offset_align(N))
+        # what the JIT specialises at a launch (every row stride N here): 16-byte aligned pointers, and the
+        # integer arguments divisible by 16 where they are
+        ints = [k for k in sig if sig[k] == "i32" and k != "M"] if N % 16 == 0 else []
+        attrs = {(K.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if sig[k][0] == "*" or k in ints}
         sig.update({k: "constexpr" for k in consts})
-        src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
+        src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()},
+                        attrs=attrs)
         c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         ptx = c.asm["ptx"]
         out[key] = dict(cubin=len(c.asm["cubin"]), target=f".target sm_{arch}" in ptx,
                         rn=("cvt.rn.bf16.f32" in ptx or "cvt.rn.bf16x2.f32" in ptx) if h == "bf16" else True,
-                        float_atomics=bool(__import__("re").search(r"(atom|red)[.\w]*\.f(16|32|64)", ptx)))
+                        float_atomics=bool(re.search(r"(atom|red)[.\w]*\.f(16|32|64)", ptx)),
+                        b16=len(re.findall(r"(ld|st)\.global(\.[A-Za-z0-9_:]+)*\.b16", ptx)))
     except Exception as exc:
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
-COMPILE_CASES = [(k, N, x, h, a) for k, widths in (("fwd", (128, 4096, 16384, 65536)), ("bwd", (128, 4096, 8192)))
+# with rows of N = 8 (mod 16) (1160, 9880 and 20488 forward, 1032 and 6152 backward): their row offsets
+# and column bounds said to be multiples of 8 (tiling.offset_align), or 2-byte loads and stores
+COMPILE_CASES = [(k, N, x, h, a) for k, widths in (("fwd", (128, 1160, 4096, 9880, 16384, 20488, 65536)),
+                                                   ("bwd", (128, 1032, 4096, 6152, 8192)))
                  for N in widths for x, h in (("bf16", "bf16"), ("fp16", "fp32")) for a in (90, 100)]
 
 
@@ -146,3 +158,5 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     r = compiled_case(compiled, case)
     assert r["rn"], "h (or its grad) is not rounded to nearest (cvt.rn) on the GPU"
     assert not r["float_atomics"], "dw is summed in a fixed order: no float atomics"
+    if case[1] >= 1024:  # (at 128 columns over 128 threads the weight is one element a thread: one b16 load)
+        assert r["b16"] == 0, f"{r['b16']} 2-byte global loads or stores: rows not moved in vectors"

@@ -29,7 +29,19 @@ def kernel():
                                   "residual"])
 @pytest.mark.parametrize("N", [256, 1024, 2560, 5120, 13312])  # 2560, 5120, 13312: blocks padded past 1/8
 def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, N):
-    x = random_rows((7, N), torch.bfloat16, device)
+    check_against_the_reference(kernel, seed, device, out_dtype, kind, N)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["token", "static", "residual"])
+@pytest.mark.parametrize("N", [1160, 2056])
+def test_rows_of_8_mod_16_at_a_padded_stride(kernel, seed, device, kind, N):
+    """Rows of N = 8 (mod 16), x's rows N + 8 apart: the kernel's ALIGN hint (8) where Triton infers none."""
+    check_against_the_reference(kernel, seed, device, torch.float8_e4m3fn, kind, N, pad=8)
+
+
+def check_against_the_reference(kernel, seed, device, out_dtype, kind, N, pad=0):
+    x = random_rows((7, N + pad), torch.bfloat16, device)[:, :N]
     x[1] = 0.0
     x[2, 5] = float("inf")
     x[3, 6] = float("nan")
@@ -60,11 +72,12 @@ def test_matches_the_reference_quantizer(kernel, seed, device, out_dtype, kind, 
 
 
 CHILD = r"""
-import json, sys, triton
+import json, re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from cutile_norms.triton.rmsnorm_fp8_config import launch_config
 from cutile_norms.triton.rmsnorm_fp8_kernel import rms_norm_fp8_kernel
+from cutile_norms.triton.tiling import offset_align
 out = {}
 for N, fp8, group, arch in json.loads(sys.argv[1]):
     key = f"{N}-{fp8}-{group}-{arch}"
@@ -75,21 +88,30 @@ for N, fp8, group, arch in json.loads(sys.argv[1]):
                "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
                "scale_ub": "fp32", "N": "i32"}
         consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, STATIC=False, HAS_R=True, HAS_W=True, HAS_UB=True,
-                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False)
+                      UE8M0=group > 0, TOP=448.0 if fp8 == "fp8e4nv" else 57344.0, MIN_AMAX=1e-12, INT64=False,
+                      ALIGN=offset_align(N))
+        # what the JIT specialises at a launch (row strides N): 16-byte aligned pointers, and the integer
+        # arguments divisible by 16 where they are
+        ints = ["stride_x", "stride_r", "N"] if N % 16 == 0 else []
+        attrs = {(K.arg_names.index(k),): [["tt.divisibility", 16]] for k in sig if sig[k][0] == "*" or k in ints}
         sig.update({k: "constexpr" for k in consts})
-        src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
+        src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()},
+                        attrs=attrs)
         c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
         ptx = c.asm["ptx"]
         cvt = "cvt.rn.satfinite.e4m3x2.f32" if fp8 == "fp8e4nv" else "cvt.rn.satfinite.e5m2x2.f32"
         out[key] = dict(cubin=len(c.asm["cubin"]), target=f".target sm_{arch}" in ptx, cvt=cvt in ptx,
                         divs=ptx.count("div.rn.f32"), rows=rows, max_nan=ptx.count("max.NaN.f32"),
-                        mins=ptx.count("min.f32"))
+                        mins=ptx.count("min.f32"), b16=len(re.findall(r"(ld|st)\.global(\.[A-Za-z0-9_:]+)*\.b16", ptx)))
     except Exception as exc:
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
-COMPILE_CASES = [(N, f, g, a) for N in (256, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5")
-                 for g in (0, 128) for a in (90, 100)]
+# 1160 and 2056: rows of N = 8 (mod 16), their row offsets and column bounds said to be multiples of 8
+# (tiling.offset_align), or 2-byte loads of x and r and stores of h (per-token and static scales only:
+# groups of 128 need N a multiple of 128)
+COMPILE_CASES = [(N, f, g, a) for N in (256, 1160, 2056, 4096, 5120, 12288, 13312, 16384) for f in ("fp8e4nv", "fp8e5")
+                 for g in ((0, 128) if N % 128 == 0 else (0,)) for a in (90, 100)]
 
 
 compiled = compile_fixture(CHILD, COMPILE_CASES)
@@ -109,6 +131,8 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     # saturates; min.f32 only for the upper bound, once per scale)
     assert r["max_nan"] > 0, "the amax is not a NaN-propagating max (max.NaN.f32)"
     assert r["mins"] <= r["divs"], f"{r['mins']} min.f32 against {r['divs']} scales: a clamp per element?"
+    if case[0] >= 1024:  # (narrower blocks hold fewer weights than threads: single-element weight loads)
+        assert r["b16"] == 0, f"{r['b16']} 2-byte global loads or stores: rows not moved in vectors"
 
 
 def test_every_width_is_one_block_in_registers():
