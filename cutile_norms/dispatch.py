@@ -319,14 +319,15 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 # The residual add (rms_norm(..., residual=r)): fused into the norm (x and r read once, h and y
 # written once: 4 M N e bytes for 16-bit x, r and h) by
 #   * Triton's kernel, the row in registers, for rows of up to FUSED_ADD_MAX_N elements (mode None or
-#     "triton"): 0.98-1.02 x a copy of its bytes at 1664-16384 on an H200, 1.004-1.023 at 896-16384 on
-#     an H100 (bf16), where its two-pass form for wider rows ran 0.60-0.85;
+#     "triton"): 0.98-1.02 x a copy of its bytes at 896-16384 and 0.962-1.001 at 16392-32768 on an H200
+#     (the split kernel there 0.912-0.989, fp32 h 0.88-0.94 against 0.73-0.87), 1.004-1.023 at 896-16384 on
+#     an H100 (bf16; past 16384 Liger's kernel of its shape within 0.4 % of the split one), where its
+#     two-pass form for wider rows ran 0.60-0.85; one block of 32 values a thread, 1024 threads past 16384;
 #   * cuTile's split kernel for wider rows (mode None or a cuTile mode), each row split over blocks that
 #     keep a power-of-two part of at most 16 KiB of x, r and h each on chip, as the norm's split forward
-#     does: 0.955-0.985 at 12288-131072 on an H200, 0.996-1.006 at 18432-262144 on an H100 (bf16), against
-#     the unfused path's 0.81. A part is 4097-8192 columns of 16-bit operands (2049-4096 where one is
-#     fp32) whatever N is, so the rule holds between the measured widths; rows past
-#     add_rmsnorm_fwd_config.MAX_ROW_BYTES of their widest operand would need wider parts;
+#     does: 0.955-0.985 to 131072 on an H200, 0.996-1.006 to 262144 on an H100 (bf16; unfused: 0.81). A
+#     part is 4097-8192 columns of 16-bit operands (2049-4096 where one is fp32) whatever N is, so the rule
+#     holds between the measured widths; rows past MAX_ROW_BYTES of their widest operand need wider parts;
 #   * a mode named: its own DSL's fused kernel (below, FUSED_ADD_CUTE_KERNEL and FUSED_ADD_SPLIT_MIN_BYTES);
 # everywhere else (CUTILE_NORMS_FUSED=0, another mode, a DSL that does not run here) the add runs as one
 # torch.add into h before the norm kernel `resolve` picks for h (5 M N e bytes: 0.81-0.83). The backward:
@@ -344,7 +345,7 @@ FUSED_ADD_SPLIT_MIN_BYTES = 3 * 1024
 FUSED_ADD_BWD_KERNEL = "cutile_norms.triton.add_rmsnorm_bwd:add_rms_norm_bwd"
 # Triton's fused backward holds h, dy, dh and its dw accumulator in registers: rows of up to 8192 elements
 FUSED_ADD_BWD_MAX_N = 8192
-FUSED_ADD_MAX_N = 16384
+FUSED_ADD_MAX_N = 32768
 ENV_FUSED = "CUTILE_NORMS_FUSED"
 
 

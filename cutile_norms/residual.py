@@ -16,7 +16,7 @@ Contract:
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
   * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (mode None:
-    Triton's for rows of up to 16384 elements, cuTile's split form past that; a mode named: its own
+    Triton's for rows of up to 32768 elements, cuTile's split form past that; a mode named: its own
     DSL's, the CuTe DSL one for "tma_smem_cached", cuTile's from rows of 3 KiB) reads x and r once and
     writes h and y once;
     elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.

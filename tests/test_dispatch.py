@@ -476,8 +476,9 @@ def test_the_process_toolchain_imports_only_what_a_decision_needs(tmp_path):
                                                                         dispatch.FUSED_ADD_SPLIT_KERNEL),
     ("multi_wave_reload", 1535, 2, None), ("multi_wave_reload", 768, 4, dispatch.FUSED_ADD_SPLIT_KERNEL),
     ("multi_wave_reload", 16, 4, None), ("tma_smem_cached", 4096, 2, dispatch.FUSED_ADD_CUTE_KERNEL),
-    (None, 16385, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), ("static_persistent", 65536, 4, dispatch.FUSED_ADD_SPLIT_KERNEL),
-    ("triton", 20480, 2, None), ("tma_smem_cached", 65536, 2, dispatch.FUSED_ADD_CUTE_KERNEL),
+    (None, 20480, 2, dispatch.FUSED_ADD_KERNEL), ("triton", 32768, 4, dispatch.FUSED_ADD_KERNEL),
+    (None, 32769, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), ("static_persistent", 65536, 4, dispatch.FUSED_ADD_SPLIT_KERNEL),
+    ("triton", 32769, 2, None), ("tma_smem_cached", 65536, 2, dispatch.FUSED_ADD_CUTE_KERNEL),
     (None, 524288, 2, dispatch.FUSED_ADD_SPLIT_KERNEL), (None, 524289, 2, None), (None, 262145, 4, None)])
 def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
     """Triton's fused forward for rows of up to FUSED_ADD_MAX_N (mode None or "triton"), cuTile's split

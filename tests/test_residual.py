@@ -80,6 +80,7 @@ def check_grads(x, r, w, h, dy, dh, offset, s, what):
     ((5, 2048), torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, 1.0),
     ((3, 300), torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, 0.0),
     ((67, 24576), torch.bfloat16, torch.bfloat16, None, torch.bfloat16, 0.0),  # the CuTe backward, dh inside
+    ((3, 40968), torch.bfloat16, torch.bfloat16, None, torch.bfloat16, 0.0),  # past FUSED_ADD_MAX_N: split forward
     ((5, 12296), torch.bfloat16, torch.float32, torch.float32, torch.bfloat16, 1.0)])
 def test_forward_and_backward(fused_gate, seed, device, mode, fused, shape, x_dtype, r_dtype, h_dtype, w_dtype,
                               offset):
@@ -227,7 +228,7 @@ def test_explain_names_the_fused_kernels(fused_gate):
         with_dh = dispatch.backward_backend("multi_wave_cached").describe(4, 4096, torch.bfloat16,
                                                                           device_info(x.device), has_dh=True)
         assert with_dh in text, text
-    wide = torch.randn(2, 20480, device="cuda", dtype=torch.bfloat16)
+    wide = torch.randn(2, dispatch.FUSED_ADD_MAX_N + 8, device="cuda", dtype=torch.bfloat16)
     text = cn.explain(wide, residual=wide.clone())
     if dispatch.unavailable_reason(dispatch.MODES["multi_wave_cached"], device_info(wide.device), toolchain()) is None:
         assert f"fused into the norm ({dispatch.FUSED_ADD_SPLIT_KERNEL}" in text, text

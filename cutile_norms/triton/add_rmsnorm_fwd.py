@@ -24,7 +24,7 @@ def add_rms_norm_fwd(x2d: torch.Tensor, r2d: torch.Tensor, weight: torch.Tensor 
     rstd = torch.empty(M, dtype=torch.float32, device=device) if store_rstd else None
     if weight is not None and weight.stride(0) != 1 and N > 1:
         weight = weight.contiguous()
-    block, chunks, rows, warps = config(N)
+    block, chunks, rows, warps = config(N, 64 if torch.version.hip else 32)
     strides = [t.stride(0) if M > 1 else N for t in (x2d, r2d, y, h)]
     int64 = max(strides) * M + N >= 2 ** 31
     add_rms_norm_fwd_kernel[(-(-M // rows),)](

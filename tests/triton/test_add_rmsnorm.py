@@ -106,6 +106,7 @@ from triton.compiler import ASTSource
 from cutile_norms.triton import add_rmsnorm_bwd_config, add_rmsnorm_bwd_kernel, add_rmsnorm_fwd_config
 from cutile_norms.triton import add_rmsnorm_fwd_kernel
 from cutile_norms.triton.tiling import offset_align
+from tests.cute.ptx_util import ptxas_report
 out = {}
 for kind, N, x, h, arch in json.loads(sys.argv[1]):
     key = f"{kind}-{N}-{x}-{h}-{arch}"
@@ -138,14 +139,15 @@ for kind, N, x, h, arch in json.loads(sys.argv[1]):
         out[key] = dict(cubin=len(c.asm["cubin"]), target=f".target sm_{arch}" in ptx,
                         rn=("cvt.rn.bf16.f32" in ptx or "cvt.rn.bf16x2.f32" in ptx) if h == "bf16" else True,
                         float_atomics=bool(re.search(r"(atom|red)[.\w]*\.f(16|32|64)", ptx)),
-                        b16=len(re.findall(r"(ld|st)\.global(\.[A-Za-z0-9_:]+)*\.b16", ptx)))
+                        b16=len(re.findall(r"(ld|st)\.global(\.[A-Za-z0-9_:]+)*\.b16", ptx)),
+                        **(ptxas_report(ptx, "sm_90a") if arch == 90 and kind == "fwd" else {}))
     except Exception as exc:
         out[key] = dict(error=f"{type(exc).__name__}: {exc}"[:500])
 print("RESULT " + json.dumps(out))
 """
 # with rows of N = 8 (mod 16) (1160, 9880 and 20488 forward, 1032 and 6152 backward): their row offsets
 # and column bounds said to be multiples of 8 (tiling.offset_align), or 2-byte loads and stores
-COMPILE_CASES = [(k, N, x, h, a) for k, widths in (("fwd", (128, 1160, 4096, 9880, 16384, 20488, 65536)),
+COMPILE_CASES = [(k, N, x, h, a) for k, widths in (("fwd", (128, 1160, 4096, 9880, 16384, 20488, 32768, 65536)),
                                                    ("bwd", (128, 1032, 4096, 6152, 8192)))
                  for N in widths for x, h in (("bf16", "bf16"), ("fp16", "fp32")) for a in (90, 100)]
 
@@ -158,5 +160,7 @@ def test_compiles_for_sm90_and_sm100(compiled, case):
     r = compiled_case(compiled, case)
     assert r["rn"], "h (or its grad) is not rounded to nearest (cvt.rn) on the GPU"
     assert not r["float_atomics"], "dw is summed in a fixed order: no float atomics"
+    if case[0] == "fwd" and case[3] == "bf16" and case[4] == 90:  # 16-bit x, r and h: no spills (ptxas)
+        assert r["spill_stores"] == 0, r  # (past 16384 columns 1024 threads hold 32 values of x and r each)
     if case[1] >= 1024:  # (at 128 columns over 128 threads the weight is one element a thread: one b16 load)
         assert r["b16"] == 0, f"{r['b16']} 2-byte global loads or stores: rows not moved in vectors"
