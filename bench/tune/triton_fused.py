@@ -3,9 +3,10 @@ ratio to a copy of its own bytes in the same run, medians of 3 interleaved round
 rules in cutile_norms/triton/rmsnorm_fp8_config.py and add_rmsnorm_bwd_config.py were read from (their
 docstrings give the numbers):
   fp8: rms_norm_fp8_kernel, per-token scales, rows x warps with the row in registers (q = y * (1/s));
-  bwd: add_rms_norm_bwd_kernel (the fused residual backward, dw included), rows x warps x programs per SM.
+  bwd: add_rms_norm_bwd_kernel (the fused residual backward, dw included), rows x warps x programs per SM;
+  fwd: add_rms_norm_fwd_kernel (the fused residual forward, rstd not stored), rows x warps, the row in registers.
 
-    python bench/tune/triton_fused.py --kernel fp8|bwd [--ns 2048,4096,5120,8192,12288,16384]
+    python bench/tune/triton_fused.py --kernel fp8|bwd|fwd [--ns 2048,4096,5120,8192,12288,16384]
 """
 from __future__ import annotations
 
@@ -26,12 +27,22 @@ from bench.timing import ratios_to_copy  # noqa: E402
 from bench.tune.sweep import width_inputs  # noqa: E402
 from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.reference import FP8_MIN_AMAX  # noqa: E402
+from cutile_norms.triton.tiling import offset_align  # noqa: E402
 
 
 def candidates(N, M, x, w, kernel, sm):
     """{name: fn} over the grid, and the bytes over the copy's (fp8: read 2, write 1 per element;
-    bwd: read dy, dh, h, write the grad: twice the copy's)."""
+    bwd: read dy, dh, h, write the grad; fwd: read x and r, write h and y: twice the copy's)."""
     block, fns = pow2_ceil(N), {}
+    if kernel == "fwd":
+        K = importlib.import_module("cutile_norms.triton.add_rmsnorm_fwd_kernel").add_rms_norm_fwd_kernel
+        r, y, h = torch.randn_like(x), torch.empty_like(x), torch.empty_like(x)
+        for rows, warps in itertools.product([1, 2, 4], [4, 8, 16, 32]):
+            if block * rows <= 32768 and 8 <= block * rows // (warps * 32) <= 64:
+                fns[f"r{rows} w{warps}"] = lambda rows=rows, warps=warps: K[(-(-M // rows),)](
+                    x, r, w, y, h, y, M, N, N, N, N, 1e-6, 0.0, N, BLOCK_N=block, CHUNKS=1, ROWS=rows, HAS_W=True,
+                    STORE_RSTD=False, INT64=False, ALIGN=offset_align(N), num_warps=warps)
+        return fns, 2.0
     if kernel == "fp8":
         K = importlib.import_module("cutile_norms.triton.rmsnorm_fp8_kernel").rms_norm_fp8_kernel
         q, s, rstd = torch.empty(M, N, dtype=torch.float8_e4m3fn, device="cuda"), torch.empty(M, device="cuda"), \
@@ -57,7 +68,7 @@ def candidates(N, M, x, w, kernel, sm):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel", choices=["fp8", "bwd"], required=True)
+    p.add_argument("--kernel", choices=["fp8", "bwd", "fwd"], required=True)
     p.add_argument("--ns", type=lambda v: [int(n) for n in v.split(",")], default=[2048, 4096, 5120, 8192, 12288, 16384])
     args = p.parse_args()
     if no_gpu("this sweep times kernels"):
