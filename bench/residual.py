@@ -10,7 +10,7 @@ of --runs interleaved runs, every output checked (last 64 rows) before it is tim
   backward: read dy, dh and h, write dx = dr once (twice the copy's); dx and dr against the fp32
     composite's autograd;
   fp8 (N <= --fp8-max-n): read x, write q (one byte) and the fp32 scales; q dequantizes to the norm.
-Implementations: ours fused (mode=None with the fused kernels: forward Triton's up to 16384 columns,
+Implementations: ours fused (mode=None with the fused kernels: forward Triton's up to 32768 columns,
 cuTile's split form past that; backward dispatch.residual_backward's: Triton's fused kernel for rows of
 up to 2 KiB, the norm's backward reading dh above), ours unfused (CUTILE_NORMS_FUSED=0: torch.add into h,
 then mode=None's norm kernels, dh added after), `cn <mode>` for each --modes (that mode named, fused

@@ -319,15 +319,15 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 # The residual add (rms_norm(..., residual=r)): fused into the norm (x and r read once, h and y
 # written once: 4 M N e bytes for 16-bit x, r and h) by
 #   * Triton's kernel, the row in registers, for rows of up to FUSED_ADD_MAX_N elements (mode None or
-#     "triton"): 0.98-1.02 x a copy of its bytes at 896-16384 and 0.962-1.001 at 16392-32768 on an H200
-#     (the split kernel there 0.912-0.989, fp32 h 0.88-0.94 against 0.73-0.87), 1.004-1.023 at 896-16384 on
-#     an H100 (bf16; past 16384 Liger's kernel of its shape within 0.4 % of the split one), where its
-#     two-pass form for wider rows ran 0.60-0.85; one block of 32 values a thread, 1024 threads past 16384;
+#     "triton"): 0.98-1.02 x a copy of its bytes at 896-16384 and 0.953-1.001 at 16392-32768 on an H200
+#     (the split kernel there 0.912-0.989; fp32 h 0.88-0.94 against 0.73-0.87), 1.004-1.023 to 16384 on an
+#     H100 (bf16; past it Liger's kernel of its shape within 0.4 % of the split one); 1024 threads of 32
+#     values past 16384, where an fp32 weight spills (36-76 bytes, unmeasured): there mode None runs the
+#     split kernel wherever cuTile runs (FUSED_ADD_FP32_WEIGHT_MAX_N); a two-pass form measured 0.60-0.85;
 #   * cuTile's split kernel for wider rows (mode None or a cuTile mode), each row split over blocks that
 #     keep a power-of-two part of at most 16 KiB of x, r and h each on chip, as the norm's split forward
-#     does: 0.955-0.985 to 131072 on an H200, 0.996-1.006 to 262144 on an H100 (bf16; unfused: 0.81). A
-#     part is 4097-8192 columns of 16-bit operands (2049-4096 where one is fp32) whatever N is, so the rule
-#     holds between the measured widths; rows past MAX_ROW_BYTES of their widest operand need wider parts;
+#     does: 0.955-0.985 to 131072 on an H200, 0.996-1.006 to 262144 on an H100 (bf16; unfused: 0.81): a part
+#     is 4097-8192 columns of 16-bit operands (2049-4096 where one is fp32) whatever N is (up to MAX_ROW_BYTES);
 #   * a mode named: its own DSL's fused kernel (below, FUSED_ADD_CUTE_KERNEL and FUSED_ADD_SPLIT_MIN_BYTES);
 # everywhere else (CUTILE_NORMS_FUSED=0, another mode, a DSL that does not run here) the add runs as one
 # torch.add into h before the norm kernel `resolve` picks for h (5 M N e bytes: 0.81-0.83). The backward:
@@ -337,15 +337,13 @@ FUSED_ADD_SPLIT_KERNEL = "cutile_norms.cutile.add_rmsnorm_fwd:add_rms_norm_fwd"
 FUSED_ADD_CUTE_KERNEL = "cutile_norms.cute.add_rmsnorm_fwd:add_rms_norm_fwd"
 # A mode named runs its own DSL's fused kernel: mode "tma_smem_cached" the CuTe DSL one (x's and r's row
 # tiles in shared memory by bulk copies, the forward's kernel with the add in its first pass): 0.984-1.009
-# x a copy at 896-262144 on an H100 (bf16); a cuTile mode the split kernel at every width whose rows hold
-# FUSED_ADD_SPLIT_MIN_BYTES of the widest operand: the row's two halves go to two blocks of 8 warps that
-# meet through global memory, which narrow rows do not pay for (H100, bf16: 0.607 at 896 against the
-# unfused path's 0.821; 0.862 against 0.824 at 1536, 0.91-1.00 from 2048).
+# x a copy at 896-262144 on an H100 (bf16); a cuTile mode the split kernel from rows of FUSED_ADD_SPLIT_MIN_BYTES
+# of the widest operand: a row's two halves go to two blocks that meet through global memory, which narrow
+# rows do not pay for (H100, bf16: 0.607 at 896, unfused 0.821; 0.862 / 0.824 at 1536, 0.91-1.00 from 2048).
 FUSED_ADD_SPLIT_MIN_BYTES = 3 * 1024
 FUSED_ADD_BWD_KERNEL = "cutile_norms.triton.add_rmsnorm_bwd:add_rms_norm_bwd"
-# Triton's fused backward holds h, dy, dh and its dw accumulator in registers: rows of up to 8192 elements
-FUSED_ADD_BWD_MAX_N = 8192
-FUSED_ADD_MAX_N = 32768
+FUSED_ADD_BWD_MAX_N = 8192  # Triton's fused backward holds h, dy, dh and its dw accumulator in registers
+FUSED_ADD_MAX_N, FUSED_ADD_FP32_WEIGHT_MAX_N = 32768, 16384
 ENV_FUSED = "CUTILE_NORMS_FUSED"
 
 
@@ -365,14 +363,14 @@ def _fused_off(norm_mode: str, dev: DeviceInfo) -> str | None:
 
 
 def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_bytes: int, dev: DeviceInfo,
-                        tools: Toolchain, cute_refusal: Callable[[], str | None] = lambda: "the tensors were not checked"
-                        ) -> tuple[str | None, str]:
+                        tools: Toolchain, cute_refusal: Callable[[], str | None] = lambda: "tensors not checked",
+                        fp32_weight: bool = False) -> tuple[str | None, str]:
     """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
     for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements whose widest
     operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused
     before that mode's norm kernel). `cute_refusal()`: why the CuTe DSL fused forward does not take
     these tensors (cute/add_rmsnorm_fwd.unsupported), asked only where that kernel would run (a caller
-    that passes none never gets that kernel)."""
+    that passes none never gets that kernel). `fp32_weight`: the weight is fp32 (x 16-bit or not)."""
     off = _fused_off(norm_mode, dev)
     if off:
         return None, off
@@ -381,13 +379,15 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
         return (None, why) if why else (FUSED_ADD_CUTE_KERNEL, "CuTe DSL, x's and r's row tiles in shared memory "
                                                                "(mode 'tma_smem_cached')")
     cutile_named = mode_name is not None and MODES[mode_name].dsl == "cutile"
-    if N <= FUSED_ADD_MAX_N and not cutile_named:
+    split_runs = unavailable_reason(MODES["multi_wave_cached"], dev, tools) is None
+    limit = FUSED_ADD_FP32_WEIGHT_MAX_N if fp32_weight and mode_name is None and split_runs else FUSED_ADD_MAX_N
+    if N <= limit and not cutile_named:
         if mode_name not in (None, "triton"):
             return None, f"mode {mode_name!r}: no fused kernel of its own"
         why = unavailable_reason(MODES["triton"], dev, tools)
-        return (None, why) if why else (FUSED_ADD_KERNEL, f"Triton, the row in registers (N <= {FUSED_ADD_MAX_N})")
+        return (None, why) if why else (FUSED_ADD_KERNEL, f"Triton, the row in registers (N <= {limit})")
     if mode_name is not None and not cutile_named:
-        return None, (f"mode {mode_name!r}: rows past {FUSED_ADD_MAX_N} elements fuse in cuTile's split kernel "
+        return None, (f"mode {mode_name!r}: rows past {limit} elements fuse in cuTile's split kernel "
                       "(mode None or a cuTile mode)")
     from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES  # (pure Python)
 
@@ -400,7 +400,7 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
                       f"N={N} of {elem_bytes}-byte elements")
     why = unavailable_reason(MODES["multi_wave_cached"], dev, tools)
     return (None, why) if why else (FUSED_ADD_SPLIT_KERNEL, "cuTile, the row split over blocks " + (
-        f"(mode {mode_name!r})" if cutile_named else f"(N > {FUSED_ADD_MAX_N})"))
+        f"(mode {mode_name!r})" if cutile_named else f"(N > {limit}" + (", an fp32 weight)" if fp32_weight else ")")))
 
 
 BWD_FUSED, BWD_DH_INSIDE, BWD_DH_AFTER = "fused", "inside", "after"  # residual_backward's answers

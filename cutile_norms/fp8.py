@@ -130,8 +130,8 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
 def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
     """mode=None's rule between the two FP8 kernels (both bit for bit the same): the CuTe DSL kernel
     past 8 KiB rows (4096 16-bit columns), past 2048 columns wherever Triton's power-of-two block
-    pads the row, and past 1024 where the row fills under 3/4 of it; Triton's elsewhere. The same for
-    every scale kind. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3;
+    pads the row, and past 1024 where a 16-bit row fills under 3/4 of it; Triton's elsewhere. The same
+    for every scale kind. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3;
     `python bench/residual.py --parts fp8 --modes triton,tma_smem_cached` and `python
     bench/tune/cute_fp8.py`, docs/performance.md 2.17, 2.44):
       * Triton's block holds the row in registers: past 4096 columns a thread's loads no longer keep
@@ -145,12 +145,13 @@ def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
         they are many, and the CuTe kernel's 0.79-0.88 does not fall with them (H200 per token, Triton
         against CuTe: 1032 0.547 / 0.792, 1160 0.583 / 0.855, 1304 0.631 / 0.815, where the row fills
         50-64 % of the 2048 block; 1544 0.847 / 0.808 and 1664 0.916 / 0.859 at 75-81 %). 1800 (88 %)
-        measured 0.785 / 0.884 and keeps Triton's: no rule of the fill separates it.
+        measured 0.785 / 0.884 and keeps Triton's: no rule of the fill separates it. fp32 rows of
+        1025-1535 were not measured and keep Triton's.
     """
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
-    return N * elem_bytes > 8192 or (N > 2048 and block > N) or (N > 1024 and 4 * N < 3 * block)
+    return N * elem_bytes > 8192 or (N > 2048 and block > N) or (elem_bytes == 2 and N > 1024 and 4 * N < 3 * block)
 
 
 def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,

@@ -16,7 +16,8 @@ Contract:
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
     fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
   * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (mode None:
-    Triton's for rows of up to 32768 elements, cuTile's split form past that; a mode named: its own
+    Triton's for rows of up to 32768 elements (16384 beside an fp32 weight where cuTile runs),
+    cuTile's split form past that; a mode named: its own
     DSL's, the CuTe DSL one for "tma_smem_cached", cuTile's from rows of 3 KiB) reads x and r once and
     writes h and y once;
     elsewhere one torch.add writes h and the norm kernel `mode` resolves to runs on it.
@@ -70,7 +71,7 @@ def _weight_for(weight, h_dtype):
     return weight.float()
 
 
-def _fused_forward(x, residual, h, mode, norm_mode, dev) -> tuple[str | None, str]:
+def _fused_forward(x, residual, h, weight, mode, norm_mode, dev) -> tuple[str | None, str]:
     """dispatch.residual_add_kernel for these tensors: (the fused forward kernel or None, why)."""
     widest = max(x.element_size(), residual.element_size(), h.element_size())
 
@@ -79,7 +80,9 @@ def _fused_forward(x, residual, h, mode, norm_mode, dev) -> tuple[str | None, st
 
         return unsupported(as_rows(x), as_rows(residual), h.dtype)
 
-    return dispatch.residual_add_kernel(mode, norm_mode, x.shape[-1], widest, dev, toolchain(), cute_refusal)
+    fp32_weight = weight is not None and weight.dtype == torch.float32
+    return dispatch.residual_add_kernel(mode, norm_mode, x.shape[-1], widest, dev, toolchain(), cute_refusal,
+                                        fp32_weight)
 
 
 def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_place=False):
@@ -92,7 +95,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
         y, _, rstd = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return (x if in_place else y.contiguous()), h, rstd.float()
     dev, M, choice = plan(h, mode, weight)
-    kernel, _ = _fused_forward(x, residual, h, mode, choice.mode, dev)
+    kernel, _ = _fused_forward(x, residual, h, weight, mode, choice.mode, dev)
     if kernel is not None and (not in_place or (x.is_contiguous() and residual.is_contiguous())):
         out = ((x.view(M, -1), residual.view(M, -1)) if in_place else
                (torch.empty(M, x.shape[-1], dtype=x.dtype, device=x.device), h.view(M, -1)))
@@ -294,7 +297,7 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     """explain()'s line for the add: fused or not, and why."""
     h = torch.empty(x.shape, dtype=residual_dtype or x.dtype, device=x.device)
     dev, M, choice = plan(h, mode, weight)
-    kernel, why = _fused_forward(x, residual, h, mode, choice.mode, dev)
+    kernel, why = _fused_forward(x, residual, h, weight, mode, choice.mode, dev)
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     h_bytes = (residual_dtype or x.dtype).itemsize

@@ -507,6 +507,25 @@ def test_residual_add_kernel_rule(monkeypatch, mode, N, h_bytes, expected):
     assert kernel is None and dispatch.ENV_FUSED in why
 
 
+@pytest.mark.parametrize("mode,N,tools,expected", [
+    (None, dispatch.FUSED_ADD_FP32_WEIGHT_MAX_N, ALL_TOOLS, dispatch.FUSED_ADD_KERNEL),
+    (None, dispatch.FUSED_ADD_FP32_WEIGHT_MAX_N + 8, ALL_TOOLS, dispatch.FUSED_ADD_SPLIT_KERNEL),
+    (None, dispatch.FUSED_ADD_MAX_N, NO_CUTILE, dispatch.FUSED_ADD_KERNEL),
+    ("triton", dispatch.FUSED_ADD_MAX_N, ALL_TOOLS, dispatch.FUSED_ADD_KERNEL)])
+def test_residual_add_kernel_beside_an_fp32_weight(monkeypatch, mode, N, tools, expected):
+    """Beside an fp32 weight Triton's 1024-thread rows spill: mode None runs cuTile's split kernel past
+    FUSED_ADD_FP32_WEIGHT_MAX_N where cuTile runs, Triton's kernel where it does not; mode "triton" runs
+    Triton's to FUSED_ADD_MAX_N (the same values, only slower)."""
+    monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
+    kernel, why = dispatch.residual_add_kernel(mode, mode or "multi_wave_cached", N, 2, H100, tools,
+                                               fp32_weight=True)
+    assert kernel == expected, (kernel, why)
+    if expected == dispatch.FUSED_ADD_SPLIT_KERNEL:
+        assert "fp32 weight" in why, why
+        kernel_16bit_weight = dispatch.residual_add_kernel(mode, "multi_wave_cached", N, 2, H100, tools)[0]
+        assert kernel_16bit_weight == dispatch.FUSED_ADD_KERNEL
+
+
 @pytest.mark.parametrize("mode,norm_mode,bwd_mode,N,tools,expected,runs", [
     (None, "triton", "triton", 1024, ALL_TOOLS, dispatch.BWD_FUSED, "triton"),  # rows of 2 KiB: Triton's kernel
     (None, "multi_wave_cached", "triton", 1025, ALL_TOOLS, dispatch.BWD_DH_INSIDE, "multi_wave_cached"),

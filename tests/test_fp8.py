@@ -167,7 +167,7 @@ def test_kernel_rule():
     FP8_KERNEL_MAX_N, the fused kernels on; else the torch ops, with a reason (A100: no fp8e4nv in
     Triton; the CPU: the interpreter's fp8 conversion is not the GPU's). mode=None's choice between
     the two (fp8.cute_wins): CuTe DSL past 4096 columns, past 2048 wherever Triton's block pads the
-    row and past 1024 where the row fills under 3/4 of it, for every scale kind."""
+    row and past 1024 where a 16-bit row fills under 3/4 of it, for every scale kind."""
     import os
 
     from cutile_norms import fp8
@@ -186,6 +186,7 @@ def test_kernel_rule():
         assert [N for N in (896, 1024, 1032, 1304, 1528, 1536, 1664, 1800, 2048, 2560, 3072, 3584, 4096, 4608, 8192,
                             16384) if fp8.cute_wins(N, 2, None)] == [1032, 1304, 1528, 2560, 3072, 3584, 4608, 8192,
                                                                      16384]
+        assert not fp8.cute_wins(1032, 4, None) and fp8.cute_wins(2056, 4, None)  # fp32: the 1024-2048 rule unmeasured
         assert [N for N in (1152, 1408, 1536, 2048, 2560, 3584, 4096, 5120, 6144, 8192, 10240, 13312, 14336, 16384)
                 if fp8.cute_wins(N, 2, 128)] == [1152, 1408, 2560, 3584, 5120, 6144, 8192, 10240, 13312, 14336,
                                                  16384]

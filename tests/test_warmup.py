@@ -107,7 +107,7 @@ def test_residual_and_fp8_on_the_cpu(capsys):
 @pytest.mark.gpu
 @pytest.mark.parametrize("N", GPU_WIDTHS)
 def test_no_residual_or_fp8_call_stalls_after_warmup(N):
-    """The residual add (Triton's fused kernels up to 16384 columns, cuTile's split forward past it) and
+    """The residual add (Triton's fused forward up to 32768 columns, cuTile's split forward past it) and
     the FP8 output, after warmup(residual=True, fp8=True): no call's first run over the range stalls."""
     cn.warmup([N], rows=(1, 32768), residual=True, fp8=True, verbose=False)
     w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16).requires_grad_()

@@ -1,7 +1,7 @@
 """Sweep: the fused Triton kernels' launch configs at the bench size (bf16, 2^27 elements), each as a
 ratio to a copy of its own bytes in the same run, medians of 3 interleaved rounds. What the launch
 rules in cutile_norms/triton/rmsnorm_fp8_config.py and add_rmsnorm_bwd_config.py were read from (their
-docstrings give the numbers):
+docstrings give the numbers), and the check of add_rmsnorm_fwd_config.py's (docs/performance.md 2.44):
   fp8: rms_norm_fp8_kernel, per-token scales, rows x warps with the row in registers (q = y * (1/s));
   bwd: add_rms_norm_bwd_kernel (the fused residual backward, dw included), rows x warps x programs per SM;
   fwd: add_rms_norm_fwd_kernel (the fused residual forward, rstd not stored), rows x warps, the row in registers.
