@@ -379,8 +379,8 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
         return (None, why) if why else (FUSED_ADD_CUTE_KERNEL, "CuTe DSL, x's and r's row tiles in shared memory "
                                                                "(mode 'tma_smem_cached')")
     cutile_named = mode_name is not None and MODES[mode_name].dsl == "cutile"
-    split_runs = unavailable_reason(MODES["multi_wave_cached"], dev, tools) is None
-    limit = FUSED_ADD_FP32_WEIGHT_MAX_N if fp32_weight and mode_name is None and split_runs else FUSED_ADD_MAX_N
+    split_first = fp32_weight and mode_name is None and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)
+    limit = FUSED_ADD_FP32_WEIGHT_MAX_N if split_first else FUSED_ADD_MAX_N
     if N <= limit and not cutile_named:
         if mode_name not in (None, "triton"):
             return None, f"mode {mode_name!r}: no fused kernel of its own"
