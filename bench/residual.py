@@ -1,7 +1,7 @@
 """The residual add + RMSNorm (rms_norm(x, w, residual=r) -> (y, h)) against a same-run copy.
 
     python bench/residual.py [--ns 2048,4096,...] [--random 4] [--runs 3] [--dtype bfloat16]
-        [--parts forward,backward,fp8] [--modes multi_wave_cached,...] [--out F]
+        [--weight-dtype float32] [--parts forward,backward,fp8] [--modes multi_wave_cached,...] [--out F]
 
 Three tables, each a ratio to a same-run copy of x (bytes over the copy's x copy time / time), medians
 of --runs interleaved runs, every output checked (last 64 rows) before it is timed:
@@ -120,14 +120,14 @@ def fp8_fns(modes=()) -> dict:
             "torch.compile group128": lambda x, w, eps: compiled(x, w, eps, 128)}
 
 
-def timed_table(ns, dtype, runs, setup) -> list:
+def timed_table(ns, dtype, runs, setup, w_dtype=None) -> list:
     """Per width: setup(x, r, w) -> {name: (fn or the reason it is not timed, bytes over the copy's)};
     each fn timed against a same-run copy of x: the ratio is bytes x copy time / time."""
     rows = []
     for N in ns:
         M = ELEMENTS // N
         x, r = torch.randn(M, N, device="cuda", dtype=dtype), torch.randn(M, N, device="cuda", dtype=dtype)
-        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(dtype)
+        w = (1 + 0.1 * torch.randn(N, device="cuda")).to(w_dtype or dtype)
         fns, scale = {}, {}
         for k, (fn, factor) in setup(x, r, w).items():
             if isinstance(fn, str):
@@ -232,6 +232,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--weight-dtype", default=None, choices=sorted(DTYPES), help="the weight's (default: x's)")
     p.add_argument("--block-n", type=int, default=4096)
     p.add_argument("--block-m", type=int, default=16384)
     p.add_argument("--parts", type=lambda v: v.split(","), default=["forward", "backward", "fp8"])
@@ -255,7 +256,8 @@ def main() -> int:
         print(f"## {part}", flush=True)
         setup = {"forward": forward_setup(impls), "backward": backward_setup(impls),
                  "fp8": fp8_setup(args.modes)}[part]
-        result[part] = timed_table([n for n in ns if part != "fp8" or n <= args.fp8_max_n], dtype, args.runs, setup)
+        result[part] = timed_table([n for n in ns if part != "fp8" or n <= args.fp8_max_n], dtype, args.runs, setup,
+                                   DTYPES[args.weight_dtype] if args.weight_dtype else None)
     result["block"] = block(args.block_m, args.block_n, dtype, args.runs)
     b = result["block"]
     print(f"block M={args.block_m} N={args.block_n} fwd+bwd ms: " + "  ".join(f"{k} {v:.3f}" for k, v in b.items())
