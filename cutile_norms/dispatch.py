@@ -240,12 +240,12 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 # band_rows): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes
 # the mode whose worst ratio to a copy over every width measured in it (the widths real models use
 # and the random ones of that run) is the highest, for every M. Why bands and not the nearest
-# measured width: inside a band the kernels keep their shape (below), so a mode that holds at a band's
-# measured widths holds between them; the nearest-width rule put modes measured within 0.1 % of each
-# other in alternate ranges and missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89
-# x copy). One mode per width for every M: rows are bit-identical whatever the batch
-# (tests/test_batch_invariance.py), and at M <= 64, where a call is host bound, GPU times differ by tenths of a microsecond, host paths by a
-# few (bench/decode.py, H200, M = 1, N = 4096: tma_smem_cached 11.0-17.7 us, Triton 16.6-19.4).
+# measured width: inside a band the kernels keep their shape (below), so a mode that holds at a band's measured widths
+# holds between them; the nearest-width rule put modes measured within 0.1 % of each other in alternate ranges and
+# missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One mode per width for every M:
+# rows are bit-identical whatever the batch (tests/test_batch_invariance.py), and at M <= 64, where a call is host
+# bound, GPU times differ by tenths of a microsecond, host paths by a few (bench/decode.py, H200, M = 1, N = 4096:
+# tma_smem_cached 11.0-17.7 us, Triton 16.6-19.4).
 # The 48 and 64 KiB edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in
 # one CTA up to 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond, whose last
 # slice may be part empty (0.74-0.83 x copy at N = 98368 / 36568 on an H100). The 48 KiB edge
