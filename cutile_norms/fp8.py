@@ -23,11 +23,13 @@ Contract:
     inf, rstd 0, y NaN at the inf and 0 elsewhere; NaN in a row: y all NaN. A dynamic scale over a NaN
     is NaN and so is all of its row's (group's) q; with a given scale only the NaN elements are NaN.
     q never holds inf: |y / s| past the format's max saturates to it (e4m3fn has no inf at all).
-  * Not differentiable (an output for the next GEMM). Kernels, bit for bit the same (rows of up to
-    FP8_KERNEL_MAX_N): Triton's (triton/rmsnorm_fp8.py, mode="triton"), a power-of-two block of the
-    row in registers, and the CuTe DSL one (cute/rmsnorm_fp8.py, mode="tma_smem_cached"), the row in
-    shared memory by TMA bulk copies (rows of 16-byte multiples, a residual of x's dtype); mode=None
-    picks by `cute_wins` (measured). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
+  * Not differentiable (an output for the next GEMM). Two kernels of the same math, each bit for bit
+    the reference given its own rstd (their sums of squares add in different orders, so the two can
+    differ by an ulp of a scale or a step of q), rows of up to FP8_KERNEL_MAX_N: Triton's
+    (triton/rmsnorm_fp8.py, mode="triton"), a power-of-two block of the row in registers, and the CuTe
+    DSL one (cute/rmsnorm_fp8.py, mode="tma_smem_cached"), the row in shared memory by TMA bulk copies
+    (rows of 16-byte multiples, a residual of x's dtype); mode=None picks by `cute_wins` (measured, by
+    N: batch invariant). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
 """
 from __future__ import annotations
 
@@ -128,9 +130,9 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
 
 
 def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
-    """mode=None's rule between the two FP8 kernels (both bit for bit the same): the CuTe DSL kernel
+    """mode=None's rule between the two FP8 kernels (see the module's docstring): the CuTe DSL kernel
     past 8 KiB rows (4096 16-bit columns), past 2048 columns wherever Triton's power-of-two block
-    pads the row, and past 1024 where a 16-bit row fills under 3/4 of it; Triton's elsewhere. The same
+    pads the row, and past 1024 where a 16-bit row fills at most 3/4 of it; Triton's elsewhere. The same
     for every scale kind. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3;
     `python bench/residual.py --parts fp8 --modes triton,tma_smem_cached` and `python
     bench/tune/cute_fp8.py`, docs/performance.md 2.17, 2.44):
@@ -145,13 +147,16 @@ def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
         they are many, and the CuTe kernel's 0.79-0.88 does not fall with them (H200 per token, Triton
         against CuTe: 1032 0.547 / 0.792, 1160 0.583 / 0.855, 1304 0.631 / 0.815, where the row fills
         50-64 % of the 2048 block; 1544 0.847 / 0.808 and 1664 0.916 / 0.859 at 75-81 %). 1800 (88 %)
-        measured 0.785 / 0.884 and keeps Triton's: no rule of the fill separates it. fp32 rows of
-        1025-1535 were not measured and keep Triton's.
+        measured 0.785 / 0.884 and keeps Triton's: no rule of the fill separates it. At exactly 3/4
+        (1536, the one such 16-bit width in 1025-2048; 2049-4096 pad by the rule above) the CuTe kernel
+        tiles the row exactly (192 vectors) and leads: per token 0.918 against 0.889, groups 0.916
+        against 0.865 (`python bench/tune/cute_fp8.py --ns 1536,1664`, 2.45), where 1544 (75.4 %, 193
+        vectors) measured 0.808 against 0.847. fp32 rows of 1025-1535 were not measured and keep Triton's.
     """
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
-    return N * elem_bytes > 8192 or (N > 2048 and block > N) or (elem_bytes == 2 and N > 1024 and 4 * N < 3 * block)
+    return N * elem_bytes > 8192 or (N > 2048 and block > N) or (elem_bytes == 2 and N > 1024 and 4 * N <= 3 * block)
 
 
 def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,
