@@ -9,8 +9,10 @@ import torch
 
 from ._platform import DeviceInfo
 
-# run(x2d, weight, eps, offset, out_shape) -> (y, rstd or None): a launch with everything for one call
-# signature resolved (config, compiled kernel, placeholders)
+# run(x, weight, eps, offset, out_shape) -> (y, rstd or None): a launch with everything for one call
+# signature resolved (config, compiled kernel, placeholders). x: [M, N] rows with unit column stride
+# (y in out_shape, or [M, N] without one), or a contiguous x of any other rank, which is then out_shape
+# itself (a decode step's [batch, 1, hidden]: its rows read where they are, y made in that shape)
 Runner = Callable[..., tuple]
 
 

@@ -294,17 +294,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
         warn_if_gathered(x, weight)
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
-        grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
-        key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, x.data_ptr() & 15,
-               None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device))
-        call = _PLANS.get(key)
-        if call is None:
-            call = _call_plan(x, weight, eps, offset, mode, grad)
-            if len(_PLANS) >= _MAX_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = call
-        return call(x, weight)
+        return _planned(x, weight, eps, offset, mode)
     validate(x, weight, eps, offset)  # raises: x or the weight is not a tensor
+
+
+def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: str | None) -> torch.Tensor:
+    """An eager call through its call plan (made and validated on the signature's first call): x and the
+    weight tensors (or None), eps resolved, not under torch.compile, x not a DTensor."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+    key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, x.data_ptr() & 15,
+           None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device))
+    call = _PLANS.get(key)
+    if call is None:
+        call = _call_plan(x, weight, eps, offset, mode, grad)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = call
+    return call(x, weight)
 
 
 # Call plans: the call signature (shapes, strides, dtypes, devices, eps, offset, mode, autograd or
@@ -332,8 +338,8 @@ def _call_plan(x, weight, eps, offset, mode, grad: bool):
         return lambda x, w: forward_rows(as_rows(x), w, eps, offset, False, mode_name, dev, shape)[0]
     if x.dim() == 2 and x.stride(-1) == 1:  # (the plan's key holds x's shape and strides) rows as they are
         return lambda x, w: run(x, w, eps, offset, None)[0]
-    if x.is_contiguous():  # a decode step's [batch, 1, hidden]: one view, without as_rows' checks
-        return lambda x, w: run(x.view(M, N), w, eps, offset, shape)[0]
+    if x.is_contiguous():  # a decode step's [batch, 1, hidden]: x itself, its rows read in place (backends.Runner)
+        return lambda x, w: run(x, w, eps, offset, shape)[0]
     return lambda x, w: run(as_rows(x), w, eps, offset, shape)[0]  # forward_rows with its launch, one call less
 
 
@@ -417,6 +423,13 @@ class RMSNorm(torch.nn.Module):
         k = len(self.normalized_shape)
         if x.shape[-k:] != self.normalized_shape:  # torch.Size is a tuple: no copy per call
             raise ValueError(f"expected x's trailing dims {self.normalized_shape}, got {tuple(x.shape)}")
+        if k == 1 and residual is None and not torch.compiler.is_compiling() and type(x) is torch.Tensor:
+            # a plain eager call (a decode step's): straight to its call plan, what rms_norm would reach
+            # after its own checks (at batch 1 a call is host bound: bench/decode.py); the weight read
+            # from _parameters where it is one, as Module.__getattr__ would
+            params = self._parameters
+            w = params["weight"] if "weight" in params else self.weight
+            return _planned(x, w, TORCH_DEFAULT_EPS if self.eps is None else self.eps, self.offset, self.mode)
         if residual is not None:
             if not isinstance(residual, torch.Tensor) or residual.shape != x.shape:
                 raise ValueError(f"residual must be a tensor of x's shape {tuple(x.shape)}, got "

@@ -86,7 +86,8 @@ def test_module_gradients_reach_the_weight(seed):
 @pytest.mark.parametrize("mode", GPU_MODES, ids=lambda m: str(m))
 def test_decode_shapes_through_the_call_plans(mode, shape, seed):
     """The shapes a decode step calls with (2-D, [batch, 1, hidden], QK-norm's [batch, heads, 1, head_dim]),
-    without grad, twice (the call plan made, then reused): y in x's shape, against the fp64 reference.
+    without grad, twice (the call plan made, then reused), by `rms_norm` and by the module (its own path to
+    the call plan): y in x's shape, against the fp64 reference.
     Before each call the caching allocator is handed a block of NaN bytes of y's size, which an output
     the plan allocates and the kernel leaves unwritten would come back with."""
     why = cn.available_modes().get(mode) if mode is not None else None
@@ -95,9 +96,13 @@ def test_decode_shapes_through_the_call_plans(mode, shape, seed):
     x = random_rows(shape, torch.bfloat16, "cuda")
     w = random_weight(shape[-1], torch.bfloat16, "cuda")
     expected = reference64(x.reshape(-1, shape[-1]), w, 1e-6, 0.0)[0].reshape(shape)
+    module = cn.RMSNorm(shape[-1], eps=1e-6, mode=mode, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        module.weight.copy_(w)
     for call in range(2):
-        torch.empty_like(x).untyped_storage().fill_(0xFF)  # freed at once: the next block of this size
-        with torch.no_grad():
-            y = cn.rms_norm(x, w, 1e-6, mode=mode)
-        assert y.shape == x.shape and y.is_contiguous()
-        assert_close(y, expected, torch.bfloat16, f"mode={mode} shape={shape} call {call}", seed)
+        for how, fn in (("rms_norm", lambda: cn.rms_norm(x, w, 1e-6, mode=mode)), ("module", lambda: module(x))):
+            torch.empty_like(x).untyped_storage().fill_(0xFF)  # freed at once: the next block of this size
+            with torch.no_grad():
+                y = fn()
+            assert y.shape == x.shape and y.is_contiguous()
+            assert_close(y, expected, torch.bfloat16, f"{how} mode={mode} shape={shape} call {call}", seed)

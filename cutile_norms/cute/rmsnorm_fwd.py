@@ -122,6 +122,8 @@ def _runner(cfg: FwdConfig, N: int, contiguous: bool, dtype: torch.dtype, w_dtyp
     dummy = None if store_rstd else placeholder_f32(device)
 
     def run(x2d, weight, eps, offset, out_shape=None, out=None):
+        if x2d.dim() != 2:  # a contiguous x of out_shape (backends.Runner): TVM-FFI takes the rows as 2-D
+            x2d = x2d.view(-1, N)
         M = x2d.shape[0]
         if contiguous and x2d.stride(0) != N:  # one row: its stride is any number, the kernel wants N
             x2d = x2d.as_strided((M, N), (N, 1))

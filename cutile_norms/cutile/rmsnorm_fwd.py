@@ -220,10 +220,11 @@ def launcher(cfg: FwdConfig, N: int, stride: int, dtype: torch.dtype, w_dtype: t
     has_w = w_dtype is not None
 
     def run(x2d, weight, eps, offset, out_shape):
-        M = x2d.shape[0]
+        # a contiguous x of out_shape (backends.Runner) is read flat like rows at stride N
+        M = x2d.shape[0] if x2d.dim() == 2 else x2d.numel() // N
         span = (M - 1) * stride + N
         if M * N % 16 or span > _MAX_FLAT or M * N > _MAX_FLAT:  # y padded, or row chunks: the general path
-            return launch(cfg, x2d, weight, eps, offset, store_rstd, sm_count, out_shape=out_shape)
+            return launch(cfg, x2d.view(M, N), weight, eps, offset, store_rstd, sm_count, out_shape=out_shape)
         y = torch.empty(out_shape if out_shape is not None else (M, N), dtype=dtype, device=x2d.device)
         y_flat = y.view(-1)
         unused = y_flat  # what the kernel never touches (no weight, no rstd): y itself, no view to make
@@ -266,9 +267,9 @@ class CuTileForward:
         """run(x2d, weight, eps, offset, out_shape) for this call signature (see `launcher`)."""
         cfg = self.config(N, dtype, dev)
         run = launcher(cfg, N, stride if M > 1 else N, dtype, w_dtype, store_rstd, dev.sm_count)
-        if run is None:
-            return lambda x2d, w, eps, offset, out_shape: launch(cfg, x2d, w, eps, offset, store_rstd, dev.sm_count,
-                                                                 out_shape=out_shape)
+        if run is None:  # (a contiguous x of out_shape as rows: backends.Runner)
+            return lambda x, w, eps, offset, out_shape: launch(cfg, x if x.dim() == 2 else x.view(-1, N), w, eps,
+                                                               offset, store_rstd, dev.sm_count, out_shape=out_shape)
         return run
 
 

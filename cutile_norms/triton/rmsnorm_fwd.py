@@ -101,23 +101,37 @@ class _FixedRunner:
                 and _current_device() == self.device.index)  # (the module the kernel is loaded in)
 
     def __call__(self, x2d, weight, eps, offset, out_shape=None, out=None):
-        M, N = x2d.shape
+        if x2d.dim() != 2:  # a contiguous x of out_shape (backends.Runner): its rows by pointer, no views
+            N = x2d.shape[-1]
+            M = x2d.numel() // N
+            fits = out is None and self._fits_nd(x2d, weight, M, N)
+        else:
+            M, N = x2d.shape
+            fits = self._fits(x2d, weight, out)
         fast = self.compiled.get((weight is not None, offset != 0.0, needs_int64(M, max(self.stride, N))))
-        if not fast or not self._fits(x2d, weight, out):
-            return self._first(x2d, weight, eps, offset, out_shape, out)
+        if not fast or not fits:
+            return self._first(x2d.view(M, N), weight, eps, offset, out_shape, out)
         launch_fn, head, consts = fast
-        # rows at stride N: empty_like gives them contiguous, for half the host time of torch.empty (one
-        # row at another stride would keep that stride)
-        y = (torch.empty_like(x2d) if x2d.stride(0) == N else
+        # rows at stride N: empty_like gives them contiguous (in x's shape), for half the host time of
+        # torch.empty (one row at another stride would keep that stride)
+        y = (torch.empty_like(x2d) if x2d.dim() != 2 or x2d.stride(0) == N else
              torch.empty((M, N), dtype=x2d.dtype, device=x2d.device))
         rstd = torch.empty(M, dtype=torch.float32, device=x2d.device) if self.store_rstd else None
         y_ptr = y.data_ptr()
         if y_ptr & 15 or (rstd is not None and rstd.data_ptr() & 15):  # an allocator that does not align them
-            return launch(self.cfg, x2d, weight, eps, offset, self.store_rstd, self.sm_count, (y, rstd), out_shape)
-        launch_fn(M, 1, 1, raw_stream(self.device), *head, x2d.data_ptr(),
-                  weight.data_ptr() if weight is not None else y_ptr, y_ptr,
-                  rstd.data_ptr() if rstd is not None else y_ptr, self.stride, eps, offset, *consts)
-        return (y if out_shape is None else y.view(out_shape)), rstd
+            launch(self.cfg, x2d.view(M, N), weight, eps, offset, self.store_rstd, self.sm_count, (y, rstd))
+        else:
+            launch_fn(M, 1, 1, raw_stream(self.device), *head, x2d.data_ptr(),
+                      weight.data_ptr() if weight is not None else y_ptr, y_ptr,
+                      rstd.data_ptr() if rstd is not None else y_ptr, self.stride, eps, offset, *consts)
+        return (y if out_shape is None or y.dim() != 2 else y.view(out_shape)), rstd
+
+    def _fits_nd(self, x, weight, M: int, N: int) -> bool:
+        """`_fits` for a contiguous x of another rank than 2 (its rows at stride N)."""
+        return ((M == 1 or self.stride == N) and not x.data_ptr() & 15
+                and (weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
+                and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
+                and _current_device() == self.device.index)
 
     def _first(self, x2d, weight, eps, offset, out_shape, out):
         """`launch`, and the kernel compiled for the fast path where the call fits it."""

@@ -180,8 +180,9 @@ def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
 def test_fixed_rows_through_the_call_plan(seed, N, x_dtype, w_dtype):
     """rms_norm(mode="triton") at rows of N compiled in: the call plan's runner (the compiled kernel's own
     launcher) on contiguous rows, rows at a stride of N + 8, misaligned rows (its fallback to the JIT
-    launch), one row, 3-D x, and autograd's forward (rstd stored), each called three times with new
-    values, the outputs poisoned before each call."""
+    launch), one row, 3-D, 1-D and [1, 1, N] x (read in place by pointer; misaligned 3-D x falls back),
+    and autograd's forward (rstd stored), each called three times with new values, the outputs poisoned
+    before each call."""
     import cutile_norms as cn
 
     dt = DT[x_dtype]
@@ -190,7 +191,9 @@ def test_fixed_rows_through_the_call_plan(seed, N, x_dtype, w_dtype):
     base = random_rows((37, N + 8), dt, "cuda")
     layouts = {"contiguous": lambda b: b[:, :N].contiguous(), "stride N+8": lambda b: b[:, :N],
                "misaligned": lambda b: b[:, 1:N + 1] if N % 2 == 0 else b[:, 3:N + 3],
-               "one row": lambda b: b[5:6, 8:N + 8], "3-D": lambda b: b[:36, :N].reshape(4, 9, N)}
+               "one row": lambda b: b[5:6, 8:N + 8], "3-D": lambda b: b[:36, :N].reshape(4, 9, N),
+               "1-D": lambda b: b[7, :N].contiguous(), "[1, 1, N]": lambda b: b[9:10, :N].reshape(1, 1, N),
+               "3-D misaligned": lambda b: b.view(-1)[1:1 + 36 * N].view(4, 9, N)}
     for name, view in layouts.items():
         for call in range(3):
             base.copy_(random_rows(base.shape, dt, "cuda"))
