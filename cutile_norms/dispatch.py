@@ -322,8 +322,9 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
 #     "triton"): 0.98-1.02 x a copy of its bytes at 896-16384 and 0.953-1.001 at 16392-32768 on an H200
 #     (the split kernel there 0.912-0.989; fp32 h 0.88-0.94 against 0.73-0.87), 1.004-1.023 to 16384 on an
 #     H100 (bf16; past it Liger's kernel of its shape within 0.4 % of the split one); 1024 threads of 32
-#     values past 16384, where an fp32 weight spills (36-76 bytes, unmeasured): there mode None runs the
-#     split kernel wherever cuTile runs (FUSED_ADD_FP32_WEIGHT_MAX_N); a two-pass form measured 0.60-0.85;
+#     values past 16384, where an fp32 weight spills (36-76 bytes; H200 0.66-0.80): there mode None runs
+#     the CuTe DSL kernel where it takes the rows (0.87-0.98 at 16392-32768, the split kernel 0.72-0.84),
+#     else the split kernel where cuTile runs (FUSED_ADD_FP32_WEIGHT_MAX_N); a two-pass form: 0.60-0.85;
 #   * cuTile's split kernel for wider rows (mode None or a cuTile mode), each row split over blocks that
 #     keep a power-of-two part of at most 16 KiB of x, r and h each on chip, as the norm's split forward
 #     does: 0.955-0.985 to 131072 on an H200, 0.996-1.006 to 262144 on an H100 (bf16; unfused: 0.81): a part
@@ -367,17 +368,17 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
                         fp32_weight: bool = False) -> tuple[str | None, str]:
     """(the fused add + norm forward kernel, "module:function", and why it runs) for a call that asked
     for `mode_name`, whose norm `resolve` gave as `norm_mode`, with rows of N elements whose widest
-    operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused
-    before that mode's norm kernel). `cute_refusal()`: why the CuTe DSL fused forward does not take
-    these tensors (cute/add_rmsnorm_fwd.unsupported), asked only where that kernel would run (a caller
-    that passes none never gets that kernel). `fp32_weight`: the weight is fp32 (x 16-bit or not)."""
-    off = _fused_off(norm_mode, dev)
-    if off:
+    operand (x, the residual or h) has elem_bytes-byte elements; or (None, why the add runs unfused).
+    `cute_refusal()`: why the CuTe DSL fused forward does not take these tensors (its `unsupported`), asked
+    only where that kernel would run (a caller that passes none never gets it); `fp32_weight`: an fp32 weight."""
+    if off := _fused_off(norm_mode, dev):
         return None, off
-    if mode_name == "tma_smem_cached":
+    cute_too = mode_name is None and fp32_weight and FUSED_ADD_FP32_WEIGHT_MAX_N < N <= FUSED_ADD_MAX_N
+    if mode_name == "tma_smem_cached" or cute_too:
         why = unavailable_reason(MODES["tma_smem_cached"], dev, tools) or cute_refusal()
-        return (None, why) if why else (FUSED_ADD_CUTE_KERNEL, "CuTe DSL, x's and r's row tiles in shared memory "
-                                                               "(mode 'tma_smem_cached')")
+        if not why or not cute_too:
+            return (None, why) if why else (FUSED_ADD_CUTE_KERNEL, "CuTe DSL, x's and r's row tiles in shared memory "
+                                            + ("(N > 16384, fp32 weight)" if cute_too else "(mode 'tma_smem_cached')"))
     cutile_named = mode_name is not None and MODES[mode_name].dsl == "cutile"
     split_first = fp32_weight and mode_name is None and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)
     limit = FUSED_ADD_FP32_WEIGHT_MAX_N if split_first else FUSED_ADD_MAX_N
@@ -390,7 +391,6 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
         return None, (f"mode {mode_name!r}: rows past {limit} elements fuse in cuTile's split kernel "
                       "(mode None or a cuTile mode)")
     from .cutile.add_rmsnorm_fwd_config import MAX_ROW_BYTES  # (pure Python)
-
     # (FUSED_ADD_SPLIT_MIN_BYTES is above the split kernel's own floor, add_rmsnorm_fwd_config.MIN_N)
     if cutile_named and N * elem_bytes < FUSED_ADD_SPLIT_MIN_BYTES:
         return None, (f"mode {mode_name!r}: rows under {FUSED_ADD_SPLIT_MIN_BYTES} bytes run the add unfused (cuTile's "

@@ -526,6 +526,26 @@ def test_residual_add_kernel_beside_an_fp32_weight(monkeypatch, mode, N, tools, 
         assert kernel_16bit_weight == dispatch.FUSED_ADD_KERNEL
 
 
+@pytest.mark.parametrize("N", [dispatch.FUSED_ADD_FP32_WEIGHT_MAX_N + 8, 20480, dispatch.FUSED_ADD_MAX_N])
+def test_residual_add_kernel_beside_an_fp32_weight_cute_first(monkeypatch, N):
+    """Past FUSED_ADD_FP32_WEIGHT_MAX_N to FUSED_ADD_MAX_N beside an fp32 weight, mode None runs the CuTe
+    DSL fused kernel where it runs and takes the tensors, else the split kernel (past FUSED_ADD_MAX_N too)."""
+    monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
+    no_cute = Toolchain(cutile=None, cute="`import cutlass` failed: ModuleNotFoundError", triton=None)
+
+    def kernel(n, tools=ALL_TOOLS, refusal=lambda: None, fp32_weight=True):
+        return dispatch.residual_add_kernel(None, "multi_wave_cached", n, 2, H100, tools, refusal, fp32_weight)[0]
+
+    assert kernel(N) == dispatch.FUSED_ADD_CUTE_KERNEL
+    assert "fp32 weight" in dispatch.residual_add_kernel(None, "multi_wave_cached", N, 2, H100, ALL_TOOLS,
+                                                         lambda: None, True)[1]
+    assert kernel(N, refusal=lambda: "not these rows") == dispatch.FUSED_ADD_SPLIT_KERNEL
+    assert kernel(N, tools=no_cute) == dispatch.FUSED_ADD_SPLIT_KERNEL
+    assert kernel(N, fp32_weight=False) == dispatch.FUSED_ADD_KERNEL  # a 16-bit weight: Triton's to 32768
+    assert kernel(dispatch.FUSED_ADD_FP32_WEIGHT_MAX_N) == dispatch.FUSED_ADD_KERNEL
+    assert kernel(dispatch.FUSED_ADD_MAX_N + 8) == dispatch.FUSED_ADD_SPLIT_KERNEL
+
+
 @pytest.mark.parametrize("mode,norm_mode,bwd_mode,N,tools,expected,runs", [
     (None, "triton", "triton", 1024, ALL_TOOLS, dispatch.BWD_FUSED, "triton"),  # rows of 2 KiB: Triton's kernel
     (None, "multi_wave_cached", "triton", 1025, ALL_TOOLS, dispatch.BWD_DH_INSIDE, "multi_wave_cached"),

@@ -81,7 +81,8 @@ def check_grads(x, r, w, h, dy, dh, offset, s, what):
     ((3, 300), torch.float32, torch.bfloat16, torch.bfloat16, torch.float32, 0.0),
     ((67, 24576), torch.bfloat16, torch.bfloat16, None, torch.bfloat16, 0.0),  # the CuTe backward, dh inside
     ((3, 40968), torch.bfloat16, torch.bfloat16, None, torch.bfloat16, 0.0),  # past FUSED_ADD_MAX_N (mode None: split)
-    ((5, 12296), torch.bfloat16, torch.float32, torch.float32, torch.bfloat16, 1.0)])
+    ((5, 12296), torch.bfloat16, torch.float32, torch.float32, torch.bfloat16, 1.0),
+    ((3, 20488), torch.bfloat16, torch.bfloat16, None, torch.float32, 1.0)])  # fp32 weight past 16384: CuTe
 def test_forward_and_backward(fused_gate, seed, device, mode, fused, shape, x_dtype, r_dtype, h_dtype, w_dtype,
                               offset):
     fused_gate(fused)
