@@ -237,26 +237,26 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 
 
 # FORWARD_RULE, how `python bench/rmsnorm.py --write-table` turns a sweep into rows (forward_table.py,
-# band_rows): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes
-# the mode whose worst ratio to a copy over every width measured in it (the widths real models use
-# and the random ones of that run) is the highest, for every M. Why bands and not the nearest
+# band_rows): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes the mode
+# whose worst ratio to a copy over every width measured in it (the widths real models use and the random ones of
+# that run) is the highest, for every M. Why bands and not the nearest
 # measured width: inside a band the kernels keep their shape (below), so a mode that holds at a band's measured widths
 # holds between them; the nearest-width rule put modes measured within 0.1 % of each other in alternate ranges and
 # missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One mode per width for every M:
 # rows are bit-identical whatever the batch (tests/test_batch_invariance.py), and at M <= 64, where a call is host
 # bound, GPU times differ by tenths of a microsecond, host paths by a few (bench/decode.py, H200, M = 1, N = 4096:
 # tma_smem_cached 11.0-17.7 us, Triton 16.6-19.4).
-# The 48 and 64 KiB edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in
-# one CTA up to 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond, whose last
-# slice may be part empty (0.74-0.83 x copy at N = 98368 / 36568 on an H100). The 48 KiB edge
-# matters on an H200: the cluster of 4 measured 0.77-0.93 x copy at eight bf16 widths in 48-64 KiB
-# (24736 ... 32768, six of them random) where multi_wave_cached held 0.95-0.99, while one CTA held
-# 0.96-1.0 below; on an H100 the cluster of 4 held 0.95-1.0 there and multi_wave_cached 0.995-1.01.
-# The H100's fp32 rows were written before that edge; they run tma_smem_cached on both sides of it
-# (fp32 N = 13000 / 15000 / 16384: 1.007 / 1.007 / 1.006 there, multi_wave_cached 1.003 / 1.008 / 1.007).
+# The 48 and 64 KiB edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in one CTA up to
+# 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond, whose last slice may be part empty
+# (0.74-0.83 x copy at N = 98368 / 36568 on an H100). The 48 KiB edge matters on an H200: the cluster of 4 measured
+# 0.77-0.93 x copy at eight bf16 widths in 48-64 KiB (24736 ... 32768, six of them random) where multi_wave_cached held
+# 0.95-0.99, while one CTA held 0.96-1.0 below; on an H100 the cluster of 4 held 0.95-1.0 there and multi_wave_cached
+# 0.995-1.01. The H100's fp32 rows were written before that edge; they run tma_smem_cached on both sides of it (fp32 N =
+# 13000 / 15000 / 16384: 1.007 / 1.007 / 1.006 there, multi_wave_cached 1.003 / 1.008 / 1.007).
 # The 8 KiB edge (8191: 8 KiB rows above it): Triton's forward, rows in registers below, two passes with N
-# compiled in from 8 KiB (triton/rmsnorm_fwd_config.fixed_config; H200 0.979-1.016 x copy at 8-64 KiB).
-FORWARD_BAND_EDGES = (8 * 1024 - 1, 48 * 1024, 64 * 1024)
+# compiled in from 8 KiB (triton/rmsnorm_fwd_config.fixed_config; H200 0.979-1.016 x copy at 8-64 KiB). The
+# 128 / 256 KiB edges: fp32 rows of 8-16 slices over 8 CTAs in tma_smem_cached (FP32_WIDE_CLUSTER there).
+FORWARD_BAND_EDGES = (8 * 1024 - 1, 48 * 1024, 64 * 1024, 128 * 1024, 256 * 1024)
 
 
 def cute_backward_refusal(N: int, dtype: torch.dtype, min_bytes: int = CUTE_BWD_MIN_BYTES) -> str | None:

@@ -21,15 +21,16 @@ WIDTHS = [128, 2048, 4096, 4120, 10240, 20480, 36568, 65536]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
-@pytest.mark.parametrize("N", WIDTHS)
+@pytest.mark.parametrize("N,dtype", [(n, torch.bfloat16) for n in WIDTHS] + [(33352, torch.float32)],
+                         ids=lambda v: str(v).removeprefix("torch."))  # fp32 rows of 8-16 CTA slices
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: str(m))
-def test_rows_do_not_depend_on_the_batch(mode, N, grad, seed):
+def test_rows_do_not_depend_on_the_batch(mode, N, dtype, grad, seed):
     why = cn.available_modes().get(mode) if mode is not None else None
     if why:
         pytest.skip(why)
     M = 1024
-    x = random_rows((M, N), torch.bfloat16, "cuda")
-    w = random_weight(N, torch.bfloat16, "cuda").requires_grad_(grad)
+    x = random_rows((M, N), dtype, "cuda")
+    w = random_weight(N, dtype, "cuda").requires_grad_(grad)
     with torch.set_grad_enabled(grad):
         full = cn.rms_norm(x.requires_grad_(grad), w, EPS, mode=mode).detach()
         check_forward(x.detach(), w.detach(), EPS, 0.0, full, None, f"mode={mode} N={N} M={M}", seed)

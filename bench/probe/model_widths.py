@@ -50,6 +50,9 @@ FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
     "tma 1-CTA 128": dict(one_cta_threads=128),
     "tma 1-CTA 256": dict(one_cta_threads=256),
     "tma 1-CTA 512": dict(one_cta_threads=512),
+    "tma cluster 8": dict(cluster_max=8),  # rows past 8 slices in at most 8 CTAs (no clusters of 9-15)
+    "tma cluster 8 v16": dict(cluster_max=8, vecs_per_thread=16),
+    "tma fp32 clusters to 16": dict(fp32_wide=False),  # fp32 rows of 8-16 slices as the general rule cuts them
 }
 
 

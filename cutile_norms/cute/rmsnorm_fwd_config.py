@@ -85,6 +85,16 @@ class FwdConfig:
 #     vectors (at most 16 per thread), ties to the one nearest VECS_PER_THREAD per thread: they have
 #     half the values per vector, and N = 8288 / 12256 as 512 x 5 / 512 x 6 (padded) measured 1.002 /
 #     0.997 (H100) and 0.987 / 0.978 (H200), against 0.995 / 0.993 and 0.973 / 0.957 with 128 threads.
+#   * fp32 rows of 8-16 slices (128-256 KiB, N = 32769 ... 65536): at most FP32_WIDE_CLUSTER CTAs of 128
+#     threads, 16 vectors each (2 x VECS_PER_THREAD). The rule above gave clusters of 9-15 CTAs there
+#     (33352: 14 x 128 x 5), which Hopper places one to a GPC (a GPC holds 16-18 SMs), so 8 GPCs run
+#     72-120 of 132 SMs; 8 CTAs fit two to a GPC. H200, fp32, medians of 3 (`python
+#     bench/probe/model_widths.py --only fwd --dtype float32 --kernels "None,tma analytic,tma cluster 8
+#     v16,quack"`, docs/performance.md 2.45): 0.970-0.999 x copy at 33352-65536 (eight widths, two
+#     random), against 0.798-0.962 for the clusters of 9-16 and 0.797-0.990 for multi_wave_cached; past
+#     256 KiB the same shape fell (131072: 0.754 against 0.971 over 16 CTAs) and 16-bit rows of these
+#     bytes measured 0.56-0.63 with it (68248-98304 bf16), so neither takes it. Not measured on an H100.
+FP32_WIDE_CLUSTER = 8
 TILE_BYTES = 16 * 1024
 WIDE_SLICE_BYTES = 32 * 1024
 SLICE_BYTES = 16 * 1024
@@ -100,14 +110,19 @@ SMEM_MAX = 227 * 1024  # a Hopper CTA's shared memory
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, tile_bytes: int = TILE_BYTES, slice_bytes: int = SLICE_BYTES,
                     vecs_per_thread: int = VECS_PER_THREAD, min_threads: int = 128,
-                    cluster_max: int = CLUSTER_MAX, one_cta_threads: int | None = None) -> FwdConfig | None:
+                    cluster_max: int = CLUSTER_MAX, one_cta_threads: int | None = None,
+                    fp32_wide: bool = True) -> FwdConfig | None:
     """The config for rows of N elements of `elem_bytes`; None where no config fits (N too long for
     CLUSTER_MAX CTAs' shared memory). `one_cta_threads`: rows of SLICE_BYTES - ONE_CTA_BYTES over that
-    many threads whatever the dtype (the probe's candidates that back ONE_CTA_THREADS_16)."""
+    many threads whatever the dtype (the probe's candidates that back ONE_CTA_THREADS_16). `fp32_wide`
+    False: fp32 rows of 8-16 slices as the general rule cuts them (the probe's comparison)."""
     vec = 16 // elem_bytes
     row_bytes = N * elem_bytes
     if slice_bytes == SLICE_BYTES and SLICE_BYTES < row_bytes <= ONE_CTA_BYTES:
         return _one_cta_config(N, vec, one_cta_threads)
+    if (fp32_wide and elem_bytes == 4 and slice_bytes == SLICE_BYTES and cluster_max == CLUSTER_MAX
+            and vecs_per_thread == VECS_PER_THREAD and 8 * SLICE_BYTES < row_bytes <= 16 * SLICE_BYTES):
+        cluster_max, vecs_per_thread = FP32_WIDE_CLUSTER, 2 * VECS_PER_THREAD  # see FP32_WIDE_CLUSTER
     cluster_n = min(cluster_max, pow2_ceil(-(-row_bytes // slice_bytes)))
     if vecs_per_thread == VECS_PER_THREAD and 1 < cluster_n < 16:
         vecs_per_thread //= 2

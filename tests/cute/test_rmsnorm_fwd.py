@@ -41,8 +41,8 @@ def _check(x, w, offset, y, rstd, what, seed):
     check_forward(x, w, EPS, offset, y, rstd, what, seed)
 
 
-WIDTHS = [8, 64, 128, 136, 1000, 2880, 4088, 4104, 5120, 7168, 16384, 16392, 22760, 24520, 40000, 65528, 131072,
-          262144]
+WIDTHS = [8, 64, 128, 136, 1000, 2880, 4088, 4104, 5120, 7168, 16384, 16392, 22760, 24520, 33352, 40000, 65528,
+          131072, 262144]
 
 
 @pytest.mark.parametrize("N", WIDTHS)
@@ -118,7 +118,8 @@ def test_refuses_what_it_cannot_take(seed):
         cn.rms_norm(x, None, mode="tma_smem_cached")
     y = cn.rms_norm(x, None)  # mode=None runs another mode
     _check(x, None, 0.0, y, None, "mode=None N=4097", seed)
-    assert "instead" in cn.explain(x) or "tma_smem_cached" not in cn.explain(x)
+    mode_line = next(line for line in cn.explain(x).splitlines() if line.startswith("mode: "))
+    assert "tma_smem_cached" not in mode_line, mode_line  # (a table row's evidence may name it as runner-up)
     base = random_rows((4, 4096 + 8), torch.bfloat16, "cuda")
     xm = base[:, 1:4097]  # starts 2 bytes past a 16-byte boundary
     with pytest.raises(ValueError, match="aligned"):

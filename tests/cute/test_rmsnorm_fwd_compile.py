@@ -54,6 +54,18 @@ def test_one_cta_16_bit_rows_at_the_top_of_their_band(N, w_dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N", [32776, 33352, 45200, 65536])
+def test_fp32_rows_of_8_to_16_slices(N, arch):
+    """fp32 rows of 128-256 KiB over at most 8 CTAs of 128 threads (FP32_WIDE_CLUSTER: the general rule's
+    clusters of 9-16 leave SMs idle), up to 16 vectors a thread, without spills."""
+    cfg = _cfg(N, "float32")
+    assert cfg.cluster_n <= 8 and cfg.threads == 128 and cfg.nvb <= 16, cfg
+    assert analytic_config(N, 4, fp32_wide=False).cluster_n > 8
+    ptx = compile_forward(torch.float32, torch.float32, N, cfg, True, True, arch, keep_ptx=True).__ptx__
+    check_kernel_ptx(ptx, arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("N", [1000, 3000, 8200, 16472, 40000, 100000])
 def test_padded_rows_round_y_in_pairs(N, arch):
     """Rows whose last pass of vectors reaches past the row in some threads (narrow tiles, one CTA, the
