@@ -78,7 +78,7 @@ def _fused_forward(x, residual, h, weight, mode, norm_mode, dev) -> tuple[str | 
     def cute_refusal():
         from .cute.add_rmsnorm_fwd import unsupported
 
-        return unsupported(as_rows(x), as_rows(residual), h.dtype)
+        return unsupported(as_rows(x), as_rows(residual), h.dtype, batch_invariant=mode is None)
 
     fp32_weight = weight is not None and weight.dtype == torch.float32
     return dispatch.residual_add_kernel(mode, norm_mode, x.shape[-1], widest, dev, toolchain(), cute_refusal,

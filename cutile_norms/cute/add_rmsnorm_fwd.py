@@ -12,14 +12,16 @@ from .rmsnorm_fwd import compile_forward, unsupported as forward_unsupported
 from .add_rmsnorm_fwd_config import add_config
 
 
-def unsupported(x2d: torch.Tensor, r2d: torch.Tensor, h_dtype: torch.dtype) -> str | None:
+def unsupported(x2d: torch.Tensor, r2d: torch.Tensor, h_dtype: torch.dtype,
+                batch_invariant: bool = False) -> str | None:
     """None where this kernel takes the call (x, the residual and h of one dtype, both operands' rows
-    under the forward's 16-byte rule), else why not (the add then runs unfused before the mode's norm)."""
+    under the forward's 16-byte rule), else why not (the add then runs unfused before the mode's norm).
+    `batch_invariant` (mode=None): one row is judged by its tensors' row strides too, as its batch is."""
     if r2d.dtype != x2d.dtype or h_dtype != x2d.dtype:
         return "the CuTe DSL fused add reads a residual of x's dtype into h of x's dtype"
     M, N = x2d.shape
     for t, name in ((x2d, "x's"), (r2d, "the residual's")):
-        why = forward_unsupported(N, t.dtype, t.stride(0), M, t.data_ptr())
+        why = forward_unsupported(N, t.dtype, t.stride(0), max(M, 2) if batch_invariant else M, t.data_ptr())
         if why:
             return why.replace("x's", name)
     if add_config(N, x2d.element_size()) is None:

@@ -179,3 +179,18 @@ def test_cuda_graph_replay(seed):
     torch.cuda.synchronize()
     assert_stored_sum(r, x0, r0, "graph replay h", seed)
     assert_close(x, reference64(r, w, EPS, 0.0)[0], torch.bfloat16, "graph replay y", seed)
+
+
+def test_one_row_is_judged_as_its_batch_for_mode_none():
+    """mode=None's refusal (residual._fused_forward): one row of tensors whose rows are not 16-byte
+    aligned is refused as its batch is, so it runs the batch's kernel and gives its bits; by name one row
+    at any stride is taken."""
+    from cutile_norms.cute.add_rmsnorm_fwd import unsupported
+
+    N = 20480
+    x = torch.randn(4, N + 4, dtype=torch.bfloat16)[:, :N]  # rows 8 bytes apart from 16-byte multiples
+    r = torch.randn(4, N, dtype=torch.bfloat16)
+    assert unsupported(x, r, torch.bfloat16) and unsupported(x, r, torch.bfloat16, batch_invariant=True)
+    assert unsupported(x[:1], r[:1], torch.bfloat16) is None
+    assert "row stride" in unsupported(x[:1], r[:1], torch.bfloat16, batch_invariant=True)
+    assert unsupported(r[:1], r[:1], torch.bfloat16, batch_invariant=True) is None
