@@ -373,7 +373,7 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
     only where that kernel would run (a caller that passes none never gets it); `fp32_weight`: an fp32 weight."""
     if off := _fused_off(norm_mode, dev):
         return None, off
-    cute_too = mode_name is None and fp32_weight and FUSED_ADD_FP32_WEIGHT_MAX_N < N <= FUSED_ADD_MAX_N
+    cute_too = not mode_name and fp32_weight and elem_bytes == 2 and FUSED_ADD_FP32_WEIGHT_MAX_N < N <= FUSED_ADD_MAX_N
     if mode_name == "tma_smem_cached" or cute_too:
         why = unavailable_reason(MODES["tma_smem_cached"], dev, tools) or cute_refusal()
         if not why or not cute_too:

@@ -174,7 +174,7 @@ def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h
         from .cute.rmsnorm_fp8 import unsupported
 
         cute_why = (dispatch.unavailable_reason(dispatch.MODES["tma_smem_cached"], dev, tools)
-                    or unsupported(x2d, r2d, h_dtype, group_size))
+                    or unsupported(x2d, r2d, h_dtype, group_size, batch_invariant=mode is None))
         if cute_why is None:
             return "tma_smem_cached", ("named" if mode else "mode=None: the CuTe DSL kernel at this width "
                                                              "(fp8.cute_wins)")

@@ -82,7 +82,8 @@ def test_module_gradients_reach_the_weight(seed):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(1, 4096), (1, 1, 4096), (8, 1, 2048), (4, 16, 1, 128), (64, 1, 4096), (3, 2, 5, 1024)])
+@pytest.mark.parametrize("shape", [(1, 4096), (1, 1, 4096), (8, 1, 2048), (4, 16, 1, 128), (64, 1, 4096), (3, 2, 5, 1024),
+                                   (4096,)])
 @pytest.mark.parametrize("mode", GPU_MODES, ids=lambda m: str(m))
 def test_decode_shapes_through_the_call_plans(mode, shape, seed):
     """The shapes a decode step calls with (2-D, [batch, 1, hidden], QK-norm's [batch, heads, 1, head_dim]),

@@ -530,7 +530,8 @@ def test_residual_add_kernel_beside_an_fp32_weight(monkeypatch, mode, N, tools, 
 @pytest.mark.parametrize("N", [dispatch.FUSED_ADD_FP32_WEIGHT_MAX_N + 8, 20480, dispatch.FUSED_ADD_MAX_N])
 def test_residual_add_kernel_beside_an_fp32_weight_cute_first(monkeypatch, N):
     """Past FUSED_ADD_FP32_WEIGHT_MAX_N to FUSED_ADD_MAX_N beside an fp32 weight, mode None runs the CuTe
-    DSL fused kernel where it runs and takes the tensors, else the split kernel (past FUSED_ADD_MAX_N too)."""
+    DSL fused kernel on 16-bit rows where it runs and takes the tensors, else the split kernel (past
+    FUSED_ADD_MAX_N too)."""
     monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
     no_cute = Toolchain(cutile=None, cute="`import cutlass` failed: ModuleNotFoundError", triton=None)
 
@@ -545,6 +546,8 @@ def test_residual_add_kernel_beside_an_fp32_weight_cute_first(monkeypatch, N):
     assert kernel(N, fp32_weight=False) == dispatch.FUSED_ADD_KERNEL  # a 16-bit weight: Triton's to 32768
     assert kernel(dispatch.FUSED_ADD_FP32_WEIGHT_MAX_N) == dispatch.FUSED_ADD_KERNEL
     assert kernel(dispatch.FUSED_ADD_MAX_N + 8) == dispatch.FUSED_ADD_SPLIT_KERNEL
+    fp32_rows = dispatch.residual_add_kernel(None, "multi_wave_cached", N, 4, H100, ALL_TOOLS, lambda: None, True)
+    assert fp32_rows[0] == dispatch.FUSED_ADD_SPLIT_KERNEL  # fp32 x, r or h: the split kernel (CuTe's unmeasured)
 
 
 @pytest.mark.parametrize("mode,norm_mode,bwd_mode,N,tools,expected,runs", [

@@ -202,3 +202,17 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0):
     assert same_bits_or_both_nan(q.float(), q_ref.float()), f"{what}: q differs from the reference quantizer"
     if scale is None and M > 3 and r is None:
         assert torch.isnan(s[3]).all() and torch.isnan(s[2]).any(), f"{what}: NaN scales where y has NaN"
+
+
+def test_one_row_is_judged_as_its_batch_for_mode_none():
+    """mode=None's refusal (fp8.pick_kernel): one row of a tensor whose rows are not 16-byte aligned is
+    refused as its batch is, so it runs the batch's kernel (Triton's) and gives its bits; by name one row
+    at any stride is taken."""
+    from cutile_norms.cute.rmsnorm_fp8 import unsupported
+
+    N = 4104
+    x = torch.randn(4, N + 4, dtype=torch.bfloat16)[:, :N]  # rows 8 bytes apart from 16-byte multiples
+    assert unsupported(x, None, None, None) and unsupported(x, None, None, None, batch_invariant=True)
+    assert unsupported(x[:1], None, None, None) is None
+    assert "aligned" in unsupported(x[:1], None, None, None, batch_invariant=True)
+    assert unsupported(torch.randn(1, N, dtype=torch.bfloat16), None, None, None, batch_invariant=True) is None

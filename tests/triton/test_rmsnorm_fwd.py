@@ -201,6 +201,7 @@ def test_fixed_rows_through_the_call_plan(seed, N, x_dtype, w_dtype):
             cn.rms_norm(x, w, EPS, offset=offset, mode="triton").fill_(float("nan"))  # a poisoned allocation
             y = cn.rms_norm(x, w, EPS, offset=offset, mode="triton")
             torch.cuda.synchronize()
+            assert y.shape == x.shape and y.is_contiguous(), (name, tuple(y.shape), y.stride())
             x2, y2 = x.reshape(-1, N), y.reshape(-1, N)
             assert_close(y2, reference64(x2, w, EPS, offset)[0], dt, f"{name} call {call}", seed)
     xg = base[:, :N].detach().clone().requires_grad_()
