@@ -236,16 +236,15 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
     return _fallback(dev, tools, f"the measured table {key} has no row for {dname}, N={N}, M={M}{borrowed}")
 
 
-# FORWARD_RULE, how `python bench/rmsnorm.py --write-table` turns a sweep into rows (forward_table.py,
-# band_rows): the widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes the mode
-# whose worst ratio to a copy over every width measured in it (the widths real models use and the random ones of
-# that run) is the highest, for every M. Why bands and not the nearest
-# measured width: inside a band the kernels keep their shape (below), so a mode that holds at a band's measured widths
-# holds between them; the nearest-width rule put modes measured within 0.1 % of each other in alternate ranges and
-# missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One mode per width for every M:
-# rows are bit-identical whatever the batch (tests/test_batch_invariance.py), and at M <= 64, where a call is host
-# bound, GPU times differ by tenths of a microsecond, host paths by a few (bench/decode.py, H200, M = 1, N = 4096:
-# tma_smem_cached 11.0-17.7 us, Triton 16.6-19.4).
+# FORWARD_RULE, how `python bench/rmsnorm.py --write-table` turns a sweep into rows (forward_table.py, band_rows): the
+# widths are cut into bands of row bytes at FORWARD_BAND_EDGES, and each band takes the mode whose worst ratio to a copy
+# over every width measured in it (the widths real models use and the random ones of that run) is the highest, for every
+# M. Why bands and not the nearest measured width: inside a band the kernels keep their shape (below), so a mode that
+# holds at a band's measured widths holds between them; the nearest-width rule put modes measured within 0.1 % of each
+# other in alternate ranges and missed the widths between the sweep's (H200, N = 10240-28672: 0.70-0.89 x copy). One
+# mode per width for every M: rows are bit-identical whatever the batch (tests/test_batch_invariance.py), and at M <=
+# 64, where a call is host bound, GPU times differ by tenths of a microsecond, host paths by a few (bench/decode.py,
+# H200, M = 1, N = 4096: tma_smem_cached 11.0-17.7 us, Triton 16.6-19.4).
 # The 48 and 64 KiB edges are where tma_smem_cached changes shape (cute/rmsnorm_fwd_config.py): a row in one CTA up to
 # 48 KiB, over a cluster of 4 CTAs to 64 KiB, over clusters of 5-16 beyond, whose last slice may be part empty
 # (0.74-0.83 x copy at N = 98368 / 36568 on an H100). The 48 KiB edge matters on an H200: the cluster of 4 measured
@@ -376,9 +375,10 @@ def residual_add_kernel(mode_name: str | None, norm_mode: str, N: int, elem_byte
     cute_too = not mode_name and fp32_weight and elem_bytes == 2 and FUSED_ADD_FP32_WEIGHT_MAX_N < N <= FUSED_ADD_MAX_N
     if mode_name == "tma_smem_cached" or cute_too:
         why = unavailable_reason(MODES["tma_smem_cached"], dev, tools) or cute_refusal()
-        if not why or not cute_too:
+        if not why or not cute_too:  # (named: its refusal is the answer; mode=None: refused, the split kernel)
             return (None, why) if why else (FUSED_ADD_CUTE_KERNEL, "CuTe DSL, x's and r's row tiles in shared memory "
-                                            + ("(N > 16384, fp32 weight)" if cute_too else "(mode 'tma_smem_cached')"))
+                                            + (f"(N > {FUSED_ADD_FP32_WEIGHT_MAX_N}, fp32 weight)" if cute_too
+                                               else "(mode 'tma_smem_cached')"))
     cutile_named = mode_name is not None and MODES[mode_name].dsl == "cutile"
     split_first = fp32_weight and mode_name is None and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)
     limit = FUSED_ADD_FP32_WEIGHT_MAX_N if split_first else FUSED_ADD_MAX_N

@@ -90,7 +90,7 @@ class FwdConfig:
 #     (33352: 14 x 128 x 5), which Hopper places one to a GPC (a GPC holds 16-18 SMs), so 8 GPCs run
 #     72-120 of 132 SMs; 8 CTAs fit two to a GPC. H200, fp32, medians of 3 (`python
 #     bench/probe/model_widths.py --only fwd --dtype float32 --kernels "None,tma analytic,tma cluster 8
-#     v16,quack"`, docs/performance.md 2.45): 0.970-0.999 x copy at 33352-65536 (eight widths, two
+#     v16,quack"`, docs/performance.md 2.46): 0.970-0.999 x copy at 33352-65536 (eight widths, two
 #     random), against 0.798-0.962 for the clusters of 9-16 and 0.797-0.990 for multi_wave_cached; past
 #     256 KiB the same shape fell (131072: 0.754 against 0.971 over 16 CTAs) and 16-bit rows of these
 #     bytes measured 0.56-0.63 with it (68248-98304 bf16), so neither takes it. Not measured on an H100.

@@ -96,9 +96,18 @@ class _FixedRunner:
     def _fits(self, x2d, weight, out) -> bool:
         """Whether the compiled kernel takes this call as it is (else `launch`)."""
         return (out is None and (x2d.shape[0] == 1 or x2d.stride(0) == self.stride) and not x2d.data_ptr() & 15
-                and (weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
+                and self._launch_takes(weight))
+
+    def _fits_nd(self, x, weight, M: int, N: int) -> bool:
+        """`_fits` for a contiguous x of another rank than 2 (its rows at stride N)."""
+        return (M == 1 or self.stride == N) and not x.data_ptr() & 15 and self._launch_takes(weight)
+
+    def _launch_takes(self, weight) -> bool:
+        """What both `_fits` ask beside x's rows: the weight 16-byte aligned at unit stride, no launch hook,
+        and this runner's device current (the module the kernel is loaded in)."""
+        return ((weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
                 and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
-                and _current_device() == self.device.index)  # (the module the kernel is loaded in)
+                and _current_device() == self.device.index)
 
     def __call__(self, x2d, weight, eps, offset, out_shape=None, out=None):
         if x2d.dim() != 2:  # a contiguous x of out_shape (backends.Runner): its rows by pointer, no views
@@ -125,13 +134,6 @@ class _FixedRunner:
                       weight.data_ptr() if weight is not None else y_ptr, y_ptr,
                       rstd.data_ptr() if rstd is not None else y_ptr, self.stride, eps, offset, *consts)
         return (y if out_shape is None or y.dim() != 2 else y.view(out_shape)), rstd
-
-    def _fits_nd(self, x, weight, M: int, N: int) -> bool:
-        """`_fits` for a contiguous x of another rank than 2 (its rows at stride N)."""
-        return ((M == 1 or self.stride == N) and not x.data_ptr() & 15
-                and (weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
-                and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
-                and _current_device() == self.device.index)
 
     def _first(self, x2d, weight, eps, offset, out_shape, out):
         """`launch`, and the kernel compiled for the fast path where the call fits it."""
