@@ -17,7 +17,7 @@ def test_merge_keeps_the_lowest_ratio_of_each_width_and_mode():
 
 def test_bands_cover_every_width_once_and_take_the_best_worst_case():
     rng = random.Random(7)
-    ns = [8 * rng.randint(1, 40000) for _ in range(60)] + [1000, 3000, 14000, 16000, 30000, 50000]  # every band
+    ns = [8 * rng.randint(1, 40000) for _ in range(60)] + [300, 1000, 3000, 14000, 16000, 30000, 50000]  # every band
     points = {n: {A: rng.uniform(0.6, 1.0), B: rng.uniform(0.6, 1.0)} for n in ns}
     for e in (2, 4):
         rows = band_rows(points, e)
@@ -32,7 +32,7 @@ def test_bands_cover_every_width_once_and_take_the_best_worst_case():
 
 
 def test_a_mode_missing_at_one_width_of_a_band_does_not_compete_there():
-    rows = band_rows({1024: {A: 0.9, B: 0.99}, 2048: {A: 0.95}}, 2)
+    rows = band_rows({1032: {A: 0.9, B: 0.99}, 2048: {A: 0.95}}, 2)
     assert [r["mode"] for r in rows] == [A]
 
 
@@ -40,7 +40,7 @@ def test_a_run_over_some_bands_keeps_the_other_bands_rows():
     from cutile_norms.forward_table import merge_rows
 
     e = 2
-    before = band_rows({1024: {A: 0.99, B: 0.9}, 10000: {A: 0.98, B: 0.9}, 28000: {A: 0.8, B: 0.95},
+    before = band_rows({1500: {A: 0.99, B: 0.9}, 10000: {A: 0.98, B: 0.9}, 28000: {A: 0.8, B: 0.95},
                         40000: {A: 0.9, B: 0.85}}, e)
     run = band_rows({30000: {A: 0.97, B: 0.93}, 50000: {A: 0.7, B: 0.96}}, e)
     rows = merge_rows(before, run)

@@ -45,22 +45,25 @@ def _rows_to_check(M: int, N: int) -> torch.Tensor:
     return torch.tensor(sorted({r for r in edges if 0 <= r < M}), device="cuda")
 
 
-def _random_big(M: int, N: int) -> torch.Tensor:
-    t = torch.empty((M, N), dtype=torch.bfloat16, device="cuda")
+def _random_big(M: int, N: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    t = torch.empty((M, N), dtype=dtype, device="cuda")
     step = max(1, CHUNK_ELEMS // N)
     for r0 in range(0, M, step):
-        t[r0:r0 + step] = random_rows((min(step, M - r0), N), torch.bfloat16, "cuda")
+        t[r0:r0 + step] = random_rows((min(step, M - r0), N), dtype, "cuda")
     return t
+
+
+def _skip_unless_free(need: int) -> None:
+    free, _ = torch.cuda.mem_get_info()
+    if free < need:
+        pytest.skip(f"needs ~{need >> 30} GiB of free GPU memory, {free >> 30} free")
 
 
 @pytest.fixture(scope="module", params=sorted(WIDTHS))
 def big_inputs(request):
     N = request.param
     M = (1 << 32) // N + 64
-    need = 4 * M * N * 2 + (6 << 30)  # x, dy, y, dx + the references' chunks
-    free, _ = torch.cuda.mem_get_info()
-    if free < need:
-        pytest.skip(f"needs ~{need >> 30} GiB of free GPU memory, {free >> 30} free")
+    _skip_unless_free(4 * M * N * 2 + (6 << 30))  # x, dy, y, dx + the references' chunks
     torch.manual_seed(N)
     x = _random_big(M, N)
     dy = _random_big(M, N)
@@ -194,4 +197,51 @@ def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
             assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
             assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
             del q, s
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("mode", [None, "tma_smem_cached"], ids=str)
+def test_fp32_rows_of_128_to_256_kib_past_2_32_elements(mode, seed):
+    """fp32 x of 33352 columns (the CuTe DSL forward's rows over at most FP32_WIDE_CLUSTER CTAs, which
+    the H200's table runs under mode=None): the no-grad forward's rows at the start, the middle, the end
+    and around 2^31 / 2^32 elements."""
+    N = 33352
+    M = (1 << 32) // N + 64
+    _skip_unless_free(2 * M * N * 4 + (4 << 30))
+    why = cn.available_modes().get(mode) if mode is not None else None
+    if why:
+        pytest.skip(why)
+    torch.manual_seed(seed)
+    x = _random_big(M, N, torch.float32)
+    w = random_weight(N, torch.float32, "cuda")
+    rows = _rows_to_check(M, N)
+    with torch.no_grad():
+        y = cn.rms_norm(x, w, EPS, mode=mode)
+    torch.cuda.synchronize()
+    _check_rows(y, x, w, rows, f"mode={mode} x=fp32[{M}, {N}] y", seed)
+    poisoned(y)
+    del x, y
+    torch.cuda.empty_cache()
+
+
+def test_residual_add_beside_an_fp32_weight_past_2_32_elements(seed, monkeypatch):
+    """bf16 x and r beside an fp32 weight at 20480 columns, mode=None's fused forward (the CuTe DSL
+    kernel where it takes the rows: dispatch.residual_add_kernel), no grad: h and y at the checked rows."""
+    monkeypatch.setenv("CUTILE_NORMS_FUSED", "1")
+    N = 20480
+    M = (1 << 32) // N + 64
+    _skip_unless_free(4 * M * N * 2 + (4 << 30))
+    torch.manual_seed(seed)
+    x, r = _random_big(M, N), _random_big(M, N)
+    w = random_weight(N, torch.float32, "cuda")
+    rows = _rows_to_check(M, N)
+    tag = f"residual mode=None x=bf16[{M}, {N}] w=fp32"
+    with torch.no_grad():
+        y, h = cn.rms_norm(x, w, EPS, residual=r)
+    torch.cuda.synchronize()
+    assert_stored_sum(h[rows], x[rows], r[rows], f"{tag} h rows {rows.tolist()}", seed)
+    _check_rows(y, h, w, rows, f"{tag} y", seed)
+    poisoned(y)
+    poisoned(h)
+    del x, r, y, h
     torch.cuda.empty_cache()

@@ -86,8 +86,8 @@ def fwd_variants(N, dev, elem_bytes=2):
                     out[f"split {split} 2pass {block}/{warps}w"] = FC.FwdConfig(
                         rows=1, split=split, part=part, block_n=block, chunks=-(-part // block), num_warps=warps,
                         programs_per_sm=0)
-    if 2048 <= N <= 65536:  # two passes with N compiled in (rms_norm_fwd_fixed_kernel), 8 or 16 values a thread
-        for warps in (4, 8, 16, 32):
+    if 256 <= N <= 65536:  # two passes with N compiled in (rms_norm_fwd_fixed_kernel), 8 or 16 values a thread
+        for warps in (1, 2, 4, 8, 16, 32):
             for vpt in (8, 16):
                 block = warps * 32 * vpt
                 if block <= 2 * pow2_ceil(N):

@@ -44,10 +44,11 @@ class FwdConfig(TileConfig):
 #     passes of PART_ELEMS (8 warps): 0.949. One program per row in two passes gave 0.84 / 0.68 / 0.65
 #     there (the re-read misses L2: 132 rows of 512 KB in flight).
 #   * NVIDIA, rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES (any dtype): two passes of one program per
-#     row with N compiled in (`fixed_config`), on an H200 0.97-1.02 x copy at 21 bf16 widths of 4096-32768
-#     and 5 fp32 ones of 2048-16384 (`python bench/tune/triton_rmsnorm.py --only fwd --match
-#     "^(analytic$|fixed)" --rounds 3 [--dtype float32]`, medians of 3), where the rules below gave
-#     0.70-0.95 between the powers of two (10240 0.721, 17640 0.699, 20480 0.740 bf16).
+#     row with N compiled in (`fixed_config`), on an H200 0.97-1.02 x copy at 21 bf16 widths of
+#     4096-32768 and 5 fp32 ones of 2048-16384, and 0.989-1.025 at 17 bf16 widths of 768-3848
+#     (`python bench/tune/triton_rmsnorm.py --only fwd --match "^(analytic$|fixed)" --rounds 3 [--dtype
+#     float32]`, medians of 3), where the rules below gave 0.70-0.95 between the powers of two (10240
+#     0.721, 17640 0.699, 20480 0.740 bf16) and 0.72-0.95 at 768-3848 (a padded row in registers).
 TILE_ELEMS = 4096
 ROW_ELEMS = 4096
 PART_ELEMS = 4096
@@ -55,18 +56,28 @@ SPLIT_FROM = 32768  # rows wider than this split over programs
 SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjacent in the grid
 
 
-FIXED_MIN_BYTES = 8 * 1024
+# From 1.5 KiB: an SM runs at most 32 programs (CTAs), so one row a program keeps 32 rows' bytes in
+# flight, 48 KiB at 1.5 KiB rows: bf16 768 / 896 1.009-1.012 x copy; at 1 KiB rows 32 KiB, too few
+# (512: 0.79-0.80 with 1 or 2 warps, where several rows a program measured 0.91).
+FIXED_MIN_BYTES = 1536
 FIXED_MAX_BYTES = 64 * 1024
 # fixed_config's warps by row bytes, the measured reason (H200, medians of 3; bf16 / fp32 rows of the
-# same bytes agree): the second pass re-reads x from L2, so an SM's resident rows (2048 threads over
+# same bytes agree from 8 KiB): the second pass re-reads x from L2, so an SM's resident rows (2048 threads over
 # the program's) times the row's bytes times the SMs must stay within a part of L2, and fewer threads
-# a row are better while they do. 8 warps (8 rows an SM, 12.4 MiB at 12 KiB rows on 132 SMs) measured
+# a row are better while they do. Under 8 KiB that bound is far, and the chunk (16 values a thread)
+# must instead be mostly filled by the row: the fewest warps whose chunk holds 4/5 of the row or
+# more. 2 warps (1024-element chunks) 1.000-1.011 at 768-1032 (1 warp over 512: level), where 4
+# warps' 2048 chunk, half idle, measured 0.84-0.97; 4 warps 0.990-1.020 at 1304-2560 (2.5-5 KiB; 2 warps 0.966-1.007, 8
+# warps 0.950 at 2488 / 2560); 8 warps from 5 KiB (3000 / 3072 / 3584: 1.006 / 1.002 / 1.025 against
+# 4 warps' 0.997 / 0.989 / 1.013; bf16 `--ns 512,768,896,1000,1024,1032,1304,1536,1664,1800,2048,2488,2560,
+# 3000,3072,3584,3848`).
+# 8 warps (8 rows an SM, 12.4 MiB at 12 KiB rows on 132 SMs) measured
 # 0.993-0.998 to 12 KiB and lost to 16 warps from 14 KiB (0.994 / 0.972 against 1.003 / 1.002 at
 # 7168 / 8192 bf16); 16 warps (4 rows, 18.6 MiB at 36 KiB) held 0.983-1.010 to 35 KiB (17640 bf16:
 # 0.983 against 32 warps' 0.961) and lost to 32 warps from 36 KiB (18432 / 20480: 0.982 / 0.980
 # against 0.986 / 0.998); 32 warps (2 rows, 16.5 MiB at 64 KiB) held 0.986-1.008 to 64 KiB and fell
 # past it (80 / 96 / 128 KiB: 0.969 / 0.919 / 0.847, the split rows' 0.909 at 128 KiB).
-FIXED_WARPS = ((12 * 1024, 8), (35 * 1024, 16), (FIXED_MAX_BYTES, 32))
+FIXED_WARPS = ((2560, 2), (5 * 1024, 4), (12 * 1024, 8), (35 * 1024, 16), (FIXED_MAX_BYTES, 32))
 FIXED_CHUNK_ELEMS = 8192  # a chunk's elements: 16 values a thread up to 16 warps, 8 at 32 (8192 at 16 / 32
 #                           warps measured within 0.3 % of 4096 / 16384 but at 28-35 KiB rows, where 16
 #                           warps over 4096 lost 1.6-1.7 %, and at 40-44 KiB, where 32 over 16384 lost 0.6-1.6 %)
@@ -86,7 +97,7 @@ def fixed_config(N: int, elem_bytes: int) -> FwdConfig | None:
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
-    """The measured rules above: on NVIDIA GPUs rows of 8-64 KiB in two passes with N compiled in
+    """The measured rules above: on NVIDIA GPUs rows of 1.5-64 KiB in two passes with N compiled in
     (`fixed_config`); else whole rows in registers when narrow or a power of two up to
     ROW_ELEMS (16-bit: up to 2 x ROW_ELEMS, straight-line); up to SPLIT_FROM, other widths in two
     passes over chunks; wider rows split into parts (kept in registers up to PART_ELEMS, else in two

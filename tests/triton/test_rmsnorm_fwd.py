@@ -52,7 +52,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
     assert cfg.block_n * cfg.chunks >= cfg.part and cfg.block_n & (cfg.block_n - 1) == 0
     assert cfg.programs_per_sm == 0  # one program per tile (per part)
     assert grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows) * cfg.split
-    if vendor == "nvidia" and 8 * 1024 <= N * e <= 64 * 1024:  # two passes, N compiled in (test_fixed_rows)
+    if vendor == "nvidia" and 1536 <= N * e <= 64 * 1024:  # two passes, N compiled in (test_fixed_rows)
         assert cfg.fixed_n and cfg.rows == 1 and cfg.block_n * (cfg.chunks - 1) < N <= cfg.block_n * cfg.chunks
     elif N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
         assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
@@ -68,19 +68,20 @@ def test_config_covers_the_row(N, e, vendor, sms):
 
 @pytest.mark.parametrize("e", [2, 4])
 def test_fixed_rows(e):
-    """NVIDIA rows of 8-64 KiB: two passes with N compiled in, 8 / 16 / 32 warps to 12 / 35 / 64 KiB rows
-    (FIXED_WARPS' measured edges), chunks of 16 values a thread to 16 warps and 8192 elements at 32;
-    AMD GPUs and the rows on either side keep the other forms."""
+    """NVIDIA rows of 1.5-64 KiB: two passes with N compiled in, 2 / 4 / 8 / 16 / 32
+    warps to 2.5 / 5 / 12 / 35 / 64 KiB rows (FIXED_WARPS' measured edges), chunks of 16 values a
+    thread to 16 warps and 8192 elements at 32; AMD GPUs and the rows on either side keep the other forms."""
     from cutile_norms.triton.rmsnorm_fwd_config import analytic_config, fixed_config
 
-    for row_bytes, warps in ((8192, 8), (12 * 1024, 8), (12 * 1024 + 16, 16), (35 * 1024, 16),
+    for row_bytes, warps in ((1536, 2), (2048 + 16, 2), (2560, 2), (2560 + 16, 4), (5 * 1024, 4), (5 * 1024 + 16, 8),
+                             (8192, 8), (12 * 1024, 8), (12 * 1024 + 16, 16), (35 * 1024, 16),
                              (35 * 1024 + 16, 32), (64 * 1024, 32)):
         N = row_bytes // e
         cfg = analytic_config(N, e, "nvidia", 132)
         assert cfg == fixed_config(N, e) and cfg.fixed_n and cfg.num_warps == warps, (row_bytes, cfg)
         assert cfg.block_n == min(8192, 16 * 32 * warps) and cfg.chunks == -(-N // cfg.block_n)
         assert not analytic_config(N, e, "amd", 304).fixed_n
-    for row_bytes in (8192 - 16, 64 * 1024 + 16):
+    for row_bytes in (1536 - 16, 64 * 1024 + 16):
         assert fixed_config(row_bytes // e, e) is None and not analytic_config(row_bytes // e, e, "nvidia", 132).fixed_n
 
 
