@@ -60,7 +60,14 @@ SPLIT_MAX = 32  # a row's programs wait for each other: at most this many, adjac
 # flight, 48 KiB at 1.5 KiB rows: bf16 768 / 896 1.009-1.012 x copy; at 1 KiB rows 32 KiB, too few
 # (512: 0.79-0.80 with 1 or 2 warps, where several rows a program measured 0.91).
 FIXED_MIN_BYTES = 1536
-FIXED_MAX_BYTES = 64 * 1024
+# Up to 112 KiB rows of at most FIXED_MAX_ELEMS elements: past 64 KiB that is fp32 rows only. 16-bit
+# rows there hold more elements than 32 warps take in 32 values a thread a pass and fell to 0.83-0.975
+# (36864-65536 bf16, chunks of 8192 or 16384), where fp32 rows of the same bytes held 0.958-1.006 at
+# 16400-28672 (64-112 KiB); fp32 32768 (128 KiB, 2 rows an SM: 33 MiB of L2) measured 0.876
+# (`python bench/tune/triton_rmsnorm.py --only fwd --rounds 3 --dtype float32 --match "^(analytic$|fixed
+# (4096|8192|16384)/(16|32)w)" --ns 16400,18432,20480,22312,24576,28672,32768`; the rule before: 0.68-0.89).
+FIXED_MAX_BYTES = 112 * 1024
+FIXED_MAX_ELEMS = 32768
 # fixed_config's warps by row bytes, the measured reason (H200, medians of 3; bf16 / fp32 rows of the
 # same bytes agree from 8 KiB): the second pass re-reads x from L2, so an SM's resident rows (2048 threads over
 # the program's) times the row's bytes times the SMs must stay within a part of L2, and fewer threads
@@ -76,28 +83,33 @@ FIXED_MAX_BYTES = 64 * 1024
 # 7168 / 8192 bf16); 16 warps (4 rows, 18.6 MiB at 36 KiB) held 0.983-1.010 to 35 KiB (17640 bf16:
 # 0.983 against 32 warps' 0.961) and lost to 32 warps from 36 KiB (18432 / 20480: 0.982 / 0.980
 # against 0.986 / 0.998); 32 warps (2 rows, 16.5 MiB at 64 KiB) held 0.986-1.008 to 64 KiB and fell
-# past it (80 / 96 / 128 KiB: 0.969 / 0.919 / 0.847, the split rows' 0.909 at 128 KiB).
+# past it in 16-bit rows (80 / 96 / 128 KiB: 0.969 / 0.919 / 0.847, the split rows' 0.909 at 128 KiB).
 FIXED_WARPS = ((2560, 2), (5 * 1024, 4), (12 * 1024, 8), (35 * 1024, 16), (FIXED_MAX_BYTES, 32))
 FIXED_CHUNK_ELEMS = 8192  # a chunk's elements: 16 values a thread up to 16 warps, 8 at 32 (8192 at 16 / 32
 #                           warps measured within 0.3 % of 4096 / 16384 but at 28-35 KiB rows, where 16
 #                           warps over 4096 lost 1.6-1.7 %, and at 40-44 KiB, where 32 over 16384 lost 0.6-1.6 %)
+# Past 88 KiB rows (fp32) 16 values a thread again: 24576 / 28672 fp32 0.991 / 0.996 over 16384 against
+# 0.937 / 0.890 over 8192; to 80 KiB 8192 (16400 / 18432 / 20480: 1.006 / 0.995 / 0.986 against 0.863 /
+# 0.932 / 0.972); 22312 (87 KiB) 0.958 / 0.959 either way.
+FIXED_WIDE_CHUNK_BYTES = 88 * 1024
 
 
 def fixed_config(N: int, elem_bytes: int) -> FwdConfig | None:
-    """The two-pass config with N compiled in for rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES (NVIDIA),
-    else None: FIXED_WARPS by the row's bytes, chunks of FIXED_CHUNK_ELEMS or 16 values a thread."""
+    """The two-pass config with N compiled in for rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES and at most
+    FIXED_MAX_ELEMS elements (NVIDIA), else None: FIXED_WARPS by the row's bytes, chunks of
+    FIXED_CHUNK_ELEMS or 16 values a thread (from FIXED_WIDE_CHUNK_BYTES: 16 values a thread)."""
     row_bytes = N * elem_bytes
-    if not FIXED_MIN_BYTES <= row_bytes <= FIXED_MAX_BYTES:
+    if not (FIXED_MIN_BYTES <= row_bytes <= FIXED_MAX_BYTES and N <= FIXED_MAX_ELEMS):
         return None
     warps = next(w for limit, w in FIXED_WARPS if row_bytes <= limit)
-    block = min(FIXED_CHUNK_ELEMS, 16 * 32 * warps)
+    block = 16 * 32 * warps if row_bytes >= FIXED_WIDE_CHUNK_BYTES else min(FIXED_CHUNK_ELEMS, 16 * 32 * warps)
     return FwdConfig(rows=1, split=1, part=N, block_n=block, chunks=-(-N // block), num_warps=warps,
                      programs_per_sm=0, fixed_n=True)
 
 
 @functools.lru_cache(maxsize=4096)
 def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_elems: int = TILE_ELEMS) -> FwdConfig:
-    """The measured rules above: on NVIDIA GPUs rows of 1.5-64 KiB in two passes with N compiled in
+    """The measured rules above: on NVIDIA GPUs rows of 1.5-64 KiB (fp32 to 112 KiB) in two passes with N compiled in
     (`fixed_config`); else whole rows in registers when narrow or a power of two up to
     ROW_ELEMS (16-bit: up to 2 x ROW_ELEMS, straight-line); up to SPLIT_FROM, other widths in two
     passes over chunks; wider rows split into parts (kept in registers up to PART_ELEMS, else in two

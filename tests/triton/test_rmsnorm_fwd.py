@@ -52,7 +52,7 @@ def test_config_covers_the_row(N, e, vendor, sms):
     assert cfg.block_n * cfg.chunks >= cfg.part and cfg.block_n & (cfg.block_n - 1) == 0
     assert cfg.programs_per_sm == 0  # one program per tile (per part)
     assert grid_programs(cfg, 1000, sms) == -(-1000 // cfg.rows) * cfg.split
-    if vendor == "nvidia" and 1536 <= N * e <= 64 * 1024:  # two passes, N compiled in (test_fixed_rows)
+    if vendor == "nvidia" and 1536 <= N * e <= (112 if e == 4 else 64) * 1024:  # (test_fixed_rows)
         assert cfg.fixed_n and cfg.rows == 1 and cfg.block_n * (cfg.chunks - 1) < N <= cfg.block_n * cfg.chunks
     elif N <= ROW_ELEMS // 2 or N in (ROW_ELEMS, 4000):  # the row in registers, several rows per tile when narrow
         assert cfg.chunks == 1 and cfg.rows * cfg.block_n <= TILE_ELEMS
@@ -81,8 +81,19 @@ def test_fixed_rows(e):
         assert cfg == fixed_config(N, e) and cfg.fixed_n and cfg.num_warps == warps, (row_bytes, cfg)
         assert cfg.block_n == min(8192, 16 * 32 * warps) and cfg.chunks == -(-N // cfg.block_n)
         assert not analytic_config(N, e, "amd", 304).fixed_n
-    for row_bytes in (1536 - 16, 64 * 1024 + 16):
+    for row_bytes in (1536 - 16, 112 * 1024 + 16) + ((64 * 1024 + 16,) if e == 2 else ()):
         assert fixed_config(row_bytes // e, e) is None and not analytic_config(row_bytes // e, e, "nvidia", 132).fixed_n
+
+
+def test_fixed_fp32_rows_of_64_to_112_kib():
+    """fp32 rows past 64 KiB up to 112 KiB (at most FIXED_MAX_ELEMS elements): 32 warps, chunks of 8192
+    to 80 KiB and of 16384 from 88 KiB; 16-bit rows of those bytes (more elements) are not taken."""
+    from cutile_norms.triton.rmsnorm_fwd_config import fixed_config
+
+    for N, block in ((16388, 8192), (20480, 8192), (22528, 16384), (28672, 16384)):
+        cfg = fixed_config(N, 4)
+        assert cfg is not None and cfg.num_warps == 32 and cfg.block_n == block and cfg.chunks == -(-N // block), cfg
+        assert fixed_config(2 * N, 2) is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -176,7 +187,7 @@ def test_gpu_widths(seed, N, x_dtype, w_dtype, M):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("N", [4104, 8192, 11000, 17640, 32768])
+@pytest.mark.parametrize("N", [1032, 4104, 8192, 11000, 17640, 24000, 32768])
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 def test_fixed_rows_through_the_call_plan(seed, N, x_dtype, w_dtype):
     """rms_norm(mode="triton") at rows of N compiled in: the call plan's runner (the compiled kernel's own
