@@ -252,10 +252,10 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 # 0.95-0.99, while one CTA held 0.96-1.0 below; on an H100 the cluster of 4 held 0.95-1.0 there and multi_wave_cached
 # 0.995-1.01. The H100's fp32 rows were written before that edge; they run tma_smem_cached on both sides of it (fp32 N =
 # 13000 / 15000 / 16384: 1.007 / 1.007 / 1.006 there, multi_wave_cached 1.003 / 1.008 / 1.007).
-# 1.5 KiB (1535): Triton's forward, narrow rows in registers (several a program) below it, one row a program in two
-# passes with N compiled in from it (triton/rmsnorm_fwd_config.fixed_config; H200 0.979-1.029 x copy at 1.5-64 KiB).
-# 8 KiB (8191): tma_smem_cached's tile holds two rows below it, one from it. 128 / 256 KiB: its fp32 rows over 8 CTAs.
-FORWARD_BAND_EDGES = (1536 - 1, 8 * 1024 - 1, 48 * 1024, 64 * 1024, 128 * 1024, 256 * 1024)
+# 1.5 KiB (1535) / 112 KiB: Triton's forward runs one row a program in two passes with N compiled in from 1.5 KiB to 64
+# KiB and fp32 rows to 112 KiB (triton/rmsnorm_fwd_config.fixed_config; H200 0.953-1.029 x copy), narrow rows several a
+# program. 8 KiB (8191): tma_smem_cached's tile holds two rows below it, one from it; 128 / 256 KiB: fp32 over 8 CTAs.
+FORWARD_BAND_EDGES = (1536 - 1, 8 * 1024 - 1, 48 * 1024, 64 * 1024, 112 * 1024, 128 * 1024, 256 * 1024)
 
 
 def cute_backward_refusal(N: int, dtype: torch.dtype, min_bytes: int = CUTE_BWD_MIN_BYTES) -> str | None:

@@ -410,14 +410,14 @@ def test_written_table_takes_the_best_worst_case_per_band(tmp_path, monkeypatch)
     rmsnorm._route.cache_clear()
     a, b = "tma_smem_cached", "multi_wave_cached"
     write_table(_bench_result({512: {a: 1.00, b: 0.99}, 2048: {a: 0.97, b: 1.00}, 4096: {a: 0.99, b: 1.00},
-                               10240: {a: 0.98, b: 0.93}, 28672: {a: 0.95, b: 0.99}, 65536: {a: 0.99, b: 0.98},
-                               98368: {a: 0.74, b: 0.99}}))
+                               10240: {a: 0.98, b: 0.93}, 28672: {a: 0.95, b: 0.99}, 40960: {a: 0.97, b: 0.99},
+                               65536: {a: 0.99, b: 0.98}, 98368: {a: 0.74, b: 0.99}}))
     rows = dispatch.measured_table()["tables"]["sm_90"]["bfloat16"]
-    e0, e1, e2, e3, e4, e5 = (edge // 2 for edge in dispatch.FORWARD_BAND_EDGES)  # 16-bit elements
+    e0, e1, e2, e3, e4, e5, e6 = (edge // 2 for edge in dispatch.FORWARD_BAND_EDGES)  # 16-bit elements
     assert [(r["n_min"], r["n_max"], r["m_min"], r["m_max"], r["mode"]) for r in rows] == [
         (1, e0, 1, 1 << 40, a), (e0 + 1, e1, 1, 1 << 40, b), (e1 + 1, e2, 1, 1 << 40, a),
-        (e2 + 1, e3, 1, 1 << 40, b), (e3 + 1, e4, 1, 1 << 40, a),
-        (e4 + 1, e5, 1, 1 << 40, b)]  # past 256 KiB nothing measured: no row
+        (e2 + 1, e3, 1, 1 << 40, b), (e3 + 1, e4, 1, 1 << 40, b), (e4 + 1, e5, 1, 1 << 40, a),
+        (e5 + 1, e6, 1, 1 << 40, b)]  # past 256 KiB nothing measured: no row
     assert "worst of 2 widths 0.980x" in rows[2]["evidence"]  # 4096 (8 KiB) and 10240: 0.99 / 1.00, 0.98 / 0.93
     assert "runner-up multi_wave_cached worst 0.930" in rows[2]["evidence"]
     for M in (1, 64, 1 << 20):  # every M: one mode per width
