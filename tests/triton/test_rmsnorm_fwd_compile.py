@@ -56,11 +56,11 @@ for N, arch, stride in json.loads(sys.argv[1]):
 print("RESULT " + json.dumps(out))
 """
 
-# N = 8 (mod 16) beside the multiple of 16 below it: whole rows (1128), rows in two passes with N compiled in
-# (9880, 20488), split rows (34808: the widths the H200 measured at 0.23-0.25 x copy in the `triton` mode);
+# N = 8 (mod 16) beside the multiple of 16 below it: whole rows (744), rows in two passes with N compiled in
+# (1128, 9880, 20488), split rows (34808: the widths the H200 measured at 0.23-0.25 x copy in the `triton` mode);
 # the rows at a stride of N + 8 too where N is compiled in (the stride then a runtime multiple of 8)
-PAIRS = [(1128, 1120), (9880, 9872), (20488, 20480), (34808, 34800)]
-STRIDED = (9880, 20488)
+PAIRS = [(744, 736), (1128, 1120), (9880, 9872), (20488, 20480), (34808, 34800)]
+STRIDED = (1128, 9880, 20488)
 
 
 def _cases():
