@@ -254,7 +254,7 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 # 13000 / 15000 / 16384: 1.007 / 1.007 / 1.006 there, multi_wave_cached 1.003 / 1.008 / 1.007).
 # 1.5 KiB (1535) / 112 KiB: Triton's forward runs one row a program in two passes with N compiled in from 1.5 KiB to 64
 # KiB and fp32 rows to 112 KiB (triton/rmsnorm_fwd_config.fixed_config; H200 0.953-1.029 x copy), narrow rows several a
-# program. 8 KiB (8191): tma_smem_cached's tile holds two rows below it, one from it; 128 / 256 KiB: fp32 over 8 CTAs.
+# program. 8 KiB (8191): tma_smem_cached's tile goes from two rows to one past it; 128 / 256 KiB: fp32 over 8 CTAs.
 FORWARD_BAND_EDGES = (1536 - 1, 8 * 1024 - 1, 48 * 1024, 64 * 1024, 112 * 1024, 128 * 1024, 256 * 1024)
 
 

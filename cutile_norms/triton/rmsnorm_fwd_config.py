@@ -43,7 +43,7 @@ class FwdConfig(TileConfig):
 #     0.952 at 65536 / 131072; where parts pass PART_ELEMS (262144: 32 parts of 8192) each part in two
 #     passes of PART_ELEMS (8 warps): 0.949. One program per row in two passes gave 0.84 / 0.68 / 0.65
 #     there (the re-read misses L2: 132 rows of 512 KB in flight).
-#   * NVIDIA, rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES (any dtype): two passes of one program per
+#   * NVIDIA, rows of FIXED_MIN_BYTES to FIXED_MAX_BYTES (16-bit to 64 KiB): two passes of one program per
 #     row with N compiled in (`fixed_config`), on an H200 0.97-1.02 x copy at 21 bf16 widths of
 #     4096-32768 and 5 fp32 ones of 2048-16384, and 0.989-1.025 at 17 bf16 widths of 768-3848
 #     (`python bench/tune/triton_rmsnorm.py --only fwd --match "^(analytic$|fixed)" --rounds 3 [--dtype

@@ -36,7 +36,8 @@ def _check(x, w, offset, y, rstd, what, seed):
 # ------------------------------------------------------------------------------------------------
 # Config rules (CPU)
 # ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("N", [1, 7, 128, 1000, 2880, 4000, 4096, 4097, 8191, 8192, 16384, 16385, 40000, 262144,
+@pytest.mark.parametrize("N", [1, 7, 128, 700, 1000, 2880, 4000, 4096, 4097, 8191, 8192, 16384, 16385, 22529,
+                               30000, 40000, 262144,
                                1 << 20, 3_000_017])
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor,sms", [("nvidia", 132), ("amd", 304), ("nvidia", 20)])
@@ -100,7 +101,7 @@ def test_fixed_fp32_rows_of_64_to_112_kib():
 # The kernel against the reference (interpreter on the CPU, compiled on the GPU)
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("N", [1, 7, 128, 129, 1000, 1128, 2880, 4097, 7200, 9880, 20000])
+@pytest.mark.parametrize("N", [1, 7, 128, 129, 700, 1000, 1128, 2880, 4097, 7200, 9880, 20000, 22529, 30000])
 @pytest.mark.parametrize("x_dtype,w_dtype", DTYPES)
 @pytest.mark.parametrize("M", [1, 37])
 def test_matches_reference(seed, device, N, x_dtype, w_dtype, M):
