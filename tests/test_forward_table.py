@@ -17,7 +17,8 @@ def test_merge_keeps_the_lowest_ratio_of_each_width_and_mode():
 
 def test_bands_cover_every_width_once_and_take_the_best_worst_case():
     rng = random.Random(7)
-    ns = [8 * rng.randint(1, 40000) for _ in range(60)] + [300, 1000, 3000, 14000, 16000, 20000, 30000, 50000]  # every band
+    ns = [8 * rng.randint(1, 40000) for _ in range(60)]
+    ns += [300, 1000, 3000, 14000, 16000, 20000, 30000, 50000]  # every band
     points = {n: {A: rng.uniform(0.6, 1.0), B: rng.uniform(0.6, 1.0)} for n in ns}
     for e in (2, 4):
         rows = band_rows(points, e)

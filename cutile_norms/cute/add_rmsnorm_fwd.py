@@ -21,7 +21,7 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor, h_dtype: torch.dtype,
         return "the CuTe DSL fused add reads a residual of x's dtype into h of x's dtype"
     M, N = x2d.shape
     for t, name in ((x2d, "x's"), (r2d, "the residual's")):
-        why = forward_unsupported(N, t.dtype, t.stride(0), max(M, 2) if batch_invariant else M, t.data_ptr())
+        why = forward_unsupported(N, t.dtype, t.stride(0), M, t.data_ptr(), batch_invariant)
         if why:
             return why.replace("x's", name)
     if add_config(N, x2d.element_size()) is None:

@@ -62,7 +62,7 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtyp
     """None where this kernel takes the call, else why not (fp8.py then runs Triton's). `batch_invariant`
     (mode=None): one row is judged by its tensors' row strides too, as its batch is."""
     M, N = x2d.shape
-    strides_of = max(M, 2) if batch_invariant else M  # the row count the stride checks see
+    strided = M > 1 or batch_invariant  # whether the row stride is judged
     if x2d.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"the CuTe DSL FP8 kernel reads fp16, bf16 or fp32 rows, not {x2d.dtype}"
     why = refusal(N, x2d.element_size(), group_size)
@@ -74,11 +74,11 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtyp
     for name, t in (("x", x2d), ("the residual", r2d)):
         if t is None:
             continue
-        if t.data_ptr() % 16 or (strides_of > 1 and t.stride(0) % vec):
+        if t.data_ptr() % 16 or (strided and t.stride(0) % vec):
             return f"the CuTe DSL FP8 kernel needs {name}'s rows 16-byte aligned"
     if r2d is not None and (r2d.dtype != x2d.dtype or h_dtype != x2d.dtype):
         return "the CuTe DSL FP8 kernel adds a residual of x's dtype into h of x's dtype"
-    if r2d is not None and strides_of > 1 and (r2d.stride(0) == N) != (x2d.stride(0) == N):
+    if r2d is not None and strided and (r2d.stride(0) == N) != (x2d.stride(0) == N):
         return "the CuTe DSL FP8 kernel reads x and the residual both contiguous or both strided"
     return None
 

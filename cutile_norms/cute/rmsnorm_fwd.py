@@ -78,15 +78,17 @@ def _build_forward(x_dtype, w_dtype, N, cfg, store_rstd, contiguous, arch, keep_
 # ================================================================================================
 # What the mode takes
 # ================================================================================================
-def unsupported(N: int, dtype: torch.dtype, row_stride: int, M: int, data_ptr: int) -> str | None:
+def unsupported(N: int, dtype: torch.dtype, row_stride: int, M: int, data_ptr: int,
+                batch_invariant: bool = False) -> str | None:
     """None when the mode takes rows of N `dtype` elements at `row_stride` starting at `data_ptr`,
-    else why not (the bulk copies' 16-byte rule, or N too long)."""
+    else why not (the bulk copies' 16-byte rule, or N too long). `batch_invariant` (mode=None): the row
+    stride is judged for one row too, as the batch it comes from is."""
     eb = dtype.itemsize
     vec = 16 // eb
     if N % vec:
         return (f"tma_smem_cached moves rows with 16-byte bulk copies: N must be a multiple of {vec} for "
                 f"{str(dtype).removeprefix('torch.')}, got N={N}")
-    if M > 1 and row_stride % vec:
+    if (M > 1 or batch_invariant) and row_stride % vec:
         return (f"tma_smem_cached needs x's row stride to be a multiple of {vec} elements (16 bytes), "
                 f"got {row_stride}")
     if data_ptr % 16:
@@ -159,7 +161,7 @@ class TmaSmemCachedForward:
         tensor's row stride too, as the batch it comes from is, so a row runs the same kernel (and
         gives the same bits) alone and in its batch; asked for by name, one row at any stride runs."""
         M, N = x2d.shape
-        return unsupported(N, x2d.dtype, x2d.stride(0), max(M, 2) if batch_invariant else M, x2d.data_ptr())
+        return unsupported(N, x2d.dtype, x2d.stride(0), M, x2d.data_ptr(), batch_invariant)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo) -> str:
         cfg = self.config(N, dtype, dev)
