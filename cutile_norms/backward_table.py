@@ -189,7 +189,10 @@ BACKWARD_TABLE = (
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), 12289, 16 * 1024, "triton",
                 "NVIDIA H200 2026-11-26, bf16 N=7168 / 8192: triton 0.887 / 0.914 x copy, the cuTile persistent "
                 "kernel 0.749 / 0.897 (its sweep's best 0.753 / 0.893), while at 6144 the cuTile kernel's H200 "
-                "config measured 0.901 against 0.842; same commands"),
+                "config measured 0.901 against 0.842; same commands; 2026-11-28, Triton's backward with the TMA "
+                "rows kernel on rows of a multiple of 16 columns (rmsnorm_bwd_config, the H200's `wide` band): "
+                "mode=None 6560 0.889, 6672 0.897, 6816 0.907, 7168 0.936, 7680 0.950, 7792 0.965, 8192 0.957 "
+                "(python bench/rmsnorm.py --modes \"\" --anchors quack,torch_compile --no-forward --ns ...)"),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), 16 * 1024 + 1, H200_CUTE_BWD_MIN_BYTES - 1, "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, rows the CuTe DSL backward's slices tile exactly, against the "
                 "cuTile persistent kernel (medians of 3, two runs): N=9216 0.971 / 0.945, 0.967 / 0.943; 10240 "

@@ -1,13 +1,16 @@
 """Probe: Triton's backward on narrow 16-bit rows, the pointer kernel (its register prefetch) against
 rms_norm_bwd_tma_rows_kernel at each of --tiles (a tile's most elements, TmaRowsRule.tile_elems; the
-GPU's own by default) and --stages (the rule's tile and count marked *), beside mode=None and
+GPU's own by default), --stages (the rule's tile and count marked *; 0: the rule's count) and --pieces
+(the most pieces a row is cut into, rmsnorm_bwd_config.row_pieces; 1: one power-of-two block), beside
+mode=None and
 QuACK; bf16, 2^27 elements, each as a ratio to a same-run copy (bytes: x, dy and dx, 1.5 x the copy's),
 medians of --rounds interleaved rounds. Every kernel's dx and dw are checked against the reference
-first. The rule: rmsnorm_bwd_config.tma_rows_tile / tma_rows_stages and the GPU's TmaRowsRule
-(docs/performance.md 2.26, 2.27); widths the rule leaves to the pointer kernel are timed with the TMA
-kernel too.
+first. The rule: rmsnorm_bwd_config.tma_rows_take and the GPU's TmaRowsRule (docs/performance.md 2.26,
+2.27, 2.48); widths the rule leaves to the pointer kernel are timed with the TMA kernel too (past
+TMA_ROWS_MAX columns a row a tile).
 
-    python bench/probe/triton_bwd_rows.py [--ns 640,768,896,...] [--tiles 8192,14336] [--stages 3,4,5] [--rounds 3]
+    python bench/probe/triton_bwd_rows.py [--ns 640,768,896,...] [--tiles 8192,14336] [--stages 3,4,5]
+        [--pieces 1,4] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ import cutile_norms as cn  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
 from cutile_norms.triton._common import shared_per_block  # noqa: E402
-from cutile_norms.triton.rmsnorm_bwd_config import analytic_config, tma_rows_config, tma_rows_rule  # noqa: E402
+from cutile_norms.triton.rmsnorm_bwd_config import (TMA_ROWS_MAX, row_pieces, tma_rows_config,  # noqa: E402
+                                                    tma_rows_rule, tma_rows_stages, tma_rows_tile)
 
 NS = [512, 640, 768, 896, 1040, 1152, 1280, 1480, 1536, 1800, 2040, 2048]
 
@@ -37,6 +41,7 @@ def main() -> int:
     p = width_parser(__doc__, NS)
     p.add_argument("--stages", type=ints, default=[3, 4, 5])
     p.add_argument("--tiles", type=ints, default=None, help="tile_elems to time (default: the GPU's rule's)")
+    p.add_argument("--pieces", type=ints, default=None, help="most pieces a row is cut into (default: the rule's)")
     args = p.parse_args()
     if no_gpu():
         return 0
@@ -54,14 +59,21 @@ def main() -> int:
         def run(c):
             return lambda: T.launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), tma_capable=True)
         fns = {"pointer": run(replace(cfg, tma_rows=0, tma_stages=0))}
-        for tile in args.tiles or [rule.tile_elems]:  # any fill; * the rule's tile and stages where it takes the kernel
-            tma = analytic_config(N, 2, dev.vendor, dev.sm_count, tma_rows=replace(rule, min_fill=0.0, tile_elems=tile))
-            for s in args.stages if tma.tma_rows else ():
-                launched = tma_rows_config(replace(tma, tma_stages=s), shared)  # what the launch runs for s
-                if launched is None or launched.tma_stages != s:
+        for tile in args.tiles or [rule.tile_elems]:  # any width and fill; * the rule's tile, pieces and stages
+            rows_t = 1 if N > TMA_ROWS_MAX else tma_rows_tile(N, tile)
+            for most in args.pieces or [rule.pieces]:
+                pieces = row_pieces(N, most)
+                if most > 1 and len(pieces) == 1:  # no exact tiling in `most` pieces: the 1-piece case
                     continue
-                ours = cfg.tma_rows == tma.tma_rows and s == cfg.tma_stages
-                fns[f"tma {tma.tma_rows}r {s}" + ("*" if ours else "")] = run(replace(tma, tma_stages=s))
+                for s in args.stages:
+                    s = s or tma_rows_stages(N, rows_t, 2, rule.in_flight)
+                    tma = replace(cfg, tma_rows=rows_t, tma_stages=s, tma_pieces=pieces if len(pieces) > 1 else ())
+                    launched = tma_rows_config(tma, shared)  # what the launch runs for s
+                    if launched is None or launched.tma_stages != s:
+                        continue
+                    ours = (cfg.tma_rows, cfg.pieces, cfg.tma_stages) == (rows_t, tma.pieces, s)
+                    name = f"tma {rows_t}r {len(pieces)}p {s}" + ("*" if ours else "")
+                    fns.setdefault(name, run(tma))
         for name, fn in list(fns.items()):
             dx.fill_(float("nan"))
             dw.fill_(float("nan"))

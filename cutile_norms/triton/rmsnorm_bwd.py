@@ -13,7 +13,7 @@ from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block,
 from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_config,
                                  tma_rows_rule)
 from .rmsnorm_bwd_kernel import (dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
-                                 rms_norm_bwd_tma_rows_kernel)
+                                 rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_kernel)
 from .tiling import needs_int64, offset_align
 
 
@@ -80,14 +80,15 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         rows_cfg = tma_rows_config(cfg, shared_per_block(device), x2d.element_size(), dy2d.element_size())
     if rows_cfg is not None:
         cfg = rows_cfg
-        kernel = rms_norm_bwd_tma_rows_kernel
-        xd, dyd, dxd = (TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, cfg.block_n])
-                        for t, s in ((x2d, sx), (dy2d, sdy), (dx, N)))
-        consts = dict(ROWS=cfg.rows, BLOCK_N=cfg.block_n, HAS_W=weight is not None, NEED_DW=need_dw,
+        kernel = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)[len(cfg.pieces) - 1]  # per count
+        descs = [[TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, p]) for p in cfg.pieces]
+                 for t, s in ((x2d, sx), (dy2d, sdy), (dx, N))]
+        starts = tuple(sum(cfg.pieces[:i]) for i in range(len(cfg.pieces)))
+        consts = dict(ROWS=cfg.rows, PIECES=cfg.pieces, STARTS=starts, HAS_W=weight is not None, NEED_DW=need_dw,
                       STAGES=cfg.tma_stages)
 
         def kernel_args(dw_arg):
-            return (xd, dyd, dxd, w_arg, rstd, dw_arg, M, offset, N)
+            return (*descs[0], *descs[1], *descs[2], w_arg, rstd, dw_arg, M, offset, N)
     elif tma_applies(cfg, x2d, dy2d, sx, sdy, need_dx, tma_capable):
         kernel = rms_norm_bwd_tma_kernel
         inner = min(256, cfg.part)  # a TMA box is at most 256 elements along each dimension
@@ -112,7 +113,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
             return (dy2d, x2d, w_arg, rstd, dx_arg, dw_arg, slots, M, sx, sdy, offset, N, cfg.part)
 
     # the launches' PHASE: split rows under the interpreter run two (`exchange`); the rows kernel has none
-    phases = ([{}] if kernel is rms_norm_bwd_tma_rows_kernel
+    phases = ([{}] if rows_cfg is not None
               else [dict(PHASE=1), dict(PHASE=2)] if cfg.split > 1 and need_dx and INTERPRET else [dict(PHASE=0)])
     R = grid_groups(cfg, M, sm_count)
     if R > 1:  # one wave of the compiled kernel (its dw argument: the fp32 partials, as in the launch below)
@@ -149,7 +150,8 @@ class TritonBackward:
         cfg = grid_cfg = self.config(N, dtype, dev)
         kernel = "rms_norm_bwd_kernel"
         if has_tma(dev) and cfg.tma_rows:
-            kernel, grid_cfg = "rms_norm_bwd_tma_rows_kernel", tma_rows_config(cfg)
+            kernel = "rms_norm_bwd_tma_rows2_kernel" if len(cfg.pieces) == 2 else "rms_norm_bwd_tma_rows_kernel"
+            grid_cfg = tma_rows_config(cfg)
         elif has_tma(dev) and tma_config(cfg, N):
             kernel = "rms_norm_bwd_tma_kernel"
         R = grid_groups(grid_cfg, M, max(1, dev.sm_count))

@@ -18,10 +18,17 @@ class BwdConfig(TileConfig):
     acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
     tma_stages: int = 0  # x and dy by TMA, pipelined this many stages (0: pointer loads)
     tma_rows: int = 0  # narrow rows by TMA (rms_norm_bwd_tma_rows_kernel): rows per tile (0: split rows or none)
+    tma_pieces: tuple[int, ...] = ()  # ... each row in pieces of these columns (row_pieces; (): one of block_n)
+
+    @property
+    def pieces(self) -> tuple[int, ...]:
+        """The TMA rows kernel's pieces of a row: tma_pieces, or one piece of block_n columns."""
+        return self.tma_pieces or (self.block_n,)
 
     def short(self) -> str:
         if self.tma_rows:
-            return (f"TMA tiles of {self.tma_rows} rows x {self.block_n} cols, {TMA_ROWS_WARPS} warps, 1 program/SM, "
+            cols = "+".join(map(str, self.pieces))
+            return (f"TMA tiles of {self.tma_rows} rows x {cols} cols, {TMA_ROWS_WARPS} warps, 1 program/SM, "
                     f"{self.tma_stages} stages; where TMA cannot address the rows, does not fit the SM's shared "
                     f"memory or dx is not needed, rms_norm_bwd_kernel: " + super().short())
         return super().short() + (f", TMA {self.tma_stages} stages where the rows allow" if self.tma_stages else "")
@@ -76,7 +83,7 @@ REDUCE_COLS = 256  # the dw reduction's columns per program
 #     pointer kernel (TmaRowsRule.min_fill; why the H200 loses there is not known);
 #   * 512 columns (a full block, 16 rows a tile): H100 -0.9 %, so the band starts past 512. Past 2048
 #     columns (tiles of 1-2 rows of a 4096 or 8192 block) it lost 15-16 % at 4104 and 5000 and was level
-#     at 6400-7680 (H100), so those keep the pointer kernel.
+#     at 6400-7680 (H100), so those keep the pointer kernel there (an H200's `wide` band: TmaRowsRule).
 TMA_ROWS_MIN, TMA_ROWS_MAX = 520, 2048
 TMA_ROWS_WARPS = 8
 # at most 5: 4 x 32 KiB of x and dy + 16 KiB of dx in shared memory at 8192-element tiles (144 KiB); the H200's
@@ -88,10 +95,15 @@ TMA_ROWS_STAGES = (3, 5)
 class TmaRowsRule:
     """The narrow rows' TMA kernel on one GPU model: `in_flight`, the bytes of x and dy a program (one per
     SM) keeps issued ahead; `min_fill`, the least share of its block a row fills to take the kernel;
-    `tile_elems`, the most elements of its rows a tile holds (tma_rows_tile: the rows a tile takes)."""
+    `tile_elems`, the most elements of its rows a tile holds (tma_rows_tile: the rows a tile takes);
+    `pieces`, the most powers of two a row filling less than min_fill may be cut into instead
+    (row_pieces: only where they tile it exactly); `wide`, a band of columns past TMA_ROWS_MAX whose rows
+    of a multiple of 32 bytes take the kernel too, a row a tile."""
     in_flight: int
     min_fill: float = 0.0
     tile_elems: int = TILE_ELEMS
+    pieces: int = 1
+    wide: tuple[int, int] = (0, -1)
 
 
 # On an H100 the target is 52 KiB: at 768 the rule takes 4 stages (3 keep 2 x 24 KiB ahead: 0.939 against
@@ -114,8 +126,24 @@ class TmaRowsRule:
 # warps ptxas reports 280-308 bytes of spill stores, and 16 warps, which do not spill, ran at 0.44-0.57 on the
 # H200 at 640-896). Measured: the kernel at both tiles, medians of 3 (docs/performance.md 2.27;
 # bench/probe/triton_bwd_rows.py --tiles 8192,14336 times the same launches).
+# The H200's rows filling under 3/4 of their block that two powers of two of 128 columns or more tile exactly
+# (640, 1152, 1280 in the band) run in those two pieces (rms_norm_bwd_tma_rows2_kernel): no lane idles, in
+# registers or shared memory. Measured (same probe, --pieces 1,2, two runs): 1152 0.869 / 0.877 and 1280
+# 0.914 / 0.912 against the pointer kernel's 0.807-0.810 / 0.834-0.839 (+8 / +9 %); where one block already
+# fills 3/4 the pieces gained nothing (768: 0.920 / 0.918 against one block's 0.924 / 0.919; 1536: 0.925 /
+# 0.928 against 0.945 / 0.943). Three pieces lost 7-40 % wherever measured (1664, 1792, 2816, 3328, 3584,
+# 6656, 7168), and pieces that leave the last one part past the row's end lost too (896 as 512 + 512: 0.59;
+# 1800 as 1024 + 1024: 0.74): only exact tilings, and at most two pieces.
+# The H200's `wide` band, 16-bit rows of 6145-8192 columns (where its mode=None runs Triton's backward) that
+# are a multiple of 16 columns: a row a tile (8192-element tiles), 4-5 stages. Measured against the pointer
+# kernel (medians of 3): +2.6 to +5.4 % at 6272, 6400, 6656, 6912, 7040, 7104, 7168, 7200, 7424, 7680, 7776,
+# 7936, 8064, 8192 (7168: 0.935 against 0.892, 7424: 0.961 against 0.915), level at 6160 (0.849 / 0.850);
+# rows of 8 (mod 16) columns, each row's copy starting 16 bytes off a 32-byte boundary, lost 15-19 % (6152,
+# 6984, 7992, 8008: 0.689-0.782), so they keep the pointer kernel. One row a tile: the 14336-element tiles
+# hold two rows up to 7168, which measured 0.908 against one row's 0.935 at 7168 (6656: 0.893 / 0.890).
 H100_TMA_ROWS = TmaRowsRule(in_flight=52 * 1024)
-TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75, tile_elems=14336)}  # gpu_model -> rule
+TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75, tile_elems=14336, pieces=2,
+                                         wide=(6145, 8192))}  # gpu_model -> rule
 
 
 def tma_rows_rule(dev: DeviceInfo | None) -> TmaRowsRule:
@@ -123,10 +151,39 @@ def tma_rows_rule(dev: DeviceInfo | None) -> TmaRowsRule:
     return TMA_ROWS_BY_MODEL.get(gpu_model(dev.name), H100_TMA_ROWS) if dev is not None else H100_TMA_ROWS
 
 
+def row_pieces(N: int, most: int, least: int = 128) -> tuple[int, ...]:
+    """A row of N columns as the powers of two that tile it exactly (its binary digits, largest first)
+    where there are at most `most` of them, each of at least `least` columns; else one piece of
+    pow2_ceil(N)."""
+    pieces = tuple(1 << b for b in range(N.bit_length() - 1, -1, -1) if N >> b & 1)
+    if len(pieces) <= most and pieces[-1] >= least:
+        return pieces
+    return (pow2_ceil(N),)
+
+
 def tma_rows_tile(N: int, tile_elems: int) -> int:
     """The rows a tile of the narrow rows' TMA kernel takes: the most, a power of two, whose N-column
     rows hold at most `tile_elems` elements (TILE_ELEMS: TILE_ELEMS // pow2_ceil(N) for N <= TILE_ELEMS)."""
     return 1 << (max(1, tile_elems // N).bit_length() - 1)
+
+
+def tma_rows_take(N: int, elem_bytes: int, rule: TmaRowsRule) -> dict:
+    """The TMA rows kernel's fields of BwdConfig for 16-bit rows of N (a multiple of 8) under `rule`, or
+    {} where the rule leaves them to the pointer kernel."""
+    block = pow2_ceil(N)
+    if TMA_ROWS_MIN <= N <= TMA_ROWS_MAX:
+        pieces = (block,)
+        if N < rule.min_fill * block:  # too much of the block idle: exact pieces or the pointer kernel
+            pieces = row_pieces(N, rule.pieces)
+            if sum(pieces) != N:
+                return {}
+        rows = tma_rows_tile(N, rule.tile_elems)
+    elif rule.wide[0] <= N <= rule.wide[1] and N % 16 == 0:
+        pieces, rows = (block,), 1
+    else:
+        return {}
+    return dict(tma_rows=rows, tma_stages=tma_rows_stages(N, rows, elem_bytes, rule.in_flight),
+                tma_pieces=pieces if len(pieces) > 1 else ())
 
 
 def tma_rows_stages(N: int, rows: int, elem_bytes: int, in_flight: int) -> int:
@@ -145,11 +202,7 @@ def analytic_config(N: int, elem_bytes: int, vendor: str, sm_count: int, tile_el
         block_n = pow2_ceil(N)
         rows = max(1, min(64, tile_elems // block_n))
         per_thread = 16 if block_n == N or (elem_bytes == 2 and block_n <= NARROW_16) else 8
-        tma = {}
-        if (vendor == "nvidia" and elem_bytes == 2 and TMA_ROWS_MIN <= N <= TMA_ROWS_MAX and N % 8 == 0
-                and N >= tma_rows.min_fill * block_n):
-            tile_rows = tma_rows_tile(N, tma_rows.tile_elems)
-            tma = dict(tma_rows=tile_rows, tma_stages=tma_rows_stages(N, tile_rows, elem_bytes, tma_rows.in_flight))
+        tma = tma_rows_take(N, elem_bytes, tma_rows) if vendor == "nvidia" and elem_bytes == 2 and N % 8 == 0 else {}
         if elem_bytes == 2 and PAD_32[0] < N <= PAD_32[1]:
             rows, per_thread = 2, 32
         warps = warps_for(rows * block_n, elem_bytes, lanes, vendor, per_thread=per_thread)
@@ -175,7 +228,7 @@ def tma_rows_shared_bytes(cfg: BwdConfig, stages: int, x_bytes: int, dy_bytes: i
     """The shared memory rms_norm_bwd_tma_rows_kernel takes at `stages`: Triton's pipeliner keeps
     stages - 1 tiles of x and dy, plus one tile of dx for its TMA store and 1 KiB of barriers and
     scratch (compiled for sm_90: 82112 bytes at 3 stages, 147712 at 5, 16-bit tiles of 8192 elements)."""
-    tile = cfg.tma_rows * cfg.block_n
+    tile = cfg.tma_rows * sum(cfg.pieces)
     return (stages - 1) * tile * (x_bytes + dy_bytes) + tile * x_bytes + 1024
 
 

@@ -22,7 +22,8 @@ p // SPLIT, p // SPLIT + R, ...), the forward's tiling (`split_for`, rows per ti
     `rms_norm_bwd_tma_kernel`: x and dy by TMA, Triton's pipeliner issuing them rows ahead into
     shared memory instead of the register prefetch; same exchange and dw.
   * narrow 16-bit rows on sm_90+ (TMA-addressable) run `rms_norm_bwd_tma_rows_kernel`: tiles of
-    several rows by TMA, pipelined tiles ahead, dx written by TMA; same dw.
+    several rows by TMA, pipelined tiles ahead, dx written by TMA; same dw. Rows that two powers of
+    two tile exactly may run in those two pieces (`rms_norm_bwd_tma_rows2_kernel`).
 """
 from __future__ import annotations
 
@@ -253,36 +254,89 @@ def rms_norm_bwd_tma_kernel(XD, DYD, W, RSTD, DX, DW, SLOTS, M, offset, N,
 
 
 @triton.jit
-def rms_norm_bwd_tma_rows_kernel(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
-                                 STAGES: tl.constexpr):
-    """Whole rows (N <= BLOCK_N, a power of two), tiles of ROWS rows through the descriptors XD, DYD
-    and DXD ([M, N], boxes [ROWS, BLOCK_N]): the columns past N and the rows past M read as zeros and
-    are not written. Triton's pipeliner (`tl.range(num_stages=STAGES)`) issues each tile's bulk
-    copies STAGES - 1 tiles ahead into shared memory. dw as in rms_norm_bwd_kernel (this program's
-    row of the R x N partials, or dw itself with one program)."""
+def _piece_cols(START: tl.constexpr, WIDTH: tl.constexpr):
+    return START + tl.arange(0, tl.constexpr(WIDTH))
+
+
+@triton.jit
+def _tma_rows(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECES: tl.constexpr,
+              STARTS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, STAGES: tl.constexpr):
+    """Whole rows in tiles of ROWS rows, each row cut into pieces of PIECES columns (powers of two) at
+    columns STARTS, read through the descriptors XD and DYD and written through DXD (tuples, one per
+    piece, of descriptors of the [M, N] rows with boxes [ROWS, piece]): the columns past N and the rows
+    past M read as zeros and are not written. One piece of pow2_ceil(N) columns, or powers of two that
+    tile the row exactly (rmsnorm_bwd_config.row_pieces). Triton's pipeliner
+    (`tl.range(num_stages=STAGES)`) issues each tile's bulk copies STAGES - 1 tiles ahead into shared
+    memory. dw as in rms_norm_bwd_kernel (this program's row of the R x N partials, or dw itself with
+    one program)."""
     group = tl.program_id(0)
     groups = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    if HAS_W:
-        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
-    dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-    for tile in tl.range(group, tl.cdiv(M, ROWS), groups, num_stages=STAGES):
-        rows = tile * ROWS + tl.arange(0, ROWS)
-        rstd = tl.load(RSTD + rows, mask=rows < M, other=0.0)
-        x = XD.load([tile * ROWS, 0]).to(tl.float32)
-        dy = DYD.load([tile * ROWS, 0]).to(tl.float32)
-        xhat = x * rstd[:, None]
-        g = dy
+    K: tl.constexpr = len(PIECES)
+    ws = ()
+    accs = ()
+    for i in tl.static_range(K):
+        cols = _piece_cols(STARTS[i], PIECES[i])
+        w = tl.zeros([tl.constexpr(PIECES[i])], dtype=tl.float32)
         if HAS_W:
-            g = dy * w[None, :]
-        mean = tl.sum(g * xhat, axis=1) / N
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32) + offset
+        ws = ws + (w,)
+        accs = accs + (tl.zeros([ROWS, tl.constexpr(PIECES[i])], dtype=tl.float32),)
+    for tile in tl.range(group, tl.cdiv(M, ROWS), groups, num_stages=STAGES):
+        row0 = tile * ROWS
+        rows = row0 + tl.arange(0, ROWS)
+        rstd = tl.load(RSTD + rows, mask=rows < M, other=0.0)
+        dot = tl.zeros([ROWS], dtype=tl.float32)
+        xhats = ()
+        dys = ()
+        for i in tl.static_range(K):
+            xhat = XD[i].load([row0, STARTS[i]]).to(tl.float32) * rstd[:, None]
+            dy = DYD[i].load([row0, STARTS[i]]).to(tl.float32)
+            g = dy
+            if HAS_W:
+                g = dy * ws[i][None, :]
+            dot += tl.sum(g * xhat, axis=1)
+            xhats = xhats + (xhat,)
+            dys = dys + (dy,)
+        mean = dot / N
+        new = ()
+        for i in tl.static_range(K):
+            new = new + (accs[i] + dys[i] * xhats[i],)
         if NEED_DW:
-            dw_acc += dy * xhat
-        DXD.store([tile * ROWS, 0], (rstd[:, None] * (g - xhat * mean[:, None])).to(DXD.dtype))
+            accs = new
+        for i in tl.static_range(K):
+            g = dys[i]
+            if HAS_W:
+                g = dys[i] * ws[i][None, :]
+            DXD[i].store([row0, STARTS[i]], (rstd[:, None] * (g - xhats[i] * mean[:, None])).to(DXD[i].dtype))
     if NEED_DW:
-        tl.store(DW + group.to(tl.int64) * N + cols, tl.sum(dw_acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+        for i in tl.static_range(K):
+            cols = _piece_cols(STARTS[i], PIECES[i])
+            tl.store(DW + group.to(tl.int64) * N + cols, tl.sum(accs[i], axis=0).to(DW.dtype.element_ty),
+                     mask=cols < N)
+
+
+# One entry point per count of pieces: Triton's launcher takes no tuple of descriptors, and four of each
+# passed, the unused ones repeated, cost 25-36 % at 768-1536 columns on an H200 (the same PTX but for the
+# parameters; cause not known). No three-piece entry: three pieces lost 7-40 % wherever measured
+# (docs/performance.md 2.48).
+@triton.jit
+def rms_norm_bwd_tma_rows_kernel(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECES: tl.constexpr,
+                                 STARTS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
+                                 STAGES: tl.constexpr):
+    """`_tma_rows` over one piece."""
+    _tma_rows((XD,), (DYD,), (DXD,), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W, NEED_DW, STAGES)
+
+
+@triton.jit
+def rms_norm_bwd_tma_rows2_kernel(XD0, XD1, DYD0, DYD1, DXD0, DXD1, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr,
+                                  PIECES: tl.constexpr, STARTS: tl.constexpr, HAS_W: tl.constexpr,
+                                  NEED_DW: tl.constexpr, STAGES: tl.constexpr):
+    """`_tma_rows` over two pieces."""
+    _tma_rows((XD0, XD1), (DYD0, DYD1), (DXD0, DXD1), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W,
+              NEED_DW, STAGES)
+
+
+TMA_ROWS_KERNELS = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)  # by count of pieces
 
 
 @triton.jit

@@ -183,40 +183,53 @@ def test_tma_declined_rows_take_the_pointer_kernel(seed, device, case):
     _check(x, w, dy.contiguous(), 0.0, dx, dw, case, seed)
 
 
-@pytest.mark.parametrize("N", [1, 512, 520, 760, 768, 1000, 1004, 1040, 1528, 1536, 2048, 2056, 7168])
+@pytest.mark.parametrize("N", [1, 512, 520, 640, 760, 768, 1000, 1004, 1040, 1088, 1152, 1280, 1528, 1536, 2048, 2056,
+                               6144, 6152, 6160, 7168, 8008, 8192])
 @pytest.mark.parametrize("e", [2, 4])
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
 @pytest.mark.parametrize("model", ["H100", "H200"])
 def test_narrow_rows_by_tma_where_the_rule_says(N, e, vendor, model):
     """rms_norm_bwd_tma_rows_kernel's tile: NVIDIA, 16-bit rows of 520-2048 columns that are 16-byte
-    vectors (rmsnorm_bwd_config.TMA_ROWS_MIN / MAX), on an H200 only rows filling 3/4 of their block;
-    a tile the most rows (a power of two) within the model's tile_elems (an H100: TILE_ELEMS, its
-    block's rows; an H200: 14336, up to twice those); its stages keep the GPU's bytes in flight (one
-    stage fewer covers less), within TMA_ROWS_STAGES, and an H200 keeps at least as many bytes in flight
-    as an H100."""
+    vectors (rmsnorm_bwd_config.TMA_ROWS_MIN / MAX); on an H200 rows filling 3/4 of their block, or that
+    two powers of two of 128 columns or more tile exactly (then in those pieces), and its `wide` band,
+    rows of 6145-8192 columns that are a multiple of 16, one a tile; a tile the most rows (a power of two)
+    within the model's tile_elems (an H100: TILE_ELEMS, its block's rows; an H200: 14336, up to twice
+    those); its stages keep the GPU's bytes in flight (one stage fewer covers less), within
+    TMA_ROWS_STAGES, and an H200 keeps at least as many bytes in flight as an H100."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms._util import pow2_ceil
     from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS, TMA_ROWS_STAGES, analytic_config, tma_rows_rule
 
     rule = tma_rows_rule(DeviceInfo(vendor, f"NVIDIA {model}", (9, 0), 132))
     cfg = analytic_config(N, e, vendor, 132, tma_rows=rule)
-    fill = 0.75 if model == "H200" else 0.0
-    takes = vendor == "nvidia" and e == 2 and 520 <= N <= 2048 and N % 8 == 0 and N >= fill * pow2_ceil(N)
+    h200 = model == "H200"
+    two = h200 and bin(N).count("1") == 2 and N & -N >= 128
+    narrow = 520 <= N <= 2048 and (N >= (0.75 if h200 else 0.0) * pow2_ceil(N) or two)
+    wide = h200 and 6145 <= N <= 8192 and N % 16 == 0
+    takes = vendor == "nvidia" and e == 2 and N % 8 == 0 and (narrow or wide)
     assert bool(cfg.tma_rows) == takes, cfg
     if not takes:
         return
+    in_pieces = narrow and two and N < 0.75 * pow2_ceil(N)
+    assert cfg.pieces == ((1 << (N.bit_length() - 1), N & -N) if in_pieces else (pow2_ceil(N),)), cfg
     rows = cfg.tma_rows
-    assert rows & (rows - 1) == 0 and rows * N <= rule.tile_elems < 2 * rows * N and cfg.split == 1, cfg
-    assert rule.tile_elems == (14336 if model == "H200" else TILE_ELEMS)
-    assert rows * cfg.block_n == TILE_ELEMS if model == "H100" else TILE_ELEMS <= rows * cfg.block_n <= 2 * TILE_ELEMS
+    if wide:
+        assert rows == 1 and cfg.split == 1, cfg
+    else:
+        assert rows & (rows - 1) == 0 and rows * N <= rule.tile_elems < 2 * rows * N and cfg.split == 1, cfg
+    assert rule.tile_elems == (14336 if h200 else TILE_ELEMS)
+    if not wide:
+        assert rows * cfg.block_n == TILE_ELEMS if model == "H100" else \
+            TILE_ELEMS <= rows * cfg.block_n <= 2 * TILE_ELEMS
     per_stage = cfg.tma_rows * N * 2 * e
     lo, hi = TMA_ROWS_STAGES
     assert lo <= cfg.tma_stages <= hi
     assert cfg.tma_stages == lo or (cfg.tma_stages - 2) * per_stage < rule.in_flight
     assert cfg.tma_stages == hi or (cfg.tma_stages - 1) * per_stage >= rule.in_flight
     h100 = analytic_config(N, e, vendor, 132)
-    assert (cfg.tma_stages - 1) * per_stage >= (h100.tma_stages - 1) * h100.tma_rows * N * 2 * e
-    assert cfg.tma_rows >= h100.tma_rows
+    if h100.tma_rows:
+        assert (cfg.tma_stages - 1) * per_stage >= (h100.tma_stages - 1) * h100.tma_rows * N * 2 * e
+        assert cfg.tma_rows >= h100.tma_rows
 
 
 def test_h100_tiles_are_its_blocks_rows():
@@ -240,7 +253,8 @@ def test_narrow_rows_tma_stages_fit_the_shared_memory():
 
     h200 = tma_rows_rule(DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132))
     h100_cfgs = [analytic_config(N, 2, "nvidia", 132) for N in (520, 768, 1536, 2048)]
-    h200_cfgs = [analytic_config(N, 2, "nvidia", 132, tma_rows=h200) for N in (768, 896, 1024, 1536, 1792, 1800, 2048)]
+    h200_cfgs = [analytic_config(N, 2, "nvidia", 132, tma_rows=h200)
+                 for N in (640, 768, 896, 1024, 1152, 1280, 1536, 1792, 1800, 2048, 6160, 7168, 8192)]
     for cfg in h100_cfgs + h200_cfgs:
         assert tma_rows_config(cfg, 227 * 1024).tma_stages == cfg.tma_stages, cfg
         assert tma_rows_shared_bytes(cfg, cfg.tma_stages, 2, 2) <= 227 * 1024
@@ -313,6 +327,58 @@ def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype, monkeypatch):
         sync(device)
         assert spy.count == before and torch.isnan(dx_in).all(), "dx written where it was not asked for"
         _check(x, w, dy, 0.0, None, dw, f"TMA rows config, dw alone N={N}", seed, need_dx=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N,most", [(640, 2), (1152, 2), (1280, 2), (2304, 2), (6160, 1), (7168, 1), (8192, 1)])
+@pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("bfloat16", None)])
+def test_rows_in_pieces_and_wide_rows_by_tma(seed, device, N, most, x_dtype, w_dtype, monkeypatch):
+    """The TMA rows kernel's H200 forms on any GPU with TMA (and the interpreter): rows in two pieces
+    (rms_norm_bwd_tma_rows2_kernel; row_pieces, the powers of two that tile the row exactly, TILE_ELEMS
+    tiles) and the `wide` band's rows of 6145-8192 columns, one a tile; the launches counted: one row and
+    rows leaving the last tile part empty (M = 37 over 4 "SMs": dw through the reduction), x's rows
+    strided, offset 1, dx alone."""
+    from dataclasses import replace
+
+    from cutile_norms.triton import rmsnorm_bwd
+    from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS, analytic_config, row_pieces, tma_rows_tile
+
+    name = "rms_norm_bwd_tma_rows2_kernel" if most == 2 else "rms_norm_bwd_tma_rows_kernel"
+    spy = _Launches(getattr(rmsnorm_bwd, name))
+    monkeypatch.setattr(rmsnorm_bwd, name, spy)
+    pieces = row_pieces(N, most)
+    assert len(pieces) == most and (sum(pieces) == N or most == 1), pieces
+    cfg = replace(analytic_config(N, 2, "nvidia", 4), tma_rows=tma_rows_tile(N, TILE_ELEMS) if most == 2 else 1,
+                  tma_stages=3, tma_pieces=pieces if most == 2 else ())
+    for M in (1, 37):
+        x = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
+        w = random_weight(N, DT[w_dtype], device) if w_dtype else None
+        dy = torch.randn(M, N, device=device).to(DT[x_dtype])
+        before = spy.count
+        dx, dw = _run(x, w, dy, 1.0, device, cfg=cfg)
+        assert spy.count == before + 1, "the TMA rows kernel did not run"
+        _check(x, w, dy, 1.0, dx, dw, f"TMA rows {cfg.pieces} x {cfg.tma_rows} N={N} M={M} {x_dtype}/{w_dtype}", seed)
+        dx, _ = _run(x, w, dy, 1.0, device, cfg=cfg, need_dw=False)
+        assert spy.count == before + 2, "the TMA rows kernel did not run (dx alone)"
+        _check(x, w, dy, 1.0, dx, None, f"TMA rows {cfg.pieces}, dx alone, N={N} M={M}", seed, need_dw=False)
+
+
+def test_row_pieces():
+    """row_pieces: the row's binary digits (powers of two of at least `least` columns, largest first)
+    where at most `most` tile it exactly, else one power-of-two block."""
+    from cutile_norms._util import pow2_ceil
+    from cutile_norms.triton.rmsnorm_bwd_config import row_pieces
+
+    assert row_pieces(7168, 3) == (4096, 2048, 1024) and row_pieces(7168, 2) == (8192,)
+    assert row_pieces(1152, 2) == (1024, 128) and row_pieces(1040, 2) == (2048,) and row_pieces(1040, 2, 16) == (1024, 16)
+    assert row_pieces(2048, 3) == (2048,) and row_pieces(1800, 3) == (2048,)
+    for N in range(8, 8200, 8):
+        for most in (1, 2, 3):
+            p = row_pieces(N, most)
+            exact = sum(p) == N and len(p) <= most and all(q >= 128 for q in p)
+            assert all(q & (q - 1) == 0 for q in p) and list(p) == sorted(set(p), reverse=True), (N, most, p)
+            assert exact or p == (pow2_ceil(N),), (N, most, p)
+            assert exact == (bin(N).count("1") <= most and N & -N >= 128), (N, most, p)
 
 
 # ------------------------------------------------------------------------------------------------
