@@ -10,7 +10,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._platform import DeviceInfo
 from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block, slot_count
-from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_config,
+from .rmsnorm_bwd_config import (REDUCE_COLS, TMA_ROWS_MAX, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_config,
                                  tma_rows_rule)
 from .rmsnorm_bwd_kernel import (dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
                                  rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_kernel)
@@ -25,12 +25,10 @@ def has_tma(dev: DeviceInfo) -> bool:
     return INTERPRET or (dev.vendor == "nvidia" and dev.arch is not None and dev.arch >= (9, 0))
 
 
-
-
-def tma_addressable(*tensors_strides: tuple[torch.Tensor, int]) -> bool:
+def tma_addressable(*tensors_strides: tuple[torch.Tensor, int], align: int = 16) -> bool:
     """Rows a TMA descriptor can address, for each (tensor, row stride): a 16-byte aligned start, a row
-    stride of a multiple of 16 bytes, no zero stride."""
-    return all(t.data_ptr() % 16 == 0 and s > 0 and s * t.element_size() % 16 == 0 for t, s in tensors_strides)
+    stride of a multiple of 16 bytes, no zero stride (`align`: a stricter alignment of both, in bytes)."""
+    return all(t.data_ptr() % align == 0 and s > 0 and s * t.element_size() % align == 0 for t, s in tensors_strides)
 
 
 def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, sdy: int, need_dx: bool,
@@ -44,10 +42,13 @@ def tma_rows_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, dx: 
                      sdy: int, tma_capable: bool) -> bool:
     """Whether `rms_norm_bwd_tma_rows_kernel` may run: the config has its tile (`tma_rows`), dx is wanted
     (`dx` None otherwise), the device has TMA (or Triton is interpreted), and x, dy and dx are
-    TMA-addressable (16-byte aligned starts and row strides, no zero stride). Its stages must also fit
-    the device's shared memory (`launch`: tma_rows_config)."""
+    TMA-addressable (16-byte aligned starts and row strides, no zero stride). Rows past TMA_ROWS_MAX
+    columns (an H200's `wide` band) need 32-byte aligned starts and strides: each row's copy 16 bytes off
+    a 32-byte boundary ran 15-19 % behind the pointer kernel there (rmsnorm_bwd_config). Its stages must
+    also fit the device's shared memory (`launch`: tma_rows_config)."""
+    align = 32 if x2d.shape[1] > TMA_ROWS_MAX else 16
     return (tma_capable and cfg.tma_rows > 0 and cfg.split == 1 and dx is not None
-            and tma_addressable((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1])))
+            and tma_addressable((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1]), align=align))
 
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,

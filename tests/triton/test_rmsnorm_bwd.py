@@ -337,11 +337,13 @@ def test_rows_in_pieces_and_wide_rows_by_tma(seed, device, N, most, x_dtype, w_d
     (rms_norm_bwd_tma_rows2_kernel; row_pieces, the powers of two that tile the row exactly, TILE_ELEMS
     tiles) and the `wide` band's rows of 6145-8192 columns, one a tile; the launches counted: one row and
     rows leaving the last tile part empty (M = 37 over 4 "SMs": dw through the reduction), x's rows
-    strided, offset 1, dx alone."""
+    strided, offset 1, dx alone; rows past TMA_ROWS_MAX at a stride 16 bytes off 32 go to the pointer
+    kernel."""
     from dataclasses import replace
 
     from cutile_norms.triton import rmsnorm_bwd
-    from cutile_norms.triton.rmsnorm_bwd_config import TILE_ELEMS, analytic_config, row_pieces, tma_rows_tile
+    from cutile_norms.triton.rmsnorm_bwd_config import (TILE_ELEMS, TMA_ROWS_MAX, analytic_config, row_pieces,
+                                                        tma_rows_tile)
 
     name = "rms_norm_bwd_tma_rows2_kernel" if most == 2 else "rms_norm_bwd_tma_rows_kernel"
     spy = _Launches(getattr(rmsnorm_bwd, name))
@@ -350,14 +352,21 @@ def test_rows_in_pieces_and_wide_rows_by_tma(seed, device, N, most, x_dtype, w_d
     assert len(pieces) == most and (sum(pieces) == N or most == 1), pieces
     cfg = replace(analytic_config(N, 2, "nvidia", 4), tma_rows=tma_rows_tile(N, TILE_ELEMS) if most == 2 else 1,
                   tma_stages=3, tma_pieces=pieces if most == 2 else ())
+    wide = N > TMA_ROWS_MAX  # rows past it take the kernel at 32-byte aligned strides only
+    pad = 16 if wide else 8
     for M in (1, 37):
-        x = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
+        x = random_rows((M, N + pad), DT[x_dtype], device)[:, :N]
         w = random_weight(N, DT[w_dtype], device) if w_dtype else None
         dy = torch.randn(M, N, device=device).to(DT[x_dtype])
         before = spy.count
         dx, dw = _run(x, w, dy, 1.0, device, cfg=cfg)
         assert spy.count == before + 1, "the TMA rows kernel did not run"
         _check(x, w, dy, 1.0, dx, dw, f"TMA rows {cfg.pieces} x {cfg.tma_rows} N={N} M={M} {x_dtype}/{w_dtype}", seed)
+        if wide and M > 1:  # a stride 16 bytes off 32: the pointer kernel, right
+            x8 = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
+            dx, dw = _run(x8, w, dy, 1.0, device, cfg=cfg)
+            assert spy.count == before + 1, "the TMA rows kernel ran on wide rows 16 bytes off 32"
+            _check(x8, w, dy, 1.0, dx, dw, f"wide rows at a stride of N + 8, N={N}", seed)
         dx, _ = _run(x, w, dy, 1.0, device, cfg=cfg, need_dw=False)
         assert spy.count == before + 2, "the TMA rows kernel did not run (dx alone)"
         _check(x, w, dy, 1.0, dx, None, f"TMA rows {cfg.pieces}, dx alone, N={N} M={M}", seed, need_dw=False)
