@@ -1,7 +1,8 @@
 """Probe: Triton's backward on narrow 16-bit rows, the pointer kernel (its register prefetch) against
 rms_norm_bwd_tma_rows_kernel at each of --tiles (a tile's most elements, TmaRowsRule.tile_elems; the
 GPU's own by default), --stages (the rule's tile and count marked *; 0: the rule's count) and --pieces
-(the most pieces a row is cut into, rmsnorm_bwd_config.row_pieces; 1: one power-of-two block), beside
+(the most pieces a row is cut into, 1 or 2, rmsnorm_bwd_config.row_pieces; 1: one power-of-two block;
+only rows that many exact pieces tile), beside
 mode=None and
 QuACK; bf16, 2^27 elements, each as a ratio to a same-run copy (bytes: x, dy and dx, 1.5 x the copy's),
 medians of --rounds interleaved rounds. Every kernel's dx and dw are checked against the reference
@@ -10,7 +11,7 @@ first. The rule: rmsnorm_bwd_config.tma_rows_take and the GPU's TmaRowsRule (doc
 TMA_ROWS_MAX columns a row a tile).
 
     python bench/probe/triton_bwd_rows.py [--ns 640,768,896,...] [--tiles 8192,14336] [--stages 3,4,5]
-        [--pieces 1,4] [--rounds 3]
+        [--pieces 1,2] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ def main() -> int:
     p = width_parser(__doc__, NS)
     p.add_argument("--stages", type=ints, default=[3, 4, 5])
     p.add_argument("--tiles", type=ints, default=None, help="tile_elems to time (default: the GPU's rule's)")
-    p.add_argument("--pieces", type=ints, default=None, help="most pieces a row is cut into (default: the rule's)")
+    p.add_argument("--pieces", type=ints, default=None,
+                   help="most pieces a row is cut into, 1 or 2 (the kernel's entry points; default: the rule's)")
     args = p.parse_args()
+    if any(k not in (1, 2) for k in args.pieces or ()):
+        p.error("--pieces: 1 or 2 (rmsnorm_bwd_kernel.TMA_ROWS_KERNELS)")
     if no_gpu():
         return 0
     dev = device_info(torch.device("cuda"))

@@ -10,8 +10,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._platform import DeviceInfo
 from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block, slot_count
-from .rmsnorm_bwd_config import (REDUCE_COLS, TMA_ROWS_MAX, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_config,
-                                 tma_rows_rule)
+from .rmsnorm_bwd_config import (REDUCE_COLS, TMA_ROWS_MAX, BwdConfig, analytic_config, grid_groups, tma_config,
+                                 tma_rows_config, tma_rows_rule)
 from .rmsnorm_bwd_kernel import (dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
                                  rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_kernel)
 from .tiling import needs_int64, offset_align
@@ -81,7 +81,8 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         rows_cfg = tma_rows_config(cfg, shared_per_block(device), x2d.element_size(), dy2d.element_size())
     if rows_cfg is not None:
         cfg = rows_cfg
-        kernel = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)[len(cfg.pieces) - 1]  # per count
+        # one entry point per count of pieces (by their module names here: the tests count their launches)
+        kernel = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)[len(cfg.pieces) - 1]
         descs = [[TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, p]) for p in cfg.pieces]
                  for t, s in ((x2d, sx), (dy2d, sdy), (dx, N))]
         starts = tuple(sum(cfg.pieces[:i]) for i in range(len(cfg.pieces)))

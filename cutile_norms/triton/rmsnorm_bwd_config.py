@@ -17,7 +17,7 @@ from .tiling import TileConfig, lanes_per_warp, split_for, warps_for
 class BwdConfig(TileConfig):
     acc_2d: bool = True  # dw accumulated per tile element, summed over the rows once at the end
     tma_stages: int = 0  # x and dy by TMA, pipelined this many stages (0: pointer loads)
-    tma_rows: int = 0  # narrow rows by TMA (rms_norm_bwd_tma_rows_kernel): rows per tile (0: split rows or none)
+    tma_rows: int = 0  # whole rows by TMA (rms_norm_bwd_tma_rows_kernel): rows per tile (0: split rows or none)
     tma_pieces: tuple[int, ...] = ()  # ... each row in pieces of these columns (row_pieces; (): one of block_n)
 
     @property
@@ -104,6 +104,12 @@ class TmaRowsRule:
     tile_elems: int = TILE_ELEMS
     pieces: int = 1
     wide: tuple[int, int] = (0, -1)
+
+    def __post_init__(self):
+        if not 1 <= self.pieces <= 2:  # the kernel's entry points (rmsnorm_bwd_kernel.TMA_ROWS_KERNELS)
+            raise ValueError(f"TmaRowsRule.pieces must be 1 or 2, got {self.pieces}")
+        if self.wide[0] <= self.wide[1] and not (TMA_ROWS_MAX < self.wide[0] and self.wide[1] <= TILE_ELEMS):
+            raise ValueError(f"TmaRowsRule.wide must lie in {TMA_ROWS_MAX + 1}..{TILE_ELEMS}, got {self.wide}")
 
 
 # On an H100 the target is 52 KiB: at 768 the rule takes 4 stages (3 keep 2 x 24 KiB ahead: 0.939 against

@@ -23,7 +23,8 @@ p // SPLIT, p // SPLIT + R, ...), the forward's tiling (`split_for`, rows per ti
     shared memory instead of the register prefetch; same exchange and dw.
   * narrow 16-bit rows on sm_90+ (TMA-addressable) run `rms_norm_bwd_tma_rows_kernel`: tiles of
     several rows by TMA, pipelined tiles ahead, dx written by TMA; same dw. Rows that two powers of
-    two tile exactly may run in those two pieces (`rms_norm_bwd_tma_rows2_kernel`).
+    two tile exactly may run in those two pieces (`rms_norm_bwd_tma_rows2_kernel`), and a GPU model's
+    `wide` band of rows up to 8192 columns a row a tile (rmsnorm_bwd_config.tma_rows_take).
 """
 from __future__ import annotations
 
@@ -255,6 +256,7 @@ def rms_norm_bwd_tma_kernel(XD, DYD, W, RSTD, DX, DW, SLOTS, M, offset, N,
 
 @triton.jit
 def _piece_cols(START: tl.constexpr, WIDTH: tl.constexpr):
+    """The columns of a piece: START + 0 ... WIDTH - 1."""
     return START + tl.arange(0, tl.constexpr(WIDTH))
 
 
@@ -298,10 +300,10 @@ def _tma_rows(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECE
             xhats = xhats + (xhat,)
             dys = dys + (dy,)
         mean = dot / N
-        new = ()
-        for i in tl.static_range(K):
-            new = new + (accs[i] + dys[i] * xhats[i],)
         if NEED_DW:
+            new = ()
+            for i in tl.static_range(K):
+                new = new + (accs[i] + dys[i] * xhats[i],)
             accs = new
         for i in tl.static_range(K):
             g = dys[i]

@@ -4,7 +4,8 @@ CPU (Triton's interpreter, small shapes) and GPU: dx and dw against the fp64 clo
 NaN-poisoned outputs, over dtype pairs, widths (narrow rows several per tile, 2^k +- 1, odd, split
 rows, chunked parts), weight None, offset, dx or dw alone, strided x, expanded dy; dw bit-identical
 over repeated runs; split rows by TMA (rms_norm_bwd_tma_kernel), narrow rows by TMA
-(rms_norm_bwd_tma_rows_kernel) and the rows they decline. GPU only:
+(rms_norm_bwd_tma_rows_kernel; rms_norm_bwd_tma_rows2_kernel for rows in two pieces, and the H200's
+wide rows a row a tile) and the rows they decline. GPU only:
 full-size rows, CUDA graphs, M * N >= 2^31 (both kernels).
 """
 from __future__ import annotations
@@ -362,14 +363,39 @@ def test_rows_in_pieces_and_wide_rows_by_tma(seed, device, N, most, x_dtype, w_d
         dx, dw = _run(x, w, dy, 1.0, device, cfg=cfg)
         assert spy.count == before + 1, "the TMA rows kernel did not run"
         _check(x, w, dy, 1.0, dx, dw, f"TMA rows {cfg.pieces} x {cfg.tma_rows} N={N} M={M} {x_dtype}/{w_dtype}", seed)
-        if wide and M > 1:  # a stride 16 bytes off 32: the pointer kernel, right
-            x8 = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
-            dx, dw = _run(x8, w, dy, 1.0, device, cfg=cfg)
-            assert spy.count == before + 1, "the TMA rows kernel ran on wide rows 16 bytes off 32"
-            _check(x8, w, dy, 1.0, dx, dw, f"wide rows at a stride of N + 8, N={N}", seed)
+        if wide and M > 1:  # x's rows 16 bytes off 32, by their stride or their start: the pointer kernel, right
+            strided = random_rows((M, N + 8), DT[x_dtype], device)[:, :N]
+            shifted = random_rows((M, N + 16), DT[x_dtype], device)[:, 8:N + 8]
+            for what, x_off in (("a stride of N + 8", strided), ("a start 16 bytes in", shifted)):
+                dx, dw = _run(x_off, w, dy, 1.0, device, cfg=cfg)
+                assert spy.count == before + 1, f"the TMA rows kernel ran on wide rows at {what}"
+                _check(x_off, w, dy, 1.0, dx, dw, f"wide rows at {what}, N={N}", seed)
         dx, _ = _run(x, w, dy, 1.0, device, cfg=cfg, need_dw=False)
         assert spy.count == before + 2, "the TMA rows kernel did not run (dx alone)"
         _check(x, w, dy, 1.0, dx, None, f"TMA rows {cfg.pieces}, dx alone, N={N} M={M}", seed, need_dw=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [640, 1152, 6160, 8192])
+def test_h200_rule_configs_by_tma(seed, device, N, monkeypatch):
+    """The configs the H200's rule gives (its tiles and stages: 640 in 16-row tiles of two pieces, 1152 in
+    8-row ones, the `wide` rows one a tile at 5 / 4 stages) through their entry point on this device,
+    with dy's rows strided and an fp32 weight; M = 37 over 4 "SMs"."""
+    from cutile_norms.triton import rmsnorm_bwd
+    from cutile_norms.triton.rmsnorm_bwd_config import TMA_ROWS_BY_MODEL, analytic_config
+
+    cfg = analytic_config(N, 2, "nvidia", 4, tma_rows=TMA_ROWS_BY_MODEL["H200"])
+    assert cfg.tma_rows > 0, cfg
+    name = "rms_norm_bwd_tma_rows2_kernel" if len(cfg.pieces) == 2 else "rms_norm_bwd_tma_rows_kernel"
+    spy = _Launches(getattr(rmsnorm_bwd, name))
+    monkeypatch.setattr(rmsnorm_bwd, name, spy)
+    M = 37
+    x = random_rows((M, N), torch.bfloat16, device)
+    w = random_weight(N, torch.float32, device)
+    dy = torch.randn(M, N + 16, device=device).to(torch.bfloat16)[:, :N]
+    dx, dw = _run(x, w, dy, 0.0, device, cfg=cfg)
+    assert spy.count == 1, f"{name} did not run"
+    _check(x, w, dy, 0.0, dx, dw, f"the H200 rule's config {cfg.short()} N={N}", seed)
 
 
 def test_row_pieces():
@@ -379,7 +405,8 @@ def test_row_pieces():
     from cutile_norms.triton.rmsnorm_bwd_config import row_pieces
 
     assert row_pieces(7168, 3) == (4096, 2048, 1024) and row_pieces(7168, 2) == (8192,)
-    assert row_pieces(1152, 2) == (1024, 128) and row_pieces(1040, 2) == (2048,) and row_pieces(1040, 2, 16) == (1024, 16)
+    assert row_pieces(1152, 2) == (1024, 128) and row_pieces(1040, 2) == (2048,)
+    assert row_pieces(1040, 2, 16) == (1024, 16)
     assert row_pieces(2048, 3) == (2048,) and row_pieces(1800, 3) == (2048,)
     for N in range(8, 8200, 8):
         for most in (1, 2, 3):
@@ -454,8 +481,9 @@ def test_full_size_bf16(seed):
 
 @pytest.mark.gpu
 @pytest.mark.big
-@pytest.mark.parametrize("N", [1536, 8192, 65536])
+@pytest.mark.parametrize("N", [1280, 1536, 8192, 8200, 65536])
 def test_past_2_31_elements(seed, N):
-    """int64 row offsets: rms_norm_bwd_tma_rows_kernel (1536), rms_norm_bwd_kernel (8192) and
-    rms_norm_bwd_tma_kernel (65536)."""
+    """int64 row offsets: rms_norm_bwd_tma_rows_kernel (1536; 8192 on an H200, its `wide` band; 1280 on an
+    H100), rms_norm_bwd_tma_rows2_kernel (1280 on an H200, two pieces), rms_norm_bwd_kernel (8192 on an
+    H100; 8200 on both) and rms_norm_bwd_tma_kernel (65536)."""
     check_backward_past_2_31(lambda x, w, dy: _run(x, w, dy, 0.0, "cuda"), N, seed, EPS)
