@@ -12,7 +12,7 @@ from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block, slot_count
 from .rmsnorm_bwd_config import (REDUCE_COLS, TMA_ROWS_MAX, BwdConfig, analytic_config, grid_groups, tma_config,
                                  tma_rows_config, tma_rows_rule)
-from .rmsnorm_bwd_kernel import (dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
+from .rmsnorm_bwd_kernel import (TMA_ROWS_KERNELS, dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
                                  rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_kernel)
 from .tiling import needs_int64, offset_align
 
@@ -85,9 +85,8 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
         kernel = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)[len(cfg.pieces) - 1]
         descs = [[TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, p]) for p in cfg.pieces]
                  for t, s in ((x2d, sx), (dy2d, sdy), (dx, N))]
-        starts = tuple(sum(cfg.pieces[:i]) for i in range(len(cfg.pieces)))
-        consts = dict(ROWS=cfg.rows, PIECES=cfg.pieces, STARTS=starts, HAS_W=weight is not None, NEED_DW=need_dw,
-                      STAGES=cfg.tma_stages)
+        consts = dict(ROWS=cfg.rows, PIECES=cfg.pieces, STARTS=cfg.piece_starts, HAS_W=weight is not None,
+                      NEED_DW=need_dw, STAGES=cfg.tma_stages)
 
         def kernel_args(dw_arg):
             return (*descs[0], *descs[1], *descs[2], w_arg, rstd, dw_arg, M, offset, N)
@@ -152,8 +151,7 @@ class TritonBackward:
         cfg = grid_cfg = self.config(N, dtype, dev)
         kernel = "rms_norm_bwd_kernel"
         if has_tma(dev) and cfg.tma_rows:
-            kernel = "rms_norm_bwd_tma_rows2_kernel" if len(cfg.pieces) == 2 else "rms_norm_bwd_tma_rows_kernel"
-            grid_cfg = tma_rows_config(cfg)
+            kernel, grid_cfg = TMA_ROWS_KERNELS[len(cfg.pieces) - 1].__name__, tma_rows_config(cfg)
         elif has_tma(dev) and tma_config(cfg, N):
             kernel = "rms_norm_bwd_tma_kernel"
         R = grid_groups(grid_cfg, M, max(1, dev.sm_count))

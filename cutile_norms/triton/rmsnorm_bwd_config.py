@@ -25,6 +25,11 @@ class BwdConfig(TileConfig):
         """The TMA rows kernel's pieces of a row: tma_pieces, or one piece of block_n columns."""
         return self.tma_pieces or (self.block_n,)
 
+    @property
+    def piece_starts(self) -> tuple[int, ...]:
+        """The first column of each of `pieces`."""
+        return tuple(sum(self.pieces[:i]) for i in range(len(self.pieces)))
+
     def short(self) -> str:
         if self.tma_rows:
             cols = "+".join(map(str, self.pieces))

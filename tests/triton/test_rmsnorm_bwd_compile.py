@@ -160,8 +160,8 @@ for N, x, w, model, arch in json.loads(sys.argv[1]):
     descs = [f"tensordesc<{TY[x]}[{cfg.rows},{p}]>" for p in P]
     sig = {name: descs[i % len(P)] for i, name in enumerate(K.arg_names[:3 * len(P)])}
     sig.update({"W": f"*{TY[w or x]}", "RSTD": "*fp32", "DW": "*fp32", "M": "i32", "offset": "fp32", "N": "i32"})
-    consts = dict(ROWS=cfg.rows, PIECES=P, STARTS=tuple(sum(P[:i]) for i in range(len(P))), HAS_W=w is not None,
-                  NEED_DW=True, STAGES=cfg.tma_stages)
+    consts = dict(ROWS=cfg.rows, PIECES=P, STARTS=cfg.piece_starts, HAS_W=w is not None, NEED_DW=True,
+                  STAGES=cfg.tma_stages)
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()})
     c = triton.compile(src, target=GPUTarget("cuda", arch, 32),
