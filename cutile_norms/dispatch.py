@@ -1,13 +1,12 @@
 """The one place that decides which kernel runs.
 
-`MODES` maps every mode name to its implementation and to what it needs (vendor, arch, DSL); a mode
-that cannot run says why. `mode=None` picks the forward from the measured tables in
-`tuning/rmsnorm_fwd.json` (one per GPU model that was measured on its own, e.g. "sm_90/H200", else
-the arch's; written by `python bench/rmsnorm.py --write-table` by FORWARD_RULE below) and the backward
-from BACKWARD_TABLE (backward_table.py) and cute_backward_refusal, never an experimental or unbuilt kernel. A GPU with no
-table of its own borrows its arch's (or the nearest measured arch's) and warns once; where no table
-applies, Triton runs if it can, else (CPU) the reference. `explain()` prints the decision, the table
-and row used and their evidence.
+`MODES` maps every mode name to its implementation and to what it needs (vendor, arch, DSL); a mode that cannot run
+says why. `mode=None` picks the forward from the measured tables in `tuning/rmsnorm_fwd.json` (one per GPU model
+that was measured on its own, e.g. "sm_90/H200", else the arch's; written by `python bench/rmsnorm.py --write-table`
+by FORWARD_RULE below) and the backward from BACKWARD_TABLE (backward_table.py) and cute_backward_refusal, never an
+experimental or unbuilt kernel. A GPU with no table of its own borrows its arch's (or the nearest measured arch's)
+and warns once; where no table applies, Triton runs if it can, else (CPU) the reference. `explain()` prints the
+decision, the table and row used and their evidence.
 """
 from __future__ import annotations
 
@@ -26,6 +25,7 @@ from ._experimental import ENV_VAR, experimental_enabled, is_experimental
 from ._platform import DeviceInfo, Toolchain, table_key, triton_interpreted
 from .backends import BackwardBackend, ForwardBackend
 from .backward_table import CUTE_BWD_MIN_BYTES, BackwardRow, backward_row
+from .triton.add_rmsnorm_bwd_config import tma_rows as fused_bwd_tma_rows
 
 STABLE, EXPERIMENTAL, PLANNED = "stable", "experimental", "planned"
 
@@ -169,15 +169,14 @@ _warned_arches: set = set()
 
 def _fallback(dev: DeviceInfo, tools: Toolchain, why: str) -> Choice:
     """Where no measured row applies: the Triton kernels if they can run here, else the reference."""
-    why_not = unavailable_reason(MODES["triton"], dev, tools)
-    if why_not is None:
+    if (why_not := unavailable_reason(MODES["triton"], dev, tools)) is None:
         return _with_best_backward(Choice("triton", f"{why}: the Triton kernels run"), dev, tools)
     return Choice("torch", f"{why}, and {why_not}: the reference runs")
 
 
 def instead_of(dev: DeviceInfo, tools: Toolchain, mode: str, why: str) -> Choice:
-    """mode=None where the measured row's mode cannot take these rows (`why`: e.g. tma_smem_cached and
-    rows that do not start 16-byte aligned): multi_wave_cached (it takes every shape), else the fallback."""
+    """mode=None where the measured row's mode cannot take these rows (`why`: e.g. tma_smem_cached and rows that do
+    not start 16-byte aligned): multi_wave_cached (it takes every shape), else the fallback."""
     if mode != "multi_wave_cached" and unavailable_reason(MODES["multi_wave_cached"], dev, tools) is None:
         return Choice("multi_wave_cached", f"{why}: multi_wave_cached runs instead")
     return _fallback(dev, tools, why)
@@ -280,8 +279,7 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
     own (triton) and the cuTile persistent backward can run, that one runs behind autograd: on an H100
     it measured ahead of Triton's at every other width and dtype (bf16 0.945-0.976 x copy against
     0.888-0.954 to 16384 and 0.80-0.94 against 0.75-0.86 beyond; fp32 N=16384 0.98 against 0.82;
-    docs/design.md). tma_smem_cached's own backward is
-    the CuTe DSL kernel only where cute_backward_refusal says so."""
+    docs/design.md). tma_smem_cached's own backward is the CuTe DSL kernel only where cute_backward_refusal says so."""
     if row is not None and unavailable_reason(MODES[row.mode], dev, tools) is None:
         # (named even where it is the forward's own mode: explain() shows the backward's row too)
         return Choice(choice.mode, f"{choice.reason}; backward: {row.mode}'s ({row.evidence})", bwd_mode=row.mode)
@@ -348,8 +346,7 @@ ENV_FUSED = "CUTILE_NORMS_FUSED"
 
 
 def fused_enabled() -> bool:
-    """CUTILE_NORMS_FUSED=0 switches the fused kernels off (the residual add runs unfused, the FP8 output
-    in torch ops); read at every call."""
+    """CUTILE_NORMS_FUSED=0 switches the fused kernels off (the add unfused, FP8 in torch ops); read at every call."""
     return os.environ.get(ENV_FUSED, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -417,17 +414,18 @@ BWD_FUSED, BWD_DH_INSIDE, BWD_DH_AFTER = "fused", "inside", "after"  # residual_
 # Narrow rows hold too few bytes per cuTile tile; from 2 KiB the cuTile kernel's worst case is the better
 # one on both GPUs (0.821 against 0.822 on the H100, 0.699 against 0.566 on the H200), as for the norm's
 # own backward its configs hold at the measured widths and less between them (3584, 6144-7168).
+# Rows a GPU model's rule gives Triton's TMA rows kernel with dh (the H200: to 1456 columns, 6144-8192; evidence
+# in triton/rmsnorm_bwd_config.py: 896 0.955, 6144 0.951, 7168 0.969) run Triton's fused form, dh read by TMA.
 FUSED_ADD_BWD_TRITON_BYTES = 2 * 1024
 
 
 def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes: int, dev: DeviceInfo,
                       tools: Toolchain, has_dh: bool = True) -> tuple[str, str, str]:
-    """(how, the backward's mode, why) the residual add's backward runs for a call that asked for
-    `mode_name`, whose norm `resolve` gave as `choice`, rows of N elements of h of elem_bytes. The grad into h is the norm's backward on h plus dh (the grad from h's later uses):
-    reading dy, h and dh once and writing one grad moves 4 M N e bytes, the norm's backward then an add
-    6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward kernel
-    reads dh with the row (the cuTile and CuTe DSL ones: BackwardBackend.adds_dh); BWD_DH_AFTER: an add
-    after it (with has_dh False, h having no later use: nothing to add)."""
+    """(how, the backward's mode, why) the residual add's backward runs for a call that asked for `mode_name`, whose
+    norm `resolve` gave as `choice`, rows of N elements of h of elem_bytes. The grad into h is the norm's backward on
+    h plus dh (its later uses' grad): dy, h and dh read once and one grad written move 4 M N e bytes, the norm's
+    backward then an add 6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward
+    kernel reads dh with the row (BackwardBackend.adds_dh); BWD_DH_AFTER: an add after it (has_dh False: none)."""
     bwd_mode = "torch" if choice.mode == "torch" else choice.dh_backward_mode
     off = _fused_off(choice.mode, dev)
     if off or bwd_mode == "torch":  # no dh read: the norm's own backward (without dh)
@@ -436,9 +434,11 @@ def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes:
     triton_fits = (mode_name in (None, "triton") and N <= FUSED_ADD_BWD_MAX_N
                    and not unavailable_reason(MODES["triton"], dev, tools))
     why_triton = f"Triton, the row in registers (N <= {FUSED_ADD_BWD_MAX_N})"
+    up_to = f", rows of up to {FUSED_ADD_BWD_TRITON_BYTES} bytes" * (mode_name is None)
+    if triton_fits and has_dh and fused_bwd_tma_rows(N, elem_bytes, dev):
+        return BWD_FUSED, bwd_mode, f"Triton's TMA rows kernel reading dh ({dev.name}'s rule, N={N})"
     if triton_fits and (mode_name == "triton" or N * elem_bytes <= FUSED_ADD_BWD_TRITON_BYTES):
-        return BWD_FUSED, bwd_mode, why_triton + (f", rows of up to {FUSED_ADD_BWD_TRITON_BYTES} bytes"
-                                                  if mode_name is None else "")
+        return BWD_FUSED, bwd_mode, why_triton + up_to
     if (mode_name is None and not backward_backend(bwd_mode).adds_dh
             and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)):
         bwd_mode = "multi_wave_cached"  # the cuTile persistent backward, which reads dh (measured above)

@@ -166,7 +166,7 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
         h2d = as_rows(h)
         g2d, dw = dispatch.load(dispatch.FUSED_ADD_BWD_KERNEL)(
             grad_rows(dy, h2d, keep_dtype=True), None if dh is None else grad_rows(dh, h2d, keep_dtype=True), h2d, weight, rstd.reshape(-1),
-            offset, need_dw, 2 * max(dev.sm_count, 1), g_dtype)  # 2 per SM: the kernel's measured grid
+            offset, need_dw, 2 * max(dev.sm_count, 1), g_dtype, dev)  # 2 per SM: the kernel's measured grid
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
     inside = how == dispatch.BWD_DH_INSIDE

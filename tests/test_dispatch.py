@@ -580,3 +580,25 @@ def test_residual_backward_rule(monkeypatch, mode, norm_mode, bwd_mode, N, tools
     monkeypatch.setenv(dispatch.ENV_FUSED, "0")
     how, bwd, why = dispatch.residual_backward(mode, choice, N, 2, H100, tools)
     assert how == dispatch.BWD_DH_AFTER and bwd == bwd_mode and why
+
+
+@pytest.mark.parametrize("N,fused", [(520, True), (896, True), (1024, True), (1040, False), (1088, True), (1152, True),
+                                     (1368, False), (1456, True), (1472, False), (2048, False), (6136, False),
+                                     (6144, True), (7168, True), (6152, False), (8192, True)])
+def test_residual_backward_h200_dh_rows(monkeypatch, N, fused):
+    """mode None on an H200, 16-bit h with dh: Triton's fused form (its TMA rows kernel reading dh,
+    triton/add_rmsnorm_bwd_config.tma_rows) where the H200's rule takes the rows, also past
+    FUSED_ADD_BWD_TRITON_BYTES (1088-1456 columns at a multiple of 16 filling 53 % of their block, and
+    6144-8192 at a multiple of 16); elsewhere what ran before (the cuTile kernel reading dh past 2 KiB rows).
+    Without dh, on an H100 and beside fp32 rows, the rule is the H100's (no dh rows by TMA)."""
+    monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    choice = dispatch.Choice("triton", "the norm's", bwd_mode="triton")
+    how, bwd, why = dispatch.residual_backward(None, choice, N, 2, h200, ALL_TOOLS)
+    if fused:
+        assert how == dispatch.BWD_FUSED and "TMA rows kernel reading dh" in why, (N, how, why)
+    else:
+        assert "TMA" not in why and (how != dispatch.BWD_FUSED or N * 2 <= dispatch.FUSED_ADD_BWD_TRITON_BYTES), (N, why)
+    for dev, n_bytes, has_dh in ((H100, 2, True), (h200, 4, True), (h200, 2, False)):
+        why = dispatch.residual_backward(None, choice, N, n_bytes, dev, ALL_TOOLS, has_dh=has_dh)[2]
+        assert "TMA" not in why, (N, dev.name, n_bytes, has_dh, why)

@@ -245,3 +245,43 @@ def test_residual_add_beside_an_fp32_weight_past_2_32_elements(seed, monkeypatch
     poisoned(h)
     del x, r, y, h
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("N", [1152, 6144])
+def test_residual_backward_by_tma_with_dh_past_2_32_elements(N, seed):
+    """Triton's TMA rows kernel reading dh (the fused backward's form on an H200's dh rows: 1152 in 8-row
+    tiles of two pieces, 6144 a row a tile in two pieces), called with the H200's rule on this GPU, on
+    rows past 2^32 elements: the grad into h at the checked rows against the fp64 closed form plus dh,
+    dw against its fp64 sum over every row."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.triton.add_rmsnorm_bwd import add_rms_norm_bwd
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs sm_90+")
+    M = (1 << 32) // N + 64
+    _skip_unless_free(4 * M * N * 2 + (4 << 30))  # h, dy, dh, the grad
+    torch.manual_seed(N)
+    h, dy, dh = _random_big(M, N), _random_big(M, N), _random_big(M, N)
+    w = random_weight(N, torch.bfloat16, "cuda")
+    rstd = torch.empty(M, dtype=torch.float32, device="cuda")
+    ew, sw = torch.zeros(N, dtype=torch.float64, device="cuda"), torch.zeros(N, dtype=torch.float64, device="cuda")
+    step = max(1, CHUNK_ELEMS // N)
+    for r0 in range(0, M, step):  # rstd as the forward stores it, and dw's fp64 reference
+        hc = h[r0:r0 + step].double()
+        rs = torch.rsqrt(hc.square().mean(dim=-1) + EPS)
+        rstd[r0:r0 + step] = rs.float()
+        t = dy[r0:r0 + step].double() * hc * rs[:, None]
+        ew += t.sum(dim=0)
+        sw += t.abs().sum(dim=0)
+        del hc, rs, t
+    dev = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), torch.cuda.get_device_properties(0).multi_processor_count, 0)
+    g, dw = add_rms_norm_bwd(dy, dh, h, w, rstd, 0.0, True, 2 * dev.sm_count, torch.bfloat16, dev)
+    torch.cuda.synchronize()
+    rows = _rows_to_check(M, N)
+    eg, _, sg, _ = reference_bwd64(h[rows], w, dy[rows], EPS, 0.0)
+    tag = f"TMA rows with dh, bf16[{M}, {N}]"
+    assert_grad_close(g[rows], eg + dh[rows].double(), sg + dh[rows].double().abs(), torch.bfloat16,
+                      f"{tag} grad rows {rows.tolist()}", seed)
+    assert_grad_close(dw, ew, sw, w.dtype, f"{tag} dw", seed)
+    del h, dy, dh, g
+    torch.cuda.empty_cache()

@@ -4,7 +4,9 @@ GPU's own by default), --stages (the rule's tile and count marked *; 0: the rule
 (the most pieces a row is cut into, 1 or 2, rmsnorm_bwd_config.row_pieces; 1: one power-of-two block;
 only rows that many exact pieces tile), beside
 mode=None and
-QuACK; bf16, 2^27 elements, each as a ratio to a same-run copy (bytes: x, dy and dx, 1.5 x the copy's),
+QuACK; bf16, 2^27 elements, each as a ratio to a same-run copy (bytes: x, dy and dx, 1.5 x the copy's).
+--dh: the residual add's backward instead (dh read and added: the TMA rows kernel's dh entry points, Triton's
+fused register kernel, mode=None's residual backward and QuACK's; bytes: dy, h, dh and the grad, 2 x the copy's);
 medians of --rounds interleaved rounds. Every kernel's dx and dw are checked against the reference
 first. The rule: rmsnorm_bwd_config.tma_rows_take and the GPU's TmaRowsRule (docs/performance.md 2.26,
 2.27, 2.48); widths the rule leaves to the pointer kernel are timed with the TMA kernel too (past
@@ -42,6 +44,7 @@ def main() -> int:
     p = width_parser(__doc__, NS)
     p.add_argument("--stages", type=ints, default=[3, 4, 5])
     p.add_argument("--tiles", type=ints, default=None, help="tile_elems to time (default: the GPU's rule's)")
+    p.add_argument("--dh", action="store_true", help="the residual add's backward (dh added)")
     p.add_argument("--pieces", type=ints, default=None,
                    help="most pieces a row is cut into, 1 or 2 (the kernel's entry points; default: the rule's)")
     args = p.parse_args()
@@ -59,10 +62,24 @@ def main() -> int:
         cfg = T.TRITON_BACKWARD.config(N, torch.bfloat16, dev)
         M, x, w, dy, rstd, dx_ref, dw_ref = backward_case(N)
         dx, dw = torch.empty_like(x), torch.empty_like(w)
+        dh = torch.randn_like(x) if args.dh else None
+        if args.dh:
+            dx_ref = (dx_ref.float() + dh.float()).to(x.dtype)
 
         def run(c):
-            return lambda: T.launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), tma_capable=True)
-        fns = {"pointer": run(replace(cfg, tma_rows=0, tma_stages=0))}
+            return lambda: T.launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), tma_capable=True,
+                                    dh2d=dh)
+        fns = {}
+        if args.dh:
+            from cutile_norms.triton.add_rmsnorm_bwd import add_rms_norm_bwd
+
+            def fused():
+                g, dw_ = add_rms_norm_bwd(dy, dh, x, w, rstd, 0.0, True, 2 * dev.sm_count, x.dtype)
+                dx.copy_(g)
+                dw.copy_(dw_)
+            fns["fused regs"] = fused
+        else:
+            fns["pointer"] = run(replace(cfg, tma_rows=0, tma_stages=0))
         for tile in args.tiles or [rule.tile_elems]:  # any width and fill; * the rule's tile, pieces and stages
             rows_t = 1 if N > TMA_ROWS_MAX else tma_rows_tile(N, tile)
             for most in args.pieces or [rule.pieces]:
@@ -72,7 +89,7 @@ def main() -> int:
                 for s in args.stages:
                     s = s or tma_rows_stages(N, rows_t, 2, rule.in_flight)
                     tma = replace(cfg, tma_rows=rows_t, tma_stages=s, tma_pieces=pieces if len(pieces) > 1 else ())
-                    launched = tma_rows_config(tma, shared)  # what the launch runs for s
+                    launched = tma_rows_config(tma, shared, dh_bytes=2 if args.dh else 0)  # what the launch runs
                     if launched is None or launched.tma_stages != s:
                         continue
                     ours = (cfg.tma_rows, cfg.pieces, cfg.tma_stages) == (rows_t, tma.pieces, s)
@@ -85,14 +102,26 @@ def main() -> int:
             if not backward_close(dx, dw, dx_ref, dw_ref):
                 print(f"N={N} {name}: WRONG", flush=True)
                 del fns[name]
-        xn, wn = x.detach().requires_grad_(), w.detach().requires_grad_()
-        yn = cn.rms_norm(xn, wn, 1e-6)
-        fns["None"] = lambda: torch.autograd.grad(yn, (xn, wn), dy, retain_graph=True)
-        if quack:
-            xq, wq = x.detach().requires_grad_(), w.detach().requires_grad_()
-            yq = quack["quack"](xq, wq, 1e-6)
-            fns["quack"] = lambda: torch.autograd.grad(yq, (xq, wq), dy, retain_graph=True)
-        med = {k: 1.5 * statistics.median(v) for k, v in ratios_to_copy(x, fns, args.rounds, alternate=True).items()}
+        if args.dh:  # the grads of (y, h) into x0, r0 and w
+            x0, r0 = x.detach().clone(), torch.randn_like(x)  # (h is x0 + r0, not x: these are timed, not checked)
+            xn, rn, wn = x0.requires_grad_(), r0.requires_grad_(), w.detach().requires_grad_()
+            yn, hn = cn.rms_norm(xn, wn, 1e-6, residual=rn)
+            fns["None"] = lambda: torch.autograd.grad((yn, hn), (xn, rn, wn), (dy, dh), retain_graph=True)
+            if quack:
+                from quack.rmsnorm import rmsnorm as qrms
+                xq, rq, wq = (t.detach().clone().requires_grad_() for t in (x0, r0, w))
+                yq, hq = qrms(xq, wq, residual=rq, eps=1e-6, prenorm=True)
+                fns["quack"] = lambda: torch.autograd.grad((yq, hq), (xq, rq, wq), (dy, dh), retain_graph=True)
+        else:
+            xn, wn = x.detach().requires_grad_(), w.detach().requires_grad_()
+            yn = cn.rms_norm(xn, wn, 1e-6)
+            fns["None"] = lambda: torch.autograd.grad(yn, (xn, wn), dy, retain_graph=True)
+            if quack:
+                xq, wq = x.detach().requires_grad_(), w.detach().requires_grad_()
+                yq = quack["quack"](xq, wq, 1e-6)
+                fns["quack"] = lambda: torch.autograd.grad(yq, (xq, wq), dy, retain_graph=True)
+        factor = 2.0 if args.dh else 1.5
+        med = {k: factor * statistics.median(v) for k, v in ratios_to_copy(x, fns, args.rounds, alternate=True).items()}
         rows[N] = {"config": cfg.short(), "vs_copy": med}
         print(f"N={N:>5} " + "  ".join(f"{k} {v:.3f}" for k, v in med.items()), flush=True)
         del x, dy, dx_ref, dx, yn, xn

@@ -2,8 +2,10 @@
 Triton)."""
 from __future__ import annotations
 
+from .._platform import DeviceInfo
 from .._util import pow2_ceil
 from .add_rmsnorm_fwd_config import MAX_ROWS
+from .rmsnorm_bwd_config import tma_rows_rule, tma_rows_take
 
 
 def config(N: int) -> tuple[int, int, int]:
@@ -21,3 +23,13 @@ def config(N: int) -> tuple[int, int, int]:
     rows = max(1, min(MAX_ROWS, tile // block))
     warps = 16 if padded and block >= 4096 else tile // 2048
     return block, rows, max(1, min(16, block * rows // 1024, warps))
+
+
+def tma_rows(N: int, elem_bytes: int, dev: DeviceInfo | None) -> dict:
+    """The fields of rmsnorm_bwd_config.BwdConfig with which rows of N elements of elem_bytes and a dh run
+    Triton's TMA rows kernel reading dh on `dev` (NVIDIA sm_90+, 16-bit rows of a multiple of 8 columns,
+    the GPU model's TmaRowsRule's dh bands), or {} where they run the kernel above (add_rmsnorm_bwd.py)."""
+    if (dev is None or dev.vendor != "nvidia" or dev.arch is None or dev.arch < (9, 0) or elem_bytes != 2
+            or N % 8):
+        return {}
+    return tma_rows_take(N, elem_bytes, tma_rows_rule(dev), dh=True)

@@ -10,10 +10,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._platform import DeviceInfo
 from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block, slot_count
-from .rmsnorm_bwd_config import (REDUCE_COLS, TMA_ROWS_MAX, BwdConfig, analytic_config, grid_groups, tma_config,
-                                 tma_rows_config, tma_rows_rule)
-from .rmsnorm_bwd_kernel import (TMA_ROWS_KERNELS, dw_reduce_kernel, rms_norm_bwd_kernel, rms_norm_bwd_tma_kernel,
-                                 rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_kernel)
+from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_align,
+                                 tma_rows_config, tma_rows_rule, tma_rows_take)
+from .rmsnorm_bwd_kernel import (TMA_ROWS_DH_KERNELS, TMA_ROWS_KERNELS, dw_reduce_kernel, rms_norm_bwd_kernel,
+                                 rms_norm_bwd_tma_kernel, rms_norm_bwd_tma_rows2_dh_kernel,
+                                 rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_dh_kernel,
+                                 rms_norm_bwd_tma_rows_kernel)
 from .tiling import needs_int64, offset_align
 
 
@@ -39,26 +41,30 @@ def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, 
 
 
 def tma_rows_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, dx: torch.Tensor | None, sx: int,
-                     sdy: int, tma_capable: bool) -> bool:
+                     sdy: int, tma_capable: bool, dh2d: torch.Tensor | None = None) -> bool:
     """Whether `rms_norm_bwd_tma_rows_kernel` may run: the config has its tile (`tma_rows`), dx is wanted
     (`dx` None otherwise), the device has TMA (or Triton is interpreted), and x, dy and dx are
     TMA-addressable (16-byte aligned starts and row strides, no zero stride). Rows past TMA_ROWS_MAX
-    columns (an H200's `wide` band) need 32-byte aligned starts and strides: each row's copy 16 bytes off
-    a 32-byte boundary ran 15-19 % behind the pointer kernel there (rmsnorm_bwd_config). Its stages must
-    also fit the device's shared memory (`launch`: tma_rows_config)."""
-    align = 32 if x2d.shape[1] > TMA_ROWS_MAX else 16
+    columns (an H200's `wide` band; with dh past DH_ONE_BLOCK) need 32-byte aligned starts and strides:
+    each row's copy 16 bytes off a 32-byte boundary ran 4-19 % behind the other kernel there
+    (rmsnorm_bwd_config.tma_rows_align). Its stages must also fit the device's shared memory (`launch`:
+    tma_rows_config). `dh2d`: the residual add's dh, read by TMA too (its rows as addressable)."""
+    align = tma_rows_align(x2d.shape[1], dh2d is not None)
+    dh = () if dh2d is None else ((dh2d, dh2d.stride(0) if dh2d.shape[0] > 1 else x2d.shape[1]),)
     return (tma_capable and cfg.tma_rows > 0 and cfg.split == 1 and dx is not None
-            and tma_addressable((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1]), align=align))
+            and tma_addressable((x2d, sx), (dy2d, sdy), (dx, x2d.shape[1]), *dh, align=align))
 
 
 def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.Tensor | None,
            rstd: torch.Tensor, offset: float, need_dx: bool, need_dw: bool, sm_count: int,
-           out: tuple | None = None, tma_capable: bool = False):
+           out: tuple | None = None, tma_capable: bool = False, dh2d: torch.Tensor | None = None):
     """(dx [M, N] contiguous in x's dtype or None, dw [N] in the weight's dtype or None).
 
     The API layer has validated everything: x2d and dy2d [M, N] with unit column stride (dy's row
     stride may be 0), M >= 1, rstd [M] fp32 (the forward's), weight [N] or None. `out`: (dx, dw).
-    `tma_capable`: the device has TMA (NVIDIA sm_90+) or Triton is interpreted."""
+    `tma_capable`: the device has TMA (NVIDIA sm_90+) or Triton is interpreted. `dh2d` ([M, N], unit
+    column stride): added to dx by the TMA rows kernel; only where tma_rows_applies with it (the caller,
+    triton/add_rmsnorm_bwd.py, asks first)."""
     M, N = x2d.shape
     device = x2d.device
     need_dw = need_dw and weight is not None
@@ -77,19 +83,25 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     w_arg = weight if weight is not None else rstd
     dx_arg = dx if need_dx else rstd
     rows_cfg = None
-    if tma_rows_applies(cfg, x2d, dy2d, dx if need_dx else None, sx, sdy, tma_capable):
-        rows_cfg = tma_rows_config(cfg, shared_per_block(device), x2d.element_size(), dy2d.element_size())
+    if tma_rows_applies(cfg, x2d, dy2d, dx if need_dx else None, sx, sdy, tma_capable, dh2d):
+        rows_cfg = tma_rows_config(cfg, shared_per_block(device), x2d.element_size(), dy2d.element_size(),
+                                   dh2d.element_size() if dh2d is not None else 0, dx.element_size())
+    if dh2d is not None and rows_cfg is None:
+        raise ValueError("dh is read by the TMA rows kernel only (tma_rows_applies)")
     if rows_cfg is not None:
         cfg = rows_cfg
         # one entry point per count of pieces (by their module names here: the tests count their launches)
-        kernel = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)[len(cfg.pieces) - 1]
-        descs = [[TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, p]) for p in cfg.pieces]
-                 for t, s in ((x2d, sx), (dy2d, sdy), (dx, N))]
+        kernel = ((rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel) if dh2d is None else
+                  (rms_norm_bwd_tma_rows_dh_kernel, rms_norm_bwd_tma_rows2_dh_kernel))[len(cfg.pieces) - 1]
+        tensors = [(x2d, sx), (dy2d, sdy), (dx, N)]
+        if dh2d is not None:
+            tensors.append((dh2d, dh2d.stride(0) if M > 1 else N))
+        descs = [[TensorDescriptor(t, [M, N], [s, 1], [cfg.rows, p]) for p in cfg.pieces] for t, s in tensors]
         consts = dict(ROWS=cfg.rows, PIECES=cfg.pieces, STARTS=cfg.piece_starts, HAS_W=weight is not None,
                       NEED_DW=need_dw, STAGES=cfg.tma_stages)
 
         def kernel_args(dw_arg):
-            return (*descs[0], *descs[1], *descs[2], w_arg, rstd, dw_arg, M, offset, N)
+            return (*(d for ds in descs for d in ds), w_arg, rstd, dw_arg, M, offset, N)
     elif tma_applies(cfg, x2d, dy2d, sx, sdy, need_dx, tma_capable):
         kernel = rms_norm_bwd_tma_kernel
         inner = min(256, cfg.part)  # a TMA box is at most 256 elements along each dimension

@@ -103,18 +103,28 @@ class TmaRowsRule:
     `tile_elems`, the most elements of its rows a tile holds (tma_rows_tile: the rows a tile takes);
     `pieces`, the most powers of two a row filling less than min_fill may be cut into instead
     (row_pieces: only where they tile it exactly); `wide`, a band of columns past TMA_ROWS_MAX whose rows
-    of a multiple of 32 bytes take the kernel too, a row a tile."""
+    of a multiple of 32 bytes take the kernel too, a row a tile. With dh (the residual add's backward,
+    tma_rows_take's `dh`): rows of TMA_ROWS_MIN to `dh_max` columns (0: none), those in a block of more
+    than DH_ONE_BLOCK columns only at a multiple of 32 bytes filling `dh_min_fill` of it or in exact
+    pieces, and the band `dh_wide` as `wide`."""
     in_flight: int
     min_fill: float = 0.0
     tile_elems: int = TILE_ELEMS
     pieces: int = 1
     wide: tuple[int, int] = (0, -1)
+    dh_max: int = 0
+    dh_min_fill: float = 0.0
+    dh_wide: tuple[int, int] = (0, -1)
 
     def __post_init__(self):
         if not 1 <= self.pieces <= 2:  # the kernel's entry points (rmsnorm_bwd_kernel.TMA_ROWS_KERNELS)
             raise ValueError(f"TmaRowsRule.pieces must be 1 or 2, got {self.pieces}")
-        if self.wide[0] <= self.wide[1] and not (TMA_ROWS_MAX < self.wide[0] and self.wide[1] <= TILE_ELEMS):
-            raise ValueError(f"TmaRowsRule.wide must lie in {TMA_ROWS_MAX + 1}..{TILE_ELEMS}, got {self.wide}")
+        for name in ("wide", "dh_wide"):
+            lo, hi = getattr(self, name)
+            if lo <= hi and not (TMA_ROWS_MAX < lo and hi <= TILE_ELEMS):
+                raise ValueError(f"TmaRowsRule.{name} must lie in {TMA_ROWS_MAX + 1}..{TILE_ELEMS}, got {(lo, hi)}")
+        if self.dh_max and not TMA_ROWS_MIN <= self.dh_max <= TMA_ROWS_MAX:
+            raise ValueError(f"TmaRowsRule.dh_max must be 0 or in {TMA_ROWS_MIN}..{TMA_ROWS_MAX}, got {self.dh_max}")
 
 
 # On an H100 the target is 52 KiB: at 768 the rule takes 4 stages (3 keep 2 x 24 KiB ahead: 0.939 against
@@ -152,9 +162,34 @@ class TmaRowsRule:
 # rows of 8 (mod 16) columns, each row's copy starting 16 bytes off a 32-byte boundary, lost 15-19 % (6152,
 # 6984, 7992, 8008: 0.689-0.782), so they keep the pointer kernel. One row a tile: the 14336-element tiles
 # hold two rows up to 7168, which measured 0.908 against one row's 0.935 at 7168 (6656: 0.893 / 0.890).
+# With dh (the residual add's backward: dh read by TMA too and added to dx), on the H200, against what its
+# mode=None ran there (Triton's fused register kernel up to 1024 columns, the cuTile kernel reading dh above;
+# python bench/probe/triton_bwd_rows.py --dh --stages 3 --pieces 1,2, bf16, 2^27 elements, medians of 3, ratio
+# to a copy of 2 x its bytes; docs/performance.md 2.49):
+#   * rows of one block of up to DH_ONE_BLOCK columns, every width measured: 544-1024 at 0.78-0.96 (544 / 568
+#     0.776 / 0.801, 640-1024 0.90-0.96) against the register kernel's 0.45-0.89 (896: 0.955 against 0.863);
+#   * 2048-column blocks, rows of a multiple of 16 columns filling at least dh_min_fill of the block: +0.6 to
+#     +13 % at 1088, 1152 (in two pieces, 0.971), 1216, 1280, 1312, 1344, 1360, 1376, 1392, 1408, 1440, 1456;
+#     below that fill it lost (1040 / 1056 / 1072: 0.722 / 0.749 / 0.798 against 0.819 / 0.827 / 0.821, the
+#     crossing between 1072, 52 % of the block, and 1088, 53 %); rows of 8 (mod 16) columns lost 4-17 % at 1032,
+#     1048, 1064, 1096, 1176, 1256, 1320, 1368, 1384, 1400 (as the wide band's plain rows, half of them start 16
+#     bytes off 32); past dh_max the cuTile kernel's measured configs lead (1472 / 1536 / 1792 / 2048: 0.914 /
+#     0.941 / 0.955 / 0.968 against 0.953 / 0.963 / 0.995 / 0.994; 1600 / 1664 within 1 %);
+#   * dh_wide, rows of a multiple of 16 columns a row a tile (6144 in two pieces, 4096 + 2048: 0.951, one
+#     8192 box 0.922): 0.926-0.979 at 6144, 6176, 6192, 6224, 6240, 6272, 6288, 6368, 6544, 6656, 6800, 6912,
+#     7168, 7184, 7424, 7456, 7680, 7856, 7936 against the cuTile kernel's 0.861-0.941 (7168: 0.969 against
+#     0.907); level at 6208 and 8192 (0.981 / 0.982, 0.954 / 0.955); 6160 0.842 against 0.858 in one run, 0.932
+#     against 0.908 in another; between 2048 and 6144 the cuTile kernel led (2560-5120: TMA 0.73-0.95 against
+#     0.91-0.99).
+# With dh, 3 stages (TMA_ROWS_STAGES[0]): two tiles of x, dy and dh ahead hold 72-104 KiB at these rows, about
+# the H200's in_flight; 3 against 4 stages measured +0.5 to +2.5 % at 1024, 2048, 6272, 6656-7936, level at
+# 6144 (0.951 / 0.949), and at 6160 -3.4 % in one run (0.808 / 0.842) where against 5 it gained 2.0 % in
+# another (0.932 / 0.912; 6176-6240: +0.9 to +6.4 %).
+DH_ONE_BLOCK = 1024
 H100_TMA_ROWS = TmaRowsRule(in_flight=52 * 1024)
 TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75, tile_elems=14336, pieces=2,
-                                         wide=(6145, 8192))}  # gpu_model -> rule
+                                         wide=(6145, 8192), dh_max=1456, dh_min_fill=0.53,
+                                         dh_wide=(6144, 8192))}  # gpu_model -> rule
 
 
 def tma_rows_rule(dev: DeviceInfo | None) -> TmaRowsRule:
@@ -178,23 +213,36 @@ def tma_rows_tile(N: int, tile_elems: int) -> int:
     return 1 << (max(1, tile_elems // N).bit_length() - 1)
 
 
-def tma_rows_take(N: int, elem_bytes: int, rule: TmaRowsRule) -> dict:
+def tma_rows_take(N: int, elem_bytes: int, rule: TmaRowsRule, dh: bool = False) -> dict:
     """The TMA rows kernel's fields of BwdConfig for 16-bit rows of N (a multiple of 8) under `rule`, or
-    {} where the rule leaves them to the pointer kernel."""
+    {} where the rule leaves them to the pointer kernel (`dh`: the residual add's backward, its own
+    bands: TmaRowsRule)."""
     block = pow2_ceil(N)
-    if TMA_ROWS_MIN <= N <= TMA_ROWS_MAX:
+    wide = rule.dh_wide if dh else rule.wide
+    if TMA_ROWS_MIN <= N <= (rule.dh_max if dh else TMA_ROWS_MAX):
         pieces = (block,)
         if N < rule.min_fill * block:  # too much of the block idle: exact pieces or the pointer kernel
             pieces = row_pieces(N, rule.pieces)
-            if sum(pieces) != N:
+            if sum(pieces) != N and not (dh and (block <= DH_ONE_BLOCK or N >= rule.dh_min_fill * block)):
                 return {}
+            pieces = pieces if sum(pieces) == N else (block,)
+        if dh and block > DH_ONE_BLOCK and N % 16:
+            return {}
         rows = tma_rows_tile(N, rule.tile_elems)
-    elif rule.wide[0] <= N <= rule.wide[1] and N % 16 == 0:
-        pieces, rows = (block,), 1
+    elif wide[0] <= N <= wide[1] and N % 16 == 0:
+        pieces, rows = row_pieces(N, rule.pieces) if dh else (block,), 1
+        pieces = pieces if sum(pieces) == N else (block,)
     else:
         return {}
-    return dict(tma_rows=rows, tma_stages=tma_rows_stages(N, rows, elem_bytes, rule.in_flight),
-                tma_pieces=pieces if len(pieces) > 1 else ())
+    stages = TMA_ROWS_STAGES[0] if dh else tma_rows_stages(N, rows, elem_bytes, rule.in_flight)
+    return dict(tma_rows=rows, tma_stages=stages, tma_pieces=pieces if len(pieces) > 1 else ())
+
+
+def tma_rows_align(N: int, dh: bool = False) -> int:
+    """The bytes the TMA rows kernel's row starts and strides must be a multiple of at rows of N: 32 past
+    TMA_ROWS_MAX columns (and, with dh, past DH_ONE_BLOCK), where rows 16 bytes off 32 lost to the other
+    kernel (TmaRowsRule's evidence); else 16, TMA's own."""
+    return 32 if N > (DH_ONE_BLOCK if dh else TMA_ROWS_MAX) else 16
 
 
 def tma_rows_stages(N: int, rows: int, elem_bytes: int, in_flight: int) -> int:
@@ -235,23 +283,25 @@ def grid_groups(cfg: BwdConfig, M: int, sm_count: int, resident: int = 32) -> in
     return max(1, min(tiles, min(cfg.programs_per_sm, resident) * sm_count // cfg.split))
 
 
-def tma_rows_shared_bytes(cfg: BwdConfig, stages: int, x_bytes: int, dy_bytes: int) -> int:
+def tma_rows_shared_bytes(cfg: BwdConfig, stages: int, x_bytes: int, dy_bytes: int, dh_bytes: int = 0,
+                          dx_bytes: int | None = None) -> int:
     """The shared memory rms_norm_bwd_tma_rows_kernel takes at `stages`: Triton's pipeliner keeps
-    stages - 1 tiles of x and dy, plus one tile of dx for its TMA store and 1 KiB of barriers and
-    scratch (compiled for sm_90: 82112 bytes at 3 stages, 147712 at 5, 16-bit tiles of 8192 elements)."""
+    stages - 1 tiles of x and dy (and dh, dh_bytes > 0), plus one tile of dx (x's bytes unless dx_bytes)
+    for its TMA store and 1 KiB of barriers and scratch (compiled for sm_90: 82112 bytes at 3 stages,
+    147712 at 5, 16-bit tiles of 8192 elements)."""
     tile = cfg.tma_rows * sum(cfg.pieces)
-    return (stages - 1) * tile * (x_bytes + dy_bytes) + tile * x_bytes + 1024
+    return (stages - 1) * tile * (x_bytes + dy_bytes + dh_bytes) + tile * (dx_bytes or x_bytes) + 1024
 
 
-def tma_rows_config(cfg: BwdConfig, shared_max: int | None = None, x_bytes: int = 2,
-                    dy_bytes: int = 2) -> BwdConfig | None:
+def tma_rows_config(cfg: BwdConfig, shared_max: int | None = None, x_bytes: int = 2, dy_bytes: int = 2,
+                    dh_bytes: int = 0, dx_bytes: int | None = None) -> BwdConfig | None:
     """The launch config of rms_norm_bwd_tma_rows_kernel for `cfg` (tma_rows > 0): its tile, its warps,
     one program per SM, its stages capped to what `shared_max` bytes a block may take (None: no cap); None
     where not even TMA_ROWS_STAGES[0] fit (the GPUs with 99 KiB a block, sm_120, at rows of up to 1536
     16-bit columns take 3 stages; with an fp32 dy fewer fit)."""
     stages = cfg.tma_stages
     while shared_max is not None and stages >= TMA_ROWS_STAGES[0] and \
-            tma_rows_shared_bytes(cfg, stages, x_bytes, dy_bytes) > shared_max:
+            tma_rows_shared_bytes(cfg, stages, x_bytes, dy_bytes, dh_bytes, dx_bytes) > shared_max:
         stages -= 1
     if stages < TMA_ROWS_STAGES[0]:
         return None

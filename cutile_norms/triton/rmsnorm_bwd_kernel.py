@@ -261,8 +261,9 @@ def _piece_cols(START: tl.constexpr, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _tma_rows(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECES: tl.constexpr,
-              STARTS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, STAGES: tl.constexpr):
+def _tma_rows(XD, DYD, DXD, DHD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECES: tl.constexpr,
+              STARTS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr, STAGES: tl.constexpr,
+              HAS_DH: tl.constexpr):
     """Whole rows in tiles of ROWS rows, each row cut into pieces of PIECES columns (powers of two) at
     columns STARTS, read through the descriptors XD and DYD and written through DXD (tuples, one per
     piece, of descriptors of the [M, N] rows with boxes [ROWS, piece]): the columns past N and the rows
@@ -270,7 +271,8 @@ def _tma_rows(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECE
     tile the row exactly (rmsnorm_bwd_config.row_pieces). Triton's pipeliner
     (`tl.range(num_stages=STAGES)`) issues each tile's bulk copies STAGES - 1 tiles ahead into shared
     memory. dw as in rms_norm_bwd_kernel (this program's row of the R x N partials, or dw itself with
-    one program)."""
+    one program). HAS_DH: the residual add's backward, dh read through DHD (a tuple as XD) and added to
+    dx (the grad into h), issued ahead by the pipeliner with x and dy."""
     group = tl.program_id(0)
     groups = tl.num_programs(0)
     K: tl.constexpr = len(PIECES)
@@ -309,7 +311,10 @@ def _tma_rows(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr, PIECE
             g = dys[i]
             if HAS_W:
                 g = dys[i] * ws[i][None, :]
-            DXD[i].store([row0, STARTS[i]], (rstd[:, None] * (g - xhats[i] * mean[:, None])).to(DXD[i].dtype))
+            dx = rstd[:, None] * (g - xhats[i] * mean[:, None])
+            if HAS_DH:
+                dx += DHD[i].load([row0, STARTS[i]]).to(tl.float32)
+            DXD[i].store([row0, STARTS[i]], dx.to(DXD[i].dtype))
     if NEED_DW:
         for i in tl.static_range(K):
             cols = _piece_cols(STARTS[i], PIECES[i])
@@ -326,7 +331,8 @@ def rms_norm_bwd_tma_rows_kernel(XD, DYD, DXD, W, RSTD, DW, M, offset, N, ROWS: 
                                  STARTS: tl.constexpr, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
                                  STAGES: tl.constexpr):
     """`_tma_rows` over one piece."""
-    _tma_rows((XD,), (DYD,), (DXD,), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W, NEED_DW, STAGES)
+    _tma_rows((XD,), (DYD,), (DXD,), (), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W, NEED_DW, STAGES,
+              False)
 
 
 @triton.jit
@@ -334,11 +340,33 @@ def rms_norm_bwd_tma_rows2_kernel(XD0, XD1, DYD0, DYD1, DXD0, DXD1, W, RSTD, DW,
                                   PIECES: tl.constexpr, STARTS: tl.constexpr, HAS_W: tl.constexpr,
                                   NEED_DW: tl.constexpr, STAGES: tl.constexpr):
     """`_tma_rows` over two pieces."""
-    _tma_rows((XD0, XD1), (DYD0, DYD1), (DXD0, DXD1), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W,
-              NEED_DW, STAGES)
+    _tma_rows((XD0, XD1), (DYD0, DYD1), (DXD0, DXD1), (), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W,
+              NEED_DW, STAGES, False)
 
 
-TMA_ROWS_KERNELS = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)  # by count of pieces
+# The residual add's backward (dh read and added to dx) has entry points of its own: the norm's keep
+# their parameter lists (an unused descriptor is not passed).
+@triton.jit
+def rms_norm_bwd_tma_rows_dh_kernel(XD, DYD, DXD, DHD, W, RSTD, DW, M, offset, N, ROWS: tl.constexpr,
+                                    PIECES: tl.constexpr, STARTS: tl.constexpr, HAS_W: tl.constexpr,
+                                    NEED_DW: tl.constexpr, STAGES: tl.constexpr):
+    """`_tma_rows` over one piece, dh added."""
+    _tma_rows((XD,), (DYD,), (DXD,), (DHD,), W, RSTD, DW, M, offset, N, ROWS, PIECES, STARTS, HAS_W, NEED_DW,
+              STAGES, True)
+
+
+@triton.jit
+def rms_norm_bwd_tma_rows2_dh_kernel(XD0, XD1, DYD0, DYD1, DXD0, DXD1, DHD0, DHD1, W, RSTD, DW, M, offset, N,
+                                     ROWS: tl.constexpr, PIECES: tl.constexpr, STARTS: tl.constexpr,
+                                     HAS_W: tl.constexpr, NEED_DW: tl.constexpr, STAGES: tl.constexpr):
+    """`_tma_rows` over two pieces, dh added."""
+    _tma_rows((XD0, XD1), (DYD0, DYD1), (DXD0, DXD1), (DHD0, DHD1), W, RSTD, DW, M, offset, N, ROWS, PIECES,
+              STARTS, HAS_W, NEED_DW, STAGES, True)
+
+
+# by count of pieces: the norm's, then with dh
+TMA_ROWS_KERNELS = (rms_norm_bwd_tma_rows_kernel, rms_norm_bwd_tma_rows2_kernel)
+TMA_ROWS_DH_KERNELS = (rms_norm_bwd_tma_rows_dh_kernel, rms_norm_bwd_tma_rows2_dh_kernel)
 
 
 @triton.jit

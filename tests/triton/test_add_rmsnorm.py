@@ -103,6 +103,71 @@ def test_backward_matches_reference(seed, device, N, h_dtype, with_dh, with_w):
         assert dw is None
 
 
+class _Launches:
+    """A kernel that counts its launches (kernel[grid](...)) and is the kernel otherwise."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("N", [544, 896, 1088, 1152, 6144, 7168])
+@pytest.mark.parametrize("dtype,w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                                           (torch.bfloat16, None)])
+def test_backward_by_tma_with_dh(seed, device, N, dtype, w_dtype, monkeypatch):
+    """The fused backward on an H200 (its rule given as the device; the interpreter or any sm_90+ GPU) at rows
+    its dh bands take: Triton's TMA rows kernel reading dh (one 1024-column block of 16 rows at 544 / 896,
+    a 2048-column block of 8 at 1088, two pieces at 1152 and 6144, one 8192 box at 7168), counted, against
+    the fp64 closed form plus dh: M = 1 and 37 over 4 "SMs" (dw through the reduction), dy's rows strided,
+    offset 1, dw wanted or not. Then what it leaves to the register kernel, right too: dh in another dtype,
+    and past 1024 columns dh's rows 16 bytes off 32."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.triton import add_rmsnorm_bwd, rmsnorm_bwd
+    from cutile_norms.triton.add_rmsnorm_bwd_config import tma_rows
+
+    if device == "cuda" and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("TMA needs sm_90+")
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 4, 0)
+    take = tma_rows(N, 2, h200)
+    assert take, N
+    name = "rms_norm_bwd_tma_rows2_dh_kernel" if take["tma_pieces"] else "rms_norm_bwd_tma_rows_dh_kernel"
+    spy = _Launches(getattr(rmsnorm_bwd, name))
+    monkeypatch.setattr(rmsnorm_bwd, name, spy)
+
+    def check(M, dh_of, need_dw, launched, what):
+        h = random_rows((M, N), dtype, device)
+        w = random_weight(N, w_dtype, device) if w_dtype else None
+        dy = random_rows((M, N + 16), dtype, device)[:, :N]
+        dh = dh_of(M)
+        rstd = reference64(h, w, 1e-6, 1.0)[1].float()
+        before = spy.count
+        poisoned(torch.empty(M, N, dtype=dtype, device=device))  # freed: the grad's block on the GPU is this one
+        g, dw = add_rmsnorm_bwd.add_rms_norm_bwd(dy, dh, h, w, rstd, 1.0, need_dw, 3, dtype, h200)
+        assert spy.count == before + launched, f"{what}: {spy.count - before} TMA launches, expected {launched}"
+        eg, ew, sg, sw = reference_bwd64(h, w, dy, 1e-6, 1.0)
+        assert g.dtype == dtype and not g.isnan().any(), what
+        assert_grad_close(g, eg + dh.double(), sg + dh.double().abs(), dtype, f"{what} grad into h", seed)
+        if need_dw and w is not None:
+            assert dw.dtype == w.dtype
+            assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)
+        else:
+            assert dw is None, what
+
+    for M in (1, 37):
+        check(M, lambda m: random_rows((m, N), dtype, device), True, 1, f"TMA N={N} M={M} {dtype}/{w_dtype}")
+    check(37, lambda m: random_rows((m, N), dtype, device), False, 1, f"TMA N={N} dx alone")
+    check(37, lambda m: random_rows((m, N), torch.float32, device), True, 0, f"fp32 dh N={N}")
+    if N > 1024:
+        check(37, lambda m: random_rows((m, N + 16), dtype, device)[:, 8:N + 8], True, 0, f"dh 16 bytes in, N={N}")
+
+
 CHILD = r"""
 import json, re, sys, triton
 from triton.backends.compiler import GPUTarget

@@ -417,6 +417,35 @@ def test_row_pieces():
             assert exact == (bin(N).count("1") <= most and N & -N >= 128), (N, most, p)
 
 
+def test_dh_rows_rule():
+    """tma_rows_take with dh (the residual add's backward) at every multiple of 8 to 8192: on an H200 rows
+    of 520-1024 columns (one block), of 1025-1456 at a multiple of 16 filling 53 % of their 2048 block or
+    that two powers of two tile exactly, and of 6144-8192 at a multiple of 16 (6144 in two pieces), 3
+    stages, pieces only where they tile the row exactly; on an H100 none. A rule whose dh bands leave their
+    ranges is refused."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms._util import pow2_ceil
+    from cutile_norms.triton.rmsnorm_bwd_config import TmaRowsRule, tma_rows_align, tma_rows_rule, tma_rows_take
+
+    h200, h100 = (tma_rows_rule(DeviceInfo("nvidia", f"NVIDIA {m}", (9, 0), 132)) for m in ("H200", "H100"))
+    for N in range(8, 8200, 8):
+        take = tma_rows_take(N, 2, h200, dh=True)
+        two = bin(N).count("1") == 2 and N & -N >= 128
+        narrow = 520 <= N <= 1024 or (1024 < N <= 1456 and N % 16 == 0 and (N >= 0.53 * 2048 or two))
+        wide = 6144 <= N <= 8192 and N % 16 == 0
+        assert bool(take) == (narrow or wide), (N, take)
+        assert not tma_rows_take(N, 2, h100, dh=True), N
+        if take:
+            pieces = take["tma_pieces"] or (pow2_ceil(N),)
+            assert take["tma_stages"] == 3 and (sum(pieces) == N or len(pieces) == 1), (N, take)
+            assert take["tma_rows"] == 1 if wide else take["tma_rows"] * N <= h200.tile_elems, (N, take)
+            assert tma_rows_align(N, dh=True) == (32 if N > 1024 else 16)
+    assert tma_rows_take(6144, 2, h200, dh=True)["tma_pieces"] == (4096, 2048)
+    for bad in (dict(dh_max=4096), dict(dh_max=100), dict(dh_wide=(1024, 8192)), dict(dh_wide=(6144, 9000))):
+        with pytest.raises(ValueError, match="dh_"):
+            TmaRowsRule(in_flight=1, **bad)
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU only
 # ------------------------------------------------------------------------------------------------
