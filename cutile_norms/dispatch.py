@@ -414,18 +414,19 @@ BWD_FUSED, BWD_DH_INSIDE, BWD_DH_AFTER = "fused", "inside", "after"  # residual_
 # Narrow rows hold too few bytes per cuTile tile; from 2 KiB the cuTile kernel's worst case is the better
 # one on both GPUs (0.821 against 0.822 on the H100, 0.699 against 0.566 on the H200), as for the norm's
 # own backward its configs hold at the measured widths and less between them (3584, 6144-7168).
-# Rows a GPU model's rule gives Triton's TMA rows kernel with dh (the H200: to 1456 columns, 6144-8192; evidence
-# in triton/rmsnorm_bwd_config.py: 896 0.955, 6144 0.951, 7168 0.969) run Triton's fused form, dh read by TMA.
+# Rows a GPU model's rule gives Triton's TMA rows kernel with dh (the H200: 520-1456 columns, 6144-8192; evidence in
+# triton/rmsnorm_bwd_config.py: 896 0.955, 6144 0.951, 7168 0.969) run Triton's fused form, dh read by TMA.
 FUSED_ADD_BWD_TRITON_BYTES = 2 * 1024
 
 
 def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes: int, dev: DeviceInfo,
-                      tools: Toolchain, has_dh: bool = True) -> tuple[str, str, str]:
+                      tools: Toolchain, has_dh: bool = True, by_tma: bool = True) -> tuple[str, str, str]:
     """(how, the backward's mode, why) the residual add's backward runs for a call that asked for `mode_name`, whose
     norm `resolve` gave as `choice`, rows of N elements of h of elem_bytes. The grad into h is the norm's backward on
     h plus dh (its later uses' grad): dy, h and dh read once and one grad written move 4 M N e bytes, the norm's
     backward then an add 6. BWD_FUSED: Triton's kernel (FUSED_ADD_BWD_KERNEL); BWD_DH_INSIDE: the mode's backward
-    kernel reads dh with the row (BackwardBackend.adds_dh); BWD_DH_AFTER: an add after it (has_dh False: none)."""
+    kernel reads dh with the row (BackwardBackend.adds_dh); BWD_DH_AFTER: an add after it (has_dh False: none).
+    by_tma False: the call's tensors are not ones Triton's TMA rows form takes (its tensors_take_tma)."""
     bwd_mode = "torch" if choice.mode == "torch" else choice.dh_backward_mode
     off = _fused_off(choice.mode, dev)
     if off or bwd_mode == "torch":  # no dh read: the norm's own backward (without dh)
@@ -434,11 +435,10 @@ def residual_backward(mode_name: str | None, choice: Choice, N: int, elem_bytes:
     triton_fits = (mode_name in (None, "triton") and N <= FUSED_ADD_BWD_MAX_N
                    and not unavailable_reason(MODES["triton"], dev, tools))
     why_triton = f"Triton, the row in registers (N <= {FUSED_ADD_BWD_MAX_N})"
-    up_to = f", rows of up to {FUSED_ADD_BWD_TRITON_BYTES} bytes" * (mode_name is None)
-    if triton_fits and has_dh and fused_bwd_tma_rows(N, elem_bytes, dev):
+    if triton_fits and has_dh and by_tma and fused_bwd_tma_rows(N, elem_bytes, dev):
         return BWD_FUSED, bwd_mode, f"Triton's TMA rows kernel reading dh ({dev.name}'s rule, N={N})"
     if triton_fits and (mode_name == "triton" or N * elem_bytes <= FUSED_ADD_BWD_TRITON_BYTES):
-        return BWD_FUSED, bwd_mode, why_triton + up_to
+        return BWD_FUSED, bwd_mode, why_triton + f", to {FUSED_ADD_BWD_TRITON_BYTES} bytes a row" * (mode_name is None)
     if (mode_name is None and not backward_backend(bwd_mode).adds_dh
             and not unavailable_reason(MODES["multi_wave_cached"], dev, tools)):
         bwd_mode = "multi_wave_cached"  # the cuTile persistent backward, which reads dh (measured above)

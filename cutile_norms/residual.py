@@ -35,6 +35,7 @@ from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference, rms_norm_backward
 from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, grad_rows, plan, validate
+from .triton.add_rmsnorm_bwd_config import tensors_take_tma
 
 
 def validate_residual(x, residual, residual_dtype) -> None:
@@ -160,13 +161,15 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
     if h.numel() == 0:
         return torch.zeros_like(h, dtype=g_dtype), torch.zeros_like(weight) if need_dw else h.new_empty(0)
     dev, M, choice = plan(h, mode or None, weight)
+    h2d = as_rows(h)
+    dy2d, dh2d = grad_rows(dy, h2d, keep_dtype=True), None if dh is None else grad_rows(dh, h2d, keep_dtype=True)
     how, bwd_mode, _ = dispatch.residual_backward(mode or None, choice, h.shape[-1], h.element_size(), dev,
-                                                  toolchain(), has_dh=dh is not None)
+                                                  toolchain(), has_dh=dh is not None,
+                                                  by_tma=tensors_take_tma(dy2d, dh2d, h2d, g_dtype))
     if how == dispatch.BWD_FUSED:
-        h2d = as_rows(h)
         g2d, dw = dispatch.load(dispatch.FUSED_ADD_BWD_KERNEL)(
-            grad_rows(dy, h2d, keep_dtype=True), None if dh is None else grad_rows(dh, h2d, keep_dtype=True), h2d, weight, rstd.reshape(-1),
-            offset, need_dw, 2 * max(dev.sm_count, 1), g_dtype, dev)  # 2 per SM: the kernel's measured grid
+            dy2d, dh2d, h2d, weight, rstd.reshape(-1), offset, need_dw, 2 * max(dev.sm_count, 1), g_dtype,
+            dev)  # 2 per SM: the register kernel's measured grid
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
     inside = how == dispatch.BWD_DH_INSIDE
@@ -301,7 +304,8 @@ def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str 
     fwd = (f"residual add: fused into the norm ({kernel}: {why})" if kernel else
            f"residual add: torch.add into h, then the norm kernel on h ({why})")
     h_bytes = (residual_dtype or x.dtype).itemsize
-    how, bwd_mode, why_bwd = dispatch.residual_backward(mode, choice, x.shape[-1], h_bytes, dev, toolchain())
+    how, bwd_mode, why_bwd = dispatch.residual_backward(  # (dy in x's dtype, dh in h's, both contiguous)
+        mode, choice, x.shape[-1], h_bytes, dev, toolchain(), by_tma=x.dtype == h.dtype)
     bwd = {dispatch.BWD_FUSED: f"residual backward: fused, dh added inside ({dispatch.FUSED_ADD_BWD_KERNEL}: "
                                f"{why_bwd})",
            dispatch.BWD_DH_INSIDE: f"residual backward: fused, dh added inside the norm's backward ({why_bwd})",

@@ -589,8 +589,9 @@ def test_residual_backward_h200_dh_rows(monkeypatch, N, fused):
     """mode None on an H200, 16-bit h with dh: Triton's fused form (its TMA rows kernel reading dh,
     triton/add_rmsnorm_bwd_config.tma_rows) where the H200's rule takes the rows, also past
     FUSED_ADD_BWD_TRITON_BYTES (1088-1456 columns at a multiple of 16 filling 53 % of their block, and
-    6144-8192 at a multiple of 16); elsewhere what ran before (the cuTile kernel reading dh past 2 KiB rows).
-    Without dh, on an H100 and beside fp32 rows, the rule is the H100's (no dh rows by TMA)."""
+    6144-8192 at a multiple of 16), mode "triton" too; elsewhere what ran before (the cuTile kernel reading dh
+    past 2 KiB rows), and so without dh, on an H100, beside fp32 rows, and where the call's tensors are not
+    ones the TMA form takes (by_tma False: add_rmsnorm_bwd_config.tensors_take_tma)."""
     monkeypatch.delenv(dispatch.ENV_FUSED, raising=False)
     h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
     choice = dispatch.Choice("triton", "the norm's", bwd_mode="triton")
@@ -599,6 +600,12 @@ def test_residual_backward_h200_dh_rows(monkeypatch, N, fused):
         assert how == dispatch.BWD_FUSED and "TMA rows kernel reading dh" in why, (N, how, why)
     else:
         assert "TMA" not in why and (how != dispatch.BWD_FUSED or N * 2 <= dispatch.FUSED_ADD_BWD_TRITON_BYTES), (N, why)
-    for dev, n_bytes, has_dh in ((H100, 2, True), (h200, 4, True), (h200, 2, False)):
-        why = dispatch.residual_backward(None, choice, N, n_bytes, dev, ALL_TOOLS, has_dh=has_dh)[2]
-        assert "TMA" not in why, (N, dev.name, n_bytes, has_dh, why)
+    named = dispatch.residual_backward("triton", choice, N, 2, h200, ALL_TOOLS)
+    assert named[0] == dispatch.BWD_FUSED and ("TMA" in named[2]) == fused, (N, named)  # (to 8192: Triton's form)
+    for dev, n_bytes, has_dh, by_tma in ((H100, 2, True, True), (h200, 4, True, True), (h200, 2, False, True),
+                                         (h200, 2, True, False)):
+        how, bwd, why = dispatch.residual_backward(None, choice, N, n_bytes, dev, ALL_TOOLS, has_dh=has_dh,
+                                                   by_tma=by_tma)
+        assert "TMA" not in why, (N, dev.name, n_bytes, has_dh, by_tma, why)
+        if has_dh and N * n_bytes > dispatch.FUSED_ADD_BWD_TRITON_BYTES:  # as before: the cuTile kernel reads dh
+            assert (how, bwd) == (dispatch.BWD_DH_INSIDE, "multi_wave_cached"), (N, dev.name, how, bwd)

@@ -248,16 +248,21 @@ def test_residual_add_beside_an_fp32_weight_past_2_32_elements(seed, monkeypatch
 
 
 @pytest.mark.parametrize("N", [1152, 6144])
-def test_residual_backward_by_tma_with_dh_past_2_32_elements(N, seed):
+def test_residual_backward_by_tma_with_dh_past_2_32_elements(N, seed, monkeypatch):
     """Triton's TMA rows kernel reading dh (the fused backward's form on an H200's dh rows: 1152 in 8-row
     tiles of two pieces, 6144 a row a tile in two pieces), called with the H200's rule on this GPU, on
     rows past 2^32 elements: the grad into h at the checked rows against the fp64 closed form plus dh,
-    dw against its fp64 sum over every row."""
+    dw against its fp64 sum over every row; the launch counted."""
     from cutile_norms._platform import DeviceInfo
+    from cutile_norms.triton import rmsnorm_bwd
+    from cutile_norms.triton._common import shared_per_block
     from cutile_norms.triton.add_rmsnorm_bwd import add_rms_norm_bwd
+    from tests.triton._util import Launches
 
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA needs sm_90+")
+    if torch.cuda.get_device_capability() < (9, 0) or shared_per_block(torch.device("cuda")) < 227 * 1024:
+        pytest.skip("the H200's dh tiles need TMA (sm_90+) and 227 KiB of shared memory a block")
+    spy = Launches(rmsnorm_bwd.rms_norm_bwd_tma_rows2_dh_kernel)  # (both widths: two exact pieces)
+    monkeypatch.setattr(rmsnorm_bwd, "rms_norm_bwd_tma_rows2_dh_kernel", spy)
     M = (1 << 32) // N + 64
     _skip_unless_free(4 * M * N * 2 + (4 << 30))  # h, dy, dh, the grad
     torch.manual_seed(N)
@@ -277,6 +282,7 @@ def test_residual_backward_by_tma_with_dh_past_2_32_elements(N, seed):
     dev = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), torch.cuda.get_device_properties(0).multi_processor_count, 0)
     g, dw = add_rms_norm_bwd(dy, dh, h, w, rstd, 0.0, True, 2 * dev.sm_count, torch.bfloat16, dev)
     torch.cuda.synchronize()
+    assert spy.count == 1, "the TMA rows kernel reading dh did not run"
     rows = _rows_to_check(M, N)
     eg, _, sg, _ = reference_bwd64(h[rows], w, dy[rows], EPS, 0.0)
     tag = f"TMA rows with dh, bf16[{M}, {N}]"

@@ -11,6 +11,7 @@ the default) and not.
 """
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -19,8 +20,8 @@ import torch
 import cutile_norms as cn
 from cutile_norms import dispatch
 from cutile_norms._platform import device_info, toolchain
-from tests.conftest import (TOLERANCES, assert_close, assert_stored_sum, random_rows, random_weight, reference64,
-                            reference_bwd64)
+from tests.conftest import (TOLERANCES, assert_close, assert_grad_close, assert_stored_sum, random_rows, random_weight,
+                            reference64, reference_bwd64)
 
 CPU_CASES = [pytest.param("cpu", m, False, id=f"cpu-{m}-unfused") for m in ("torch", None, "triton")]
 GPU_CASES = [pytest.param("cuda", m, f, marks=pytest.mark.gpu, id=f"cuda-{m}-{'fused' if f else 'unfused'}")
@@ -279,3 +280,40 @@ def test_backward_rows_refuses_dh_for_a_backward_that_does_not_read_it():
     for mode in ("torch", "triton"):
         with pytest.raises(ValueError, match="does not read dh"):
             backward_rows(dy, x, None, rstd, 0.0, mode, True, False, CPU, dh=dh)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter is off (TRITON_INTERPRET)")
+def test_backward_op_on_an_h200s_dh_rows(monkeypatch, fused_gate, seed):
+    """residual._bwd_op's wiring on an H200's dh rows, on Triton's interpreter (the plan patched to an H200
+    running Triton; on the GPU the same launches are tests/triton/test_add_rmsnorm.py's): Triton's TMA rows
+    kernel reading dh where dy, dh and h take it (counted), and, where dy is expanded (row stride 0:
+    tensors_take_tma says no), not that kernel (without cuTile, as here: the register kernel); both against
+    the fp64 closed form plus dh."""
+    from cutile_norms import residual
+    from cutile_norms._platform import DeviceInfo, Toolchain
+    from cutile_norms.triton import rmsnorm_bwd
+    from tests.triton._util import Launches
+
+    device = "cpu"
+    fused_gate(True)
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 4, 0)
+    monkeypatch.setattr(residual, "toolchain", lambda: Toolchain(cutile="not here", cute=None, triton=None))
+    monkeypatch.setattr(residual, "plan", lambda h, mode, weight: (
+        h200, h.numel() // h.shape[-1], dispatch.Choice("triton", "an H200's plan", bwd_mode="triton")))
+    spy = Launches(rmsnorm_bwd.rms_norm_bwd_tma_rows2_dh_kernel)
+    monkeypatch.setattr(rmsnorm_bwd, "rms_norm_bwd_tma_rows2_dh_kernel", spy)
+    N = 1152  # two exact pieces, 8-row tiles
+    h = random_rows((3, 7, N), torch.bfloat16, device)
+    w = random_weight(N, torch.bfloat16, device)
+    rstd = reference64(h.reshape(-1, N), w, 1e-6, 0.0)[1].float()
+    dh = random_rows(h.shape, torch.bfloat16, device)
+    for dy, launched in ((random_rows(h.shape, torch.bfloat16, device), 1),
+                         (random_rows((1, 1, N), torch.bfloat16, device).expand(h.shape), 0)):
+        before = spy.count
+        g, dw = torch.ops.cutile_norms.add_rms_norm_bwd(dy, dh, h, w, rstd.reshape(3, 7), 0.0, "", True)
+        assert spy.count == before + launched, (launched, spy.count - before)
+        eg, ew, sg, sw = reference_bwd64(h.reshape(-1, N), w, dy.reshape(-1, N), 1e-6, 0.0)
+        what = f"_bwd_op on an H200's dh rows, dy strides {dy.stride()}"
+        assert_grad_close(g.reshape(-1, N), eg + dh.reshape(-1, N).double(), sg + dh.reshape(-1, N).double().abs(),
+                          torch.bfloat16, f"{what} grad into h", seed)
+        assert_grad_close(dw, ew, sw, w.dtype, f"{what} dw", seed)

@@ -35,7 +35,7 @@ def sass(N: int, group: int) -> tuple[list[str], int]:
            "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
            "scale_ub": "fp32", "N": "i32"}
     consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, STATIC=False, HAS_R=False, HAS_W=True,
-                  HAS_UB=False, UE8M0=False, TOP=448.0, MIN_AMAX=1e-12, INT64=False)
+                  HAS_UB=False, UE8M0=False, TOP=448.0, MIN_AMAX=1e-12, INT64=False, ALIGN=1)  # (N of 16: ALIGN 1)
     sig.update({k: "constexpr" for k in consts})
     attrs = {(K.arg_names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED}
     src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()},

@@ -33,7 +33,10 @@ from bench.timing import ratios_to_copy  # noqa: E402
 import cutile_norms as cn  # noqa: E402
 from cutile_norms._platform import device_info  # noqa: E402
 from cutile_norms.triton import rmsnorm_bwd as T  # noqa: E402
+from cutile_norms._util import pow2_ceil  # noqa: E402
 from cutile_norms.triton._common import shared_per_block  # noqa: E402
+from cutile_norms.triton.add_rmsnorm_bwd import add_rms_norm_bwd  # noqa: E402
+from cutile_norms.triton.add_rmsnorm_bwd_config import tma_rows  # noqa: E402
 from cutile_norms.triton.rmsnorm_bwd_config import (TMA_ROWS_MAX, row_pieces, tma_rows_config,  # noqa: E402
                                                     tma_rows_rule, tma_rows_stages, tma_rows_tile)
 
@@ -70,14 +73,11 @@ def main() -> int:
             return lambda: T.launch(c, dy, x, w, rstd, 0.0, True, True, dev.sm_count, out=(dx, dw), tma_capable=True,
                                     dh2d=dh)
         fns = {}
-        if args.dh:
-            from cutile_norms.triton.add_rmsnorm_bwd import add_rms_norm_bwd
-
-            def fused():
-                g, dw_ = add_rms_norm_bwd(dy, dh, x, w, rstd, 0.0, True, 2 * dev.sm_count, x.dtype)
-                dx.copy_(g)
-                dw.copy_(dw_)
-            fns["fused regs"] = fused
+        mine = (cfg.tma_rows, cfg.pieces, cfg.tma_stages)  # the rule's form, marked *
+        if args.dh:  # Triton's fused register kernel (no device given: never the TMA form), its own outputs
+            fns["fused regs"] = lambda: add_rms_norm_bwd(dy, dh, x, w, rstd, 0.0, True, 2 * dev.sm_count, x.dtype)
+            take = tma_rows(N, 2, dev)
+            mine = (take["tma_rows"], take["tma_pieces"] or (pow2_ceil(N),), take["tma_stages"]) if take else None
         else:
             fns["pointer"] = run(replace(cfg, tma_rows=0, tma_stages=0))
         for tile in args.tiles or [rule.tile_elems]:  # any width and fill; * the rule's tile, pieces and stages
@@ -87,19 +87,20 @@ def main() -> int:
                 if most > 1 and len(pieces) == 1:  # no exact tiling in `most` pieces: the 1-piece case
                     continue
                 for s in args.stages:
-                    s = s or tma_rows_stages(N, rows_t, 2, rule.in_flight)
+                    s = s or (mine[2] if args.dh and mine else tma_rows_stages(N, rows_t, 2, rule.in_flight))
                     tma = replace(cfg, tma_rows=rows_t, tma_stages=s, tma_pieces=pieces if len(pieces) > 1 else ())
                     launched = tma_rows_config(tma, shared, dh_bytes=2 if args.dh else 0)  # what the launch runs
-                    if launched is None or launched.tma_stages != s:
+                    if (launched is None or launched.tma_stages != s
+                            or not T.tma_rows_applies(tma, x, dy, dx, N, N, True, dh)):  # (dh: 32-byte rows past 1024)
                         continue
-                    ours = (cfg.tma_rows, cfg.pieces, cfg.tma_stages) == (rows_t, tma.pieces, s)
+                    ours = mine == (rows_t, tma.pieces, s)
                     name = f"tma {rows_t}r {len(pieces)}p {s}" + ("*" if ours else "")
                     fns.setdefault(name, run(tma))
         for name, fn in list(fns.items()):
             dx.fill_(float("nan"))
             dw.fill_(float("nan"))
-            fn()
-            if not backward_close(dx, dw, dx_ref, dw_ref):
+            out = fn() or (dx, dw)  # (the register kernel returns its own)
+            if not backward_close(*out, dx_ref, dw_ref):
                 print(f"N={N} {name}: WRONG", flush=True)
                 del fns[name]
         if args.dh:  # the grads of (y, h) into x0, r0 and w

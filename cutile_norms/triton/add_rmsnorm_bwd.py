@@ -8,9 +8,9 @@ import torch
 
 from .._platform import DeviceInfo
 from ._common import shared_per_block
-from .add_rmsnorm_bwd_config import config, tma_rows
+from .add_rmsnorm_bwd_config import config, tensors_take_tma, tma_rows
 from .add_rmsnorm_bwd_kernel import add_rms_norm_bwd_kernel
-from .rmsnorm_bwd import has_tma, launch, tma_rows_applies
+from .rmsnorm_bwd import launch
 from .rmsnorm_bwd_config import analytic_config, tma_rows_config
 from .tiling import offset_align
 
@@ -21,9 +21,9 @@ def add_rms_norm_bwd(dy2d: torch.Tensor, dh2d: torch.Tensor | None, h2d: torch.T
     """(the grad into h [M, N] in g_dtype, dw in the weight's dtype or None) for rows of up to
     dispatch.FUSED_ADD_BWD_MAX_N elements with unit column stride (dy, dh in any float dtype; rstd [M]). Reads dy, h
     and dh and writes one grad: 4 M N e bytes, where the norm's backward then an add of dh move 6.
-    On `dev`'s rows with dh that add_rmsnorm_bwd_config.tma_rows gives (dy, dh, h and the grad in one 16-bit
-    dtype, rows TMA can address, rmsnorm_bwd.tma_rows_applies): Triton's TMA rows kernel reading dh
-    (rmsnorm_bwd.launch); elsewhere the kernel here, the row in registers."""
+    On `dev`'s rows with dh that add_rmsnorm_bwd_config.tma_rows gives, where the tensors take it
+    (add_rmsnorm_bwd_config.tensors_take_tma, as dispatch.residual_backward asked): Triton's TMA rows kernel
+    reading dh (rmsnorm_bwd.launch); elsewhere the kernel here, the row in registers."""
     by_tma = _by_tma(dy2d, dh2d, h2d, weight, rstd, offset, need_dw, g_dtype, dev)
     if by_tma is not None:
         return by_tma
@@ -51,15 +51,14 @@ def _by_tma(dy2d, dh2d, h2d, weight, rstd, offset, need_dw, g_dtype, dev):
     """add_rms_norm_bwd's result by the TMA rows kernel, or None where it does not run (its docstring)."""
     M, N = h2d.shape
     take = tma_rows(N, h2d.element_size(), dev) if dh2d is not None else {}
-    if not take or not dy2d.dtype == dh2d.dtype == h2d.dtype == g_dtype:
+    if not take or not tensors_take_tma(dy2d, dh2d, h2d, g_dtype):
         return None
     sm_count = max(1, dev.sm_count)
     cfg = replace(analytic_config(N, 2, dev.vendor, sm_count), **take)
-    g = torch.empty(M, N, dtype=g_dtype, device=h2d.device)
-    strides = [t.stride(0) if M > 1 else N for t in (h2d, dy2d)]
-    if (not tma_rows_applies(cfg, h2d, dy2d, g, *strides, has_tma(dev), dh2d)
-            or tma_rows_config(cfg, shared_per_block(h2d.device), 2, 2, 2, 2) is None):
+    # (the rule's tiles fit the H200's 227 KiB a block; on a GPU with less the launch could not take them)
+    if tma_rows_config(cfg, shared_per_block(h2d.device), 2, 2, 2, 2) is None:
         return None
+    g = torch.empty(M, N, dtype=g_dtype, device=h2d.device)
     need_dw = need_dw and weight is not None
     dw = torch.empty(N, dtype=weight.dtype, device=h2d.device) if need_dw else None
     return launch(cfg, dy2d, h2d, weight, rstd, offset, True, need_dw, sm_count, out=(g, dw), tma_capable=True,

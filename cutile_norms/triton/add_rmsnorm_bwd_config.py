@@ -5,7 +5,8 @@ from __future__ import annotations
 from .._platform import DeviceInfo
 from .._util import pow2_ceil
 from .add_rmsnorm_fwd_config import MAX_ROWS
-from .rmsnorm_bwd_config import tma_rows_rule, tma_rows_take
+from .rmsnorm_bwd_config import tma_rows_align, tma_rows_rule, tma_rows_take
+from .tiling import tma_addressable
 
 
 def config(N: int) -> tuple[int, int, int]:
@@ -33,3 +34,16 @@ def tma_rows(N: int, elem_bytes: int, dev: DeviceInfo | None) -> dict:
             or N % 8):
         return {}
     return tma_rows_take(N, elem_bytes, tma_rows_rule(dev), dh=True)
+
+
+def tensors_take_tma(dy2d, dh2d, h2d, g_dtype) -> bool:
+    """Whether a call's [M, N] rows (dy, dh or None, h; the grad into h in g_dtype) are ones the TMA rows
+    kernel reading dh takes where `tma_rows` gives their width: dh given, dy, dh, h and the grad of one
+    16-bit dtype, rows TMA can address (tiling.tma_addressable; rmsnorm_bwd_config.tma_rows_align: 32-byte
+    aligned past DH_ONE_BLOCK columns). dispatch.residual_backward asks it before choosing that form, and the
+    wrapper (add_rmsnorm_bwd.py) runs it on the same answer."""
+    if dh2d is None or not (dy2d.dtype == dh2d.dtype == h2d.dtype == g_dtype) or h2d.element_size() != 2:
+        return False
+    M, N = h2d.shape
+    rows = [(t, t.stride(0) if M > 1 else N) for t in (dy2d, dh2d, h2d)]
+    return tma_addressable(*rows, align=tma_rows_align(N, dh=True))

@@ -16,7 +16,7 @@ from .rmsnorm_bwd_kernel import (TMA_ROWS_DH_KERNELS, TMA_ROWS_KERNELS, dw_reduc
                                  rms_norm_bwd_tma_kernel, rms_norm_bwd_tma_rows2_dh_kernel,
                                  rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_dh_kernel,
                                  rms_norm_bwd_tma_rows_kernel)
-from .tiling import needs_int64, offset_align
+from .tiling import needs_int64, offset_align, tma_addressable
 
 
 # ================================================================================================
@@ -25,12 +25,6 @@ from .tiling import needs_int64, offset_align
 def has_tma(dev: DeviceInfo) -> bool:
     """The device has TMA (NVIDIA sm_90+), or Triton is interpreted."""
     return INTERPRET or (dev.vendor == "nvidia" and dev.arch is not None and dev.arch >= (9, 0))
-
-
-def tma_addressable(*tensors_strides: tuple[torch.Tensor, int], align: int = 16) -> bool:
-    """Rows a TMA descriptor can address, for each (tensor, row stride): a 16-byte aligned start, a row
-    stride of a multiple of 16 bytes, no zero stride (`align`: a stricter alignment of both, in bytes)."""
-    return all(t.data_ptr() % align == 0 and s > 0 and s * t.element_size() % align == 0 for t, s in tensors_strides)
 
 
 def tma_applies(cfg: BwdConfig, x2d: torch.Tensor, dy2d: torch.Tensor, sx: int, sdy: int, need_dx: bool,
@@ -171,8 +165,9 @@ class TritonBackward:
                 f"parts, {cfg.short()}" + (", then dw_reduce_kernel over the R partial rows" if R > 1 else "")
                 + f"; config: analytic (N, dtype, {dev.vendor})")
 
-    # dh (the residual add's backward) is not read here: the caller adds it after (residual._bwd_op); the
-    # fused form for rows that fit registers is add_rmsnorm_bwd.py's kernel (dispatch.residual_backward)
+    # dh (the residual add's backward) is not read through this backend: the caller adds it after
+    # (residual._bwd_op). Triton's fused form is add_rmsnorm_bwd.py's (dispatch.residual_backward): its
+    # register kernel, or on a GPU model's dh rows this module's TMA rows kernel with dh (`launch`'s dh2d)
     adds_dh = False
 
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,

@@ -106,7 +106,8 @@ class TmaRowsRule:
     of a multiple of 32 bytes take the kernel too, a row a tile. With dh (the residual add's backward,
     tma_rows_take's `dh`): rows of TMA_ROWS_MIN to `dh_max` columns (0: none), those in a block of more
     than DH_ONE_BLOCK columns only at a multiple of 32 bytes filling `dh_min_fill` of it or in exact
-    pieces, and the band `dh_wide` as `wide`."""
+    pieces, and the band `dh_wide`, rows of a multiple of 32 bytes a row a tile, in two exact pieces where
+    they tile it (6144)."""
     in_flight: int
     min_fill: float = 0.0
     tile_elems: int = TILE_ELEMS
@@ -181,10 +182,11 @@ class TmaRowsRule:
 #     0.907); level at 6208 and 8192 (0.981 / 0.982, 0.954 / 0.955); 6160 0.842 against 0.858 in one run, 0.932
 #     against 0.908 in another; between 2048 and 6144 the cuTile kernel led (2560-5120: TMA 0.73-0.95 against
 #     0.91-0.99).
-# With dh, 3 stages (TMA_ROWS_STAGES[0]): two tiles of x, dy and dh ahead hold 72-104 KiB at these rows, about
-# the H200's in_flight; 3 against 4 stages measured +0.5 to +2.5 % at 1024, 2048, 6272, 6656-7936, level at
-# 6144 (0.951 / 0.949), and at 6160 -3.4 % in one run (0.808 / 0.842) where against 5 it gained 2.0 % in
-# another (0.932 / 0.912; 6176-6240: +0.9 to +6.4 %).
+# With dh, 3 stages (TMA_ROWS_STAGES[0]): two tiles of x, dy and dh ahead, 72-96 KiB of boxes in the wide band
+# (about the H200's in_flight) and 192 KiB at the narrow rows' 16 x 1024 and 8 x 2048 boxes, where 3 are the most
+# that fit 227 KiB (with dx's tile); 3 against 4 stages measured +0.5 to +2.5 % at 1024, 2048, 6272, 6656-7936,
+# level at 6144 (0.951 / 0.949), and at 6160 -3.4 % in one run (0.808 / 0.842) where against 5 it gained 2.0 %
+# in another (0.932 / 0.912; 6176-6240: +0.9 to +6.4 %).
 DH_ONE_BLOCK = 1024
 H100_TMA_ROWS = TmaRowsRule(in_flight=52 * 1024)
 TMA_ROWS_BY_MODEL = {"H200": TmaRowsRule(in_flight=76 * 1024, min_fill=0.75, tile_elems=14336, pieces=2,

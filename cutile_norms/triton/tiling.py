@@ -79,3 +79,9 @@ def offset_align(*values: int) -> int:
         while align > 1 and v % align:
             align //= 2
     return 1 if align == 16 else align
+
+
+def tma_addressable(*tensors_strides: tuple, align: int = 16) -> bool:
+    """Rows a TMA descriptor can address, for each (tensor, row stride): a 16-byte aligned start, a row
+    stride of a multiple of 16 bytes, no zero stride (`align`: a stricter alignment of both, in bytes)."""
+    return all(t.data_ptr() % align == 0 and s > 0 and s * t.element_size() % align == 0 for t, s in tensors_strides)

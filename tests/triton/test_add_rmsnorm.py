@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import (assert_close, assert_grad_close, assert_stored_sum, poisoned, random_rows, random_weight,
                             reference64, reference_bwd64)
-from tests.triton._util import DEVICES, case_id, compile_fixture, compiled_case
+from tests.triton._util import DEVICES, Launches, case_id, compile_fixture, compiled_case
 
 
 @pytest.fixture
@@ -103,20 +103,6 @@ def test_backward_matches_reference(seed, device, N, h_dtype, with_dh, with_w):
         assert dw is None
 
 
-class _Launches:
-    """A kernel that counts its launches (kernel[grid](...)) and is the kernel otherwise."""
-
-    def __init__(self, kernel):
-        self.kernel, self.count = kernel, 0
-
-    def __getitem__(self, grid):
-        self.count += 1
-        return self.kernel[grid]
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [544, 896, 1088, 1152, 6144, 7168])
 @pytest.mark.parametrize("dtype,w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
@@ -126,25 +112,28 @@ def test_backward_by_tma_with_dh(seed, device, N, dtype, w_dtype, monkeypatch):
     its dh bands take: Triton's TMA rows kernel reading dh (one 1024-column block of 16 rows at 544 / 896,
     a 2048-column block of 8 at 1088, two pieces at 1152 and 6144, one 8192 box at 7168), counted, against
     the fp64 closed form plus dh: M = 1 and 37 over 4 "SMs" (dw through the reduction), dy's rows strided,
-    offset 1, dw wanted or not. Then what it leaves to the register kernel, right too: dh in another dtype,
-    and past 1024 columns dh's rows 16 bytes off 32."""
+    offset 1, dw wanted or not; rows 16 bytes off 32 up to 1024 columns still by TMA. Then what it leaves to
+    the register kernel (add_rmsnorm_bwd_config.tensors_take_tma says no), right too: dh in another dtype, dy
+    expanded (row stride 0), and past 1024 columns dh's rows 16 bytes off 32."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.triton import add_rmsnorm_bwd, rmsnorm_bwd
+    from cutile_norms.triton._common import shared_per_block
     from cutile_norms.triton.add_rmsnorm_bwd_config import tma_rows
 
-    if device == "cuda" and torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("TMA needs sm_90+")
+    if device == "cuda" and (torch.cuda.get_device_capability() < (9, 0) or shared_per_block(torch.device("cuda"))
+                             < 227 * 1024):
+        pytest.skip("the H200's dh tiles need TMA (sm_90+) and 227 KiB of shared memory a block")
     h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 4, 0)
     take = tma_rows(N, 2, h200)
     assert take, N
     name = "rms_norm_bwd_tma_rows2_dh_kernel" if take["tma_pieces"] else "rms_norm_bwd_tma_rows_dh_kernel"
-    spy = _Launches(getattr(rmsnorm_bwd, name))
+    spy = Launches(getattr(rmsnorm_bwd, name))
     monkeypatch.setattr(rmsnorm_bwd, name, spy)
 
-    def check(M, dh_of, need_dw, launched, what):
+    def check(M, dh_of, need_dw, launched, what, dy_of=None):
         h = random_rows((M, N), dtype, device)
         w = random_weight(N, w_dtype, device) if w_dtype else None
-        dy = random_rows((M, N + 16), dtype, device)[:, :N]
+        dy = dy_of(M) if dy_of else random_rows((M, N + 16), dtype, device)[:, :N]
         dh = dh_of(M)
         rstd = reference64(h, w, 1e-6, 1.0)[1].float()
         before = spy.count
@@ -164,8 +153,10 @@ def test_backward_by_tma_with_dh(seed, device, N, dtype, w_dtype, monkeypatch):
         check(M, lambda m: random_rows((m, N), dtype, device), True, 1, f"TMA N={N} M={M} {dtype}/{w_dtype}")
     check(37, lambda m: random_rows((m, N), dtype, device), False, 1, f"TMA N={N} dx alone")
     check(37, lambda m: random_rows((m, N), torch.float32, device), True, 0, f"fp32 dh N={N}")
-    if N > 1024:
-        check(37, lambda m: random_rows((m, N + 16), dtype, device)[:, 8:N + 8], True, 0, f"dh 16 bytes in, N={N}")
+    check(37, lambda m: random_rows((m, N), dtype, device), True, 0, f"dy expanded N={N}",
+          dy_of=lambda m: random_rows((1, N), dtype, device).expand(m, N))
+    off = lambda m: random_rows((m, N + 16), dtype, device)[:, 8:N + 8]  # noqa: E731
+    check(37, off, True, int(N <= 1024), f"dh 16 bytes in, N={N}")
 
 
 CHILD = r"""

@@ -15,7 +15,7 @@ import torch
 
 from tests.conftest import (check_backward, check_backward_past_2_31, check_graph_forward_backward, poisoned,
                             random_rows, random_weight)
-from tests.triton._util import DEVICES, device_for, sync
+from tests.triton._util import DEVICES, Launches, device_for, sync
 
 DT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DTYPES = [("bfloat16", "bfloat16"), ("float16", "float32"), ("float32", "float32")]
@@ -265,20 +265,6 @@ def test_narrow_rows_tma_stages_fit_the_shared_memory():
         assert tma_rows_config(cfg, 99 * 1024, 2, 4) is None  # an fp32 dy: 3 stages take 113 KiB
 
 
-class _Launches:
-    """A kernel that counts its launches (kernel[grid](...)) and is the kernel otherwise."""
-
-    def __init__(self, kernel):
-        self.kernel, self.count = kernel, 0
-
-    def __getitem__(self, grid):
-        self.count += 1
-        return self.kernel[grid]
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("N", [768, 896, 1536, 2040])
 @pytest.mark.parametrize("x_dtype,w_dtype", [("bfloat16", "bfloat16"), ("float16", "float32"), ("bfloat16", None)])
@@ -291,7 +277,7 @@ def test_narrow_rows_by_tma(seed, device, N, x_dtype, w_dtype, monkeypatch):
     from cutile_norms.triton import rmsnorm_bwd
     from cutile_norms.triton.rmsnorm_bwd import TRITON_BACKWARD
 
-    spy = _Launches(rmsnorm_bwd.rms_norm_bwd_tma_rows_kernel)
+    spy = Launches(rmsnorm_bwd.rms_norm_bwd_tma_rows_kernel)
     monkeypatch.setattr(rmsnorm_bwd, "rms_norm_bwd_tma_rows_kernel", spy)
     dev = device_for(device)
     cfg = TRITON_BACKWARD.config(N, DT[x_dtype], dev)
@@ -347,7 +333,7 @@ def test_rows_in_pieces_and_wide_rows_by_tma(seed, device, N, most, x_dtype, w_d
                                                         tma_rows_tile)
 
     name = "rms_norm_bwd_tma_rows2_kernel" if most == 2 else "rms_norm_bwd_tma_rows_kernel"
-    spy = _Launches(getattr(rmsnorm_bwd, name))
+    spy = Launches(getattr(rmsnorm_bwd, name))
     monkeypatch.setattr(rmsnorm_bwd, name, spy)
     pieces = row_pieces(N, most)
     assert len(pieces) == most and (sum(pieces) == N or most == 1), pieces
@@ -387,7 +373,7 @@ def test_h200_rule_configs_by_tma(seed, device, N, monkeypatch):
     cfg = analytic_config(N, 2, "nvidia", 4, tma_rows=TMA_ROWS_BY_MODEL["H200"])
     assert cfg.tma_rows > 0, cfg
     name = "rms_norm_bwd_tma_rows2_kernel" if len(cfg.pieces) == 2 else "rms_norm_bwd_tma_rows_kernel"
-    spy = _Launches(getattr(rmsnorm_bwd, name))
+    spy = Launches(getattr(rmsnorm_bwd, name))
     monkeypatch.setattr(rmsnorm_bwd, name, spy)
     M = 37
     x = random_rows((M, N), torch.bfloat16, device)
