@@ -223,17 +223,15 @@ def tma_rows_take(N: int, elem_bytes: int, rule: TmaRowsRule, dh: bool = False) 
     wide = rule.dh_wide if dh else rule.wide
     if TMA_ROWS_MIN <= N <= (rule.dh_max if dh else TMA_ROWS_MAX):
         pieces = (block,)
-        if N < rule.min_fill * block:  # too much of the block idle: exact pieces or the pointer kernel
+        if N < rule.min_fill * block:  # too much of the block idle: exact pieces (else row_pieces gives the block)
             pieces = row_pieces(N, rule.pieces)
             if sum(pieces) != N and not (dh and (block <= DH_ONE_BLOCK or N >= rule.dh_min_fill * block)):
                 return {}
-            pieces = pieces if sum(pieces) == N else (block,)
         if dh and block > DH_ONE_BLOCK and N % 16:
             return {}
         rows = tma_rows_tile(N, rule.tile_elems)
     elif wide[0] <= N <= wide[1] and N % 16 == 0:
         pieces, rows = row_pieces(N, rule.pieces) if dh else (block,), 1
-        pieces = pieces if sum(pieces) == N else (block,)
     else:
         return {}
     stages = TMA_ROWS_STAGES[0] if dh else tma_rows_stages(N, rows, elem_bytes, rule.in_flight)
