@@ -29,7 +29,7 @@ Contract:
     (triton/rmsnorm_fp8.py, mode="triton"), a power-of-two block of the row in registers, and the CuTe
     DSL one (cute/rmsnorm_fp8.py, mode="tma_smem_cached"), the row in shared memory by TMA bulk copies
     (rows of 16-byte multiples, a residual of x's dtype); mode=None picks by `cute_wins` (measured, by
-    N: batch invariant). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
+    N and the GPU model: batch invariant; the CuTe DSL kernel's tiles a CTA follow M, a row's bits do not). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import numbers
 import torch
 
 from . import dispatch
-from ._platform import device_info, toolchain
+from ._platform import device_info, gpu_model, toolchain
 from .reference import FP8_MAX, fp8_quantize, fp8_scale, residual_sum_reference, rms_norm_reference
 from .residual import validate_residual
 from .rmsnorm import TORCH_DEFAULT_EPS, as_rows, validate
@@ -129,11 +129,18 @@ def kernel_refusal(mode: str | None, N: int, dev, tools) -> str | None:
     return None
 
 
-def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
+def cute_wins(N: int, elem_bytes: int, group_size: int | None, model: str = "") -> bool:
     """mode=None's rule between the two FP8 kernels (see the module's docstring): the CuTe DSL kernel
     past 8 KiB rows (4096 16-bit columns), past 2048 columns wherever Triton's power-of-two block
-    pads the row, and past 1024 where a 16-bit row fills at most 3/4 of it; Triton's elsewhere. The same
-    for every scale kind. Measured (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3;
+    pads the row, and past 1024 where a 16-bit row fills at most 3/4 of it; Triton's elsewhere. On a GPU
+    `model` whose CuTe DSL kernel takes its tiles through a ring (rmsnorm_fp8_config.RING_BY_MODEL: the
+    H200), wherever Triton's block pads a 16-bit row of more than 512 columns. The same for every scale
+    kind. With the ring (H200, bf16, 2^27 elements, medians of 3, `python bench/tune/cute_fp8.py --rings
+    1x1,2x2 --ns 520,640,768,896,1152,1800,1960`, docs/performance.md 2.50), Triton against CuTe per token:
+    520 0.615 / 0.886, 640 0.758 / 0.985, 768 0.865 / 0.972, 896 0.928 / 0.982, 1152 0.746 / 0.939, 1800
+    0.789 / 0.960, 1960 0.837 / 0.976; groups 640 0.769 / 0.933, 768 0.878 / 0.975, 1152 0.712 / 0.856,
+    and level at 896 (0.936 / 0.929). Rows of 512 columns and fewer, and fp32 rows, are not measured with
+    the ring. Before it (bf16, 2^27 elements, ratio to a copy of the bytes, medians of 3;
     `python bench/residual.py --parts fp8 --modes triton,tma_smem_cached` and `python
     bench/tune/cute_fp8.py`, docs/performance.md 2.17, 2.44):
       * Triton's block holds the row in registers: past 4096 columns a thread's loads no longer keep
@@ -153,9 +160,13 @@ def cute_wins(N: int, elem_bytes: int, group_size: int | None) -> bool:
         against 0.865 (`python bench/tune/cute_fp8.py --ns 1536,1664`, 2.45), where 1544 (75.4 %, 193
         vectors) measured 0.808 against 0.847. fp32 rows of 1025-1535 were not measured and keep Triton's.
     """
+    from .cute.rmsnorm_fp8_config import ring_applies
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
+    kind = "group" if group_size else "token"
+    if elem_bytes == 2 and N > 512 and block > N and ring_applies(N, elem_bytes, model, kind):
+        return True
     return N * elem_bytes > 8192 or (N > 2048 and block > N) or (elem_bytes == 2 and N > 1024 and 4 * N <= 3 * block)
 
 
@@ -168,7 +179,7 @@ def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h
         return None, why
     if mode == "triton":
         return "triton", "named"
-    wins = mode is None and cute_wins(x2d.shape[1], x2d.element_size(), group_size)
+    wins = mode is None and cute_wins(x2d.shape[1], x2d.element_size(), group_size, gpu_model(dev.name))
     reason = "mode=None: Triton's kernel at this width (fp8.cute_wins)"
     if mode == "tma_smem_cached" or wins:  # (the CuTe DSL kernel's refusal, asked only where it would run)
         from .cute.rmsnorm_fp8 import unsupported
@@ -199,10 +210,14 @@ def describe(x, mode: str | None, group_size: int | None = None) -> str:
         block, rows, warps = launch_config(N, group_size)
         how = f"{rows} row(s) x {block} columns in registers per program, {warps} warps"
     else:
-        from .cute.rmsnorm_fp8_config import fp8_config
+        from .cute.rmsnorm_fp8_config import fp8_config, ring
 
         cfg = fp8_config(N, x2d.element_size(), group_size)
-        how = f"row tiles in shared memory by TMA bulk copies, {cfg.short()}"
+        dev = device_info(x2d.device)
+        stages, per_cta = ring(N, x2d.element_size(), x2d.element_size(), "group" if group_size else "token",
+                               -(-x2d.shape[0] // cfg.rows), dev.sm_count, gpu_model(dev.name))[:2]
+        how = (f"row tiles in shared memory by TMA bulk copies, {cfg.short()}, {per_cta} tile(s) a CTA through "
+               f"{stages} slot(s)")
     return f"fp8 output: {FP8_KERNELS[which]} ({scales}: {how}; {why})"
 
 

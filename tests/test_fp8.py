@@ -190,6 +190,12 @@ def test_kernel_rule():
         assert [N for N in (1152, 1408, 1536, 2048, 2560, 3584, 4096, 5120, 6144, 8192, 10240, 13312, 14336, 16384)
                 if fp8.cute_wins(N, 2, 128)] == [1152, 1408, 1536, 2560, 3584, 5120, 6144, 8192, 10240, 13312,
                                                  14336, 16384]
+        # the H200 (its CuTe DSL kernel's ring): also wherever Triton's block pads a 16-bit row past 512 columns
+        widths = (512, 520, 640, 768, 896, 1024, 1152, 1800, 1960, 2048, 2056, 4096, 8192, 8200)
+        assert [N for N in widths if fp8.cute_wins(N, 2, None, "H200")] == [520, 640, 768, 896, 1152, 1800, 1960,
+                                                                            2056, 8192, 8200]
+        assert [N for N in widths if N % 128 == 0 and fp8.cute_wins(N, 2, 128, "H200")] == [640, 768, 896, 1152, 8192]
+        assert not fp8.cute_wins(1800, 2, None, "H100") and not fp8.cute_wins(1800, 4, None, "H200")  # fp32: unmeasured
         assert "sm_89" in fp8.kernel_refusal(None, 4096, a100, tools)
         assert "NVIDIA" in fp8.kernel_refusal(None, 4096, mi300, tools)
         assert "interpreter" in fp8.kernel_refusal("triton", 4096, CPU, tools)
@@ -255,11 +261,13 @@ def test_cuda_graph_replay(mode, kind, seed):
 @pytest.mark.parametrize("N", [1536, 1544, 2560])
 @pytest.mark.parametrize("kind", ["token", "group"])
 def test_mode_none_between_the_kernels(N, kind, seed):
-    """At widths on both sides of fp8.cute_wins's fill rule (1536: the CuTe DSL kernel, 1544: Triton's)
-    mode=None gives the picked kernel's bits, and each kernel matches the oracle. (The two kernels are
+    """At widths on both sides of fp8.cute_wins's fill rule (1536: the CuTe DSL kernel, 1544: Triton's,
+    but on an H200, whose CuTe DSL kernel takes rows through a ring, the CuTe one) mode=None gives the
+    picked kernel's bits, and each kernel matches the oracle. (The two kernels are
     not bit for bit one another: their sums of squares add in different orders, so rstd, and with it a
     scale or a q, can differ by an ulp or a step.)"""
     from cutile_norms import fp8
+    from cutile_norms._platform import gpu_model
 
     modes = cn.available_modes()
     if torch.cuda.get_device_capability() < (8, 9) or modes.get("triton") or modes.get("tma_smem_cached"):
@@ -271,7 +279,8 @@ def test_mode_none_between_the_kernels(N, kind, seed):
     w = random_weight(N, torch.bfloat16, "cuda")
     runs = {m: cn.rms_norm_fp8(x, w, 1e-6, mode=m, **kw) for m in (None, "triton", "tma_smem_cached")}
     picked = fp8.pick_kernel(None, x, None, None, kw.get("group_size"))[0]
-    assert picked == ("tma_smem_cached" if N in (1536, 2560) else "triton"), picked
+    h200 = gpu_model(torch.cuda.get_device_name()) == "H200"
+    assert picked == ("tma_smem_cached" if N in (1536, 2560) or h200 else "triton"), picked
     q, s = runs[None]
     assert torch.equal(q.view(torch.uint8), runs[picked][0].view(torch.uint8)), f"{N} {kind}: q [seed {seed}]"
     assert torch.equal(s, runs[picked][1]), f"{N} {kind}: scales [seed {seed}]"

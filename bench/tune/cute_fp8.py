@@ -4,9 +4,12 @@ the fp32 scales), medians of 3 interleaved rounds. What cutile_norms/cute/rmsnor
 and fp8.cute_wins were read from:
   per-token and group scales, the forward's tile where fp8_config's differs, CTAs of 128 / 256 / 512
   threads for
-  rows past 16 KiB; 1 x 128 group scales; Triton's kernel (its own launch rule) beside them.
+  rows past 16 KiB; 1 x 128 group scales; Triton's kernel (its own launch rule) beside them; with
+  --rings, the kernel's ring of slots and tiles a CTA (SxT: S slots, T tiles a CTA; 1x1 one tile a CTA
+  straight-line, 1x1l through the tile loop) in place of those variants, both scale kinds (the ring's
+  rule: rmsnorm_fp8_config.ring).
 
-    python bench/tune/cute_fp8.py [--ns 2560,5120,8192,10240,16384]
+    python bench/tune/cute_fp8.py [--ns 2560,5120,8192,10240,16384] [--rings 1x1,1x1l,2x2,2x4,3x4]
 """
 from __future__ import annotations
 
@@ -26,6 +29,23 @@ from cutile_norms.cute.rmsnorm_fp8_config import fp8_config  # noqa: E402
 from cutile_norms.cute.rmsnorm_fwd_config import FwdConfig, analytic_config  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
+
+
+def ring_variants(x, w, rings):
+    """{name: (fn, group size or None)}: Triton's kernel and the CuTe DSL kernel at each ring, both kinds."""
+    from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8 as cute
+    from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8 as tri
+
+    out = {}
+    for g, tag in ((None, "token"), (128, "group128")):
+        out[f"triton {tag}"] = (lambda g=g: tri(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
+        if fp8_config(x.shape[1], x.element_size(), g) is None:
+            continue
+        for S, T, loop in rings:
+            out[f"cute {tag} {S}x{T}{'l' if loop else ''}"] = (
+                lambda g=g, S=S, T=T, loop=loop: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False,
+                                                      stages=S, per_cta=T, looped=loop), g)
+    return out
 
 
 def variants(x, w):
@@ -56,6 +76,9 @@ def main() -> int:
     p.add_argument("--ns", type=lambda v: [int(n) for n in v.split(",")],
                    default=[1024, 1664, 2048, 2560, 4096, 5120, 6144, 8192, 10240, 12288, 13312, 14336, 16384])
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--rings", type=lambda v: [(int(r.split("x")[0]), int(r.split("x")[1].rstrip("l")), r.endswith("l"))
+                                              for r in v.split(",")], default=None,
+                   help="SxT[l]: S slots, T tiles a CTA, l: one slot through the tile loop (1x1: straight-line)")
     args = p.parse_args()
     if no_gpu("this sweep times GPU kernels"):
         return 0
@@ -64,7 +87,7 @@ def main() -> int:
         M = (1 << 27) // N
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16)
-        vs = variants(x, w)
+        vs = ring_variants(x, w, args.rings) if args.rings else variants(x, w)
         ratios = ratios_to_copy(x, {k: f for k, (f, _) in vs.items()}, args.runs)
         bytes_over_copy = {k: (3 * M * N + 4 * M * (N // g if g else 1)) / (4 * M * N) for k, (_, g) in vs.items()}
         print(f"N={N:>6} " + "  ".join(f"{k} {bytes_over_copy[k] * statistics.median(v):.3f}" for k, v in ratios.items()),

@@ -8,7 +8,8 @@ import torch
 from ..reference import FP8_MAX, FP8_MIN_AMAX
 from ..fp8 import kernel_outputs
 from .compile import CompileCache, aligned_weight, compile_options, cutlass_dtype, placeholder_f32
-from .rmsnorm_fp8_config import fp8_config, refusal
+from .._platform import device_info, gpu_model
+from .rmsnorm_fp8_config import fp8_config, refusal, ring
 from .rmsnorm_fwd_config import FwdConfig
 
 CACHE = CompileCache()
@@ -16,16 +17,17 @@ CACHE = CompileCache()
 
 def compile_fp8(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig, out_dtype: torch.dtype,
                 kind: str, group: int, has_ub: bool, ue8m0: bool, has_residual: bool, store_rstd: bool,
-                contiguous: bool, arch: str | None = None, keep_ptx: bool = False):
+                contiguous: bool, arch: str | None = None, keep_ptx: bool = False, stages: int = 1,
+                looped: bool = False):
     """The compiled kernel for these compile-time parameters (cached; M and the row strides symbolic).
     kind: "static", "token" or "group"; `arch` ("sm_90a", "sm_100a") compiles without a GPU."""
     key = ("fp8", x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd,
-           contiguous, arch, keep_ptx)
+           contiguous, stages, looped, arch, keep_ptx)
     return CACHE.get(key, lambda: _build(*key[1:]), arch=arch, persist=not keep_ptx)
 
 
 def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd, contiguous,
-           arch, keep_ptx):
+           stages, looped, arch, keep_ptx):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -51,9 +53,10 @@ def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_
     mScale = make_fake_tensor(cutlass.Float32, (1,), stride=(1,), assumed_align=4)
     mRstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="rstd_len"),), stride=(1,), assumed_align=4)
     kernel = RMSNormFp8TmaSmem(dx, dw, N, cfg, kind, group, out_dtype == torch.float8_e4m3fn, FP8_MAX[out_dtype],
-                               FP8_MIN_AMAX, has_ub, ue8m0, w_dtype is not None, has_residual, store_rstd, contiguous)
+                               FP8_MIN_AMAX, has_ub, ue8m0, w_dtype is not None, has_residual, store_rstd, contiguous,
+                               stages, looped)
     return cute.compile(kernel, mX, mR, mW, mQ, mH, mS, mScale, mRstd, cutlass.Float32(1e-6), cutlass.Float32(0.0),
-                        cutlass.Float32(0.0), make_fake_stream(use_tvm_ffi_env_stream=True),
+                        cutlass.Float32(0.0), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=compile_options(arch, keep_ptx))
 
 
@@ -85,18 +88,28 @@ def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtyp
 
 def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
                  offset: float, out_dtype: torch.dtype, h_dtype: torch.dtype | None, scale: torch.Tensor | None,
-                 scale_ub: float | None, group_size: int | None, ue8m0: bool, cfg: FwdConfig | None = None):
+                 scale_ub: float | None, group_size: int | None, ue8m0: bool, cfg: FwdConfig | None = None,
+                 stages: int | None = None, per_cta: int | None = None, looped: bool = False):
     """(q [M, N] out_dtype, scales, h [M, N] or None, rstd [M] fp32) for rows `unsupported` accepts,
     M >= 1, N a multiple of group_size (the API validates). scales: `scale` itself (per tensor), [M]
     (per row) or [M, N / group_size] row-major fp32. `cfg`: the launch (default:
-    fp8_config's), for the tuning sweep."""
+    fp8_config's), `stages`, `per_cta` and `looped`: the ring of slots, the tiles a CTA takes and whether
+    one slot runs through the tile loop (default, with stages None: rmsnorm_fp8_config.ring's); all four
+    for the tuning sweep and the tests."""
     M, N = x2d.shape
     device = x2d.device
     cfg = cfg or fp8_config(N, x2d.element_size(), group_size)
     kind = "static" if scale is not None else "group" if group_size else "token"
+    if stages is None:
+        dev = device_info(device)
+        w_bytes = weight.element_size() if weight is not None else x2d.element_size()
+        stages, per_cta, looped = ring(N, x2d.element_size(), w_bytes, kind, -(-M // cfg.rows), dev.sm_count,
+                                       gpu_model(dev.name))
+    per_cta = per_cta if stages > 1 else 1  # one slot: one tile a CTA (the kernel refills only a ring's slots)
     contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
     fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
-                     scale_ub is not None, ue8m0, r2d is not None, True, contiguous)
+                     scale_ub is not None, ue8m0, r2d is not None, True, contiguous,
+                     stages=stages, looped=looped)
     if contiguous and x2d.stride(0) != N:  # one row: any stride, the kernel wants N
         x2d = x2d.as_strided((M, N), (N, 1))
     if r2d is not None and contiguous and r2d.stride(0) != N:
@@ -107,5 +120,6 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     spare = placeholder_f32(device)  # the scales' operands a per-tensor or dynamic call does not use
     s_out, s_in = (spare, scale) if scale is not None else (scales.view(-1), spare[:1])
     fn(x2d, r2d if r2d is not None else x2d, weight if weight is not None else x2d[0], q.view(-1).view(torch.uint8),
-       h if h is not None else x2d, s_out, s_in, rstd, eps, offset, float(scale_ub) if scale_ub is not None else 0.0)
+       h if h is not None else x2d, s_out, s_in, rstd, eps, offset, float(scale_ub) if scale_ub is not None else 0.0,
+       per_cta)
     return q, scales, h, rstd

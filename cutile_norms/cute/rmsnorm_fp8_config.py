@@ -7,10 +7,15 @@ per element, so the tile that feeds a copy of the row feeds it too. Rows of up t
 forward's threads per row pad get an exact tiling over fewer threads per row (`_config`). Rows a
 cluster would split (past ONE_CTA_BYTES) are not taken: the FP8 kernels stop at fp8.FP8_KERNEL_MAX_N
 columns, well below.
+
+`ring(N, elem_bytes, tiles, gpu)`: how many tiles a CTA takes in turn, through a ring of how many
+shared-memory slots (the next tile's bulk copies in flight while the CTA works on one). Measured per GPU
+model (RING_BY_MODEL); one tile a CTA, one slot, elsewhere.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from .rmsnorm_fwd_config import ONE_CTA_BYTES, SLICE_BYTES, TILE_BYTES, FwdConfig, analytic_config
 
@@ -63,3 +68,67 @@ def refusal(N: int, elem_bytes: int, group_size: int | None) -> str | None:
                 f"hold it, one group's scale per lane: groups of {vec * max(1, cfg.nvb)}-{vec * min(cfg.tpr, 32)} "
                 f"columns at N={N}")
     return None
+
+
+@dataclass(frozen=True)
+class Ring:
+    """`stages` shared-memory slots for rows of up to `max_row_bytes` (`group_max_row_bytes` with group
+    scales; compiled in: the same kernel at every M), and `per_cta` tiles a CTA where the launch has at
+    least `min_waves` x the SMs' count of CTAs that way (fewer tiles, as at decode sizes: one a CTA,
+    every CTA's tile in flight at once)."""
+    stages: int = 2
+    per_cta: int = 2
+    max_row_bytes: int = SLICE_BYTES
+    group_max_row_bytes: int = SLICE_BYTES // 2  # with 1 x g group scales
+    min_waves: int = 8
+
+
+# The H200 (bf16, 2^27 elements, medians of 3 against a same-run copy, docs/performance.md 2.50; `python
+# bench/tune/cute_fp8.py --rings 1x1,1x1l,2x2,2x4,3x4`): one tile a CTA leaves each CTA's load latency, its
+# set-up and the weight's loads on its own path, which an H200, moving 1.43x an H100's bytes with the same
+# SMs, does not hide.
+#   * Two tiles a CTA through 2 slots measured 0.954-0.988 per token at the model widths of 896-8192
+#     against 0.908-0.968 one a CTA, and 0.930-0.981 against 0.893-0.965 in groups at 896-4096; at random
+#     widths 1304 / 2552 / 6664 per token 0.894 / 0.974 / 0.953 against 0.815 / 0.918 / 0.919.
+#   * Groups past 8 KiB rows keep one tile a CTA: the ring lost at 5120 / 6144 / 7168 (0.936 / 0.950 /
+#     0.944 against 0.969 / 0.968 / 0.952; one tile a CTA 0.963-0.975 at 5120 in four runs since 2.17) and
+#     won at 8192 (0.953 against 0.918; 0.914-0.947 in three runs); no rule of the width separates them.
+#     The ring's registers (5120: 80 against 64 a thread, sm_90a ptxas: 6 CTAs an SM against 8) may cost
+#     the groups' shuffle chains more than the token's; not measured.
+#   * Four tiles a CTA lost from 2048 columns (0.92-0.96 per token) and three slots more (0.87-0.94: a
+#     third slot costs CTAs an SM). Past 16 KiB rows (28-32 KiB a tile) every ring lost to one tile a CTA
+#     (14336 per token 0.931 / 0.912 with 2 / 4 tiles against 0.957; 16384 0.931 against 0.972; cause not
+#     measured).
+#   * Past the ring's rows, per token with a 16-bit weight, the one tile a CTA runs through the same tile
+#     loop (one slot, one pass): 10240 / 14336 0.962-0.969 / 0.951-0.961 against 0.943-0.948 / 0.919-0.929
+#     straight-line (the kernel before the ring, same runs), 12288 / 16384 level. Groups were level there
+#     (10240 0.948 against 0.946-0.949) and stay straight-line, as do the per-tensor scale and an fp32
+#     weight (neither measured; an fp32 weight in the loop held 184 registers at 16384 in groups against
+#     166, sm_90a ptxas).
+#   * The H100 (0.98-1.00 one tile a CTA) is not measured with a ring and keeps the straight-line kernel.
+# What is compiled in (the stages, the loop) depends on N, the dtypes and the kind alone, so that a kernel
+# warmed up at one M serves every M; fewer tiles than 8 waves of two-tile CTAs (decode sizes) take one tile a
+# CTA, every CTA's tile in flight at once.
+RING_BY_MODEL = {"H200": Ring()}
+
+
+def ring_applies(N: int, elem_bytes: int, model: str, kind: str = "token") -> bool:
+    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N with scales of `kind` ("token", "group"
+    or "static") through a ring of slots."""
+    r = RING_BY_MODEL.get(model)
+    if r is None:
+        return False
+    return N * elem_bytes <= (r.group_max_row_bytes if kind == "group" else r.max_row_bytes)
+
+
+def ring(N: int, elem_bytes: int, w_bytes: int, kind: str, tiles: int, sm_count: int,
+         model: str) -> tuple[int, int, bool]:
+    """(stages, tiles a CTA, whether the tile loop is compiled with one slot) for `tiles` row tiles of N
+    elements (a weight of `w_bytes` an element, scales of `kind`: "token", "group" or "static") on
+    `sm_count` SMs of GPU `model` (gpu_model's name); all but the tiles a CTA depend on N, the dtypes,
+    the kind and the model alone."""
+    r = RING_BY_MODEL.get(model)
+    if not ring_applies(N, elem_bytes, model, kind):
+        # past the ring's rows one tile a CTA; on a ring's GPU per token through the tile loop at 16-bit weights
+        return 1, 1, r is not None and w_bytes == 2 and kind == "token"
+    return r.stages, (r.per_cta if tiles >= r.min_waves * r.per_cta * sm_count else 1), True

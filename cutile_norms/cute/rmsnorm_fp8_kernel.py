@@ -18,7 +18,12 @@ a copy on an H100 at 2560-14336), and on an H200 a thread's registers hold too f
 memory (the bulk copies keep its bytes in flight without registers), and each thread owns 16-byte
 vectors of it: a row of 10240 bf16 is 128 threads x 10 vectors, no padding.
 
-Passes over the row in shared memory (each thread reads back only its own vectors, so no barrier):
+A CTA takes `per_cta` row tiles in turn (a runtime argument) through a ring of `stages` shared-memory
+slots (compiled in): the next tiles' bulk copies are in flight while it works on one, and a barrier
+frees a slot before warp 0 refills it (rmsnorm_fp8_config.ring: on an H200 2 slots and 2 tiles a CTA
+for rows of up to 16 KiB; elsewhere 1 and 1, every CTA's one tile in flight at once).
+
+Passes over a tile in shared memory (each thread reads back only its own vectors, so no barrier):
   1. (with a residual) h = x + r, stored to global memory and written over x; the sum of squares;
   2. y, kept in registers to the end; per-token scales: its amax (a NaN-propagating max per vector,
      a tree over the vectors, then across the row's threads), the scale and its reciprocal;
@@ -28,8 +33,8 @@ Passes over the row in shared memory (each thread reads back only its own vector
      reciprocal and shuffles them to the others (`_group_reciprocals`).
 
 The kernel does not validate; rmsnorm_fp8.py (`unsupported`) and the API layer do. What it assumes:
-rows of N (a multiple of 16 bytes) whose starts are 16-byte aligned, one CTA per row tile (no
-cluster), a weight with unit stride 16-byte aligned, q and h contiguous, GROUP / vec lanes within a
+rows of N (a multiple of 16 bytes) whose starts are 16-byte aligned, whole row tiles per CTA (no
+cluster; one tile a CTA with one slot), a weight with unit stride 16-byte aligned, q and h contiguous, GROUP / vec lanes within a
 row's threads and a warp, and at most GROUP / vec vectors a thread (rmsnorm_fp8_config.refusal).
 """
 from __future__ import annotations
@@ -92,6 +97,12 @@ def scale_asm(top: float, min_amax: float, has_ub: bool, ue8m0: bool) -> str:
 
 
 @dsl_user_op
+def opaque_b32(a: Int32, *, loc=None, ip=None) -> Int32:
+    """a, through a move the compiler may not move out of a loop (volatile)."""
+    return inline_asm(Int32, "mov.b32 $0, $1;", "=r,r", [Int32(a)], side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
 def select_eq(a: Int32, b: Int32, x, y, *, loc=None, ip=None):
     """x if a == b else y (fp32 or int32 x and y)."""
     f32 = isinstance(x, Float32) or isinstance(x, float)
@@ -150,149 +161,218 @@ class RMSNormFp8TmaSmem(RowTileKernel):
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, kind: str, group: int, e4m3: bool, top: float,
                  min_amax: float, has_ub: bool, ue8m0: bool, has_weight: bool, has_residual: bool,
-                 store_rstd: bool, contiguous: bool):
+                 store_rstd: bool, contiguous: bool, stages: int = 1, looped: bool = False):
         super().__init__(x_dtype, w_dtype, N, cfg, has_weight, store_rstd, contiguous)
         self.kind, self.group, self.e4m3 = kind, group, e4m3
         self.scale_ptx = scale_asm(top, min_amax, has_ub, ue8m0)
         self.has_residual = has_residual
+        self.stages = stages
+        self.looped = looped or stages > 1  # the tile loop compiled (with one slot it runs once: per_cta is 1)
 
     # ---- host side ----------------------------------------------------------------------------
     def smem_bytes(self) -> int:
         c = self.cfg
-        tile = -(-((c.rows - 1) * self.N + c.tile_cols) * self.elem_bytes // 128) * 128
+        slot = c.rows * self.N * self.elem_bytes
+        ring = -(-((self.stages - 1) * slot + ((c.rows - 1) * self.N + c.tile_cols) * self.elem_bytes) // 128) * 128
         groups = c.rows // c.rpg
-        return tile * (2 if self.has_residual else 1) + 16 + 2 * 4 * groups * (c.threads // 32) + 64
+        return ring * (2 if self.has_residual else 1) + 16 * self.stages + 2 * 4 * self.stages * groups * (
+            c.threads // 32) + 64
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mR: cute.Tensor, mW, mQ: cute.Tensor, mH: cute.Tensor, mS: cute.Tensor,
-                 mScale: cute.Tensor, mRstd: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32, stream):
+                 mScale: cute.Tensor, mRstd: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32,
+                 per_cta: Int32, stream):
         c = self.cfg
         M = mX.shape[0]
-        self.kernel(mX, mR, mW, mQ, mH, mS, mScale, mRstd, eps, offset, scale_ub, self._tv_layout()).launch(
-            grid=[cute.ceil_div(M, c.rows), 1, 1], block=[c.threads, 1, 1], smem=self.smem_bytes(), stream=stream)
+        grid = cute.ceil_div(cute.ceil_div(M, c.rows), per_cta)
+        self.kernel(mX, mR, mW, mQ, mH, mS, mScale, mRstd, eps, offset, scale_ub, per_cta, self._tv_layout()).launch(
+            grid=[grid, 1, 1], block=[c.threads, 1, 1], smem=self.smem_bytes(), stream=stream)
 
     # ---- device side --------------------------------------------------------------------------
     @cute.jit
     def _scale(self, amax: Float32, scale_ub: Float32) -> Float32:
         return _asm_f32(self.scale_ptx, "=f,f,f", amax, scale_ub)
 
+    @cute.jit
+    def _fill(self, mX: cute.Tensor, mR: cute.Tensor, sX: cute.Tensor, sR: cute.Tensor, mbar, s: Int32, tile: Int32,
+              M: Int32, lane: Int32):
+        """(Warp 0) tile `tile`'s rows of x (and r) into ring slot s by bulk copies, completing on the
+        slot's mbarrier."""
+        c = self.cfg
+        N, eb = self.N, self.elem_bytes
+        row0 = tile * c.rows
+        rows_valid = cutlass.min(M - row0, c.rows)
+        operands = 2 if cutlass.const_expr(self.has_residual) else 1
+        if lane == 0:
+            cute.arch.mbarrier_arrive_and_expect_tx(mbar + s, rows_valid * (N * eb * operands))
+        cute.arch.sync_warp()
+        mbar_addr = (mbar + s).toint()
+        slot = cute.local_tile(sX, (c.rows, c.tile_cols), (s, 0))
+        load_rows(mX, slot, row0, rows_valid, 0, N * eb, N * eb, self.contiguous, lane, mbar_addr)
+        if cutlass.const_expr(self.has_residual):
+            load_rows(mR, cute.local_tile(sR, (c.rows, c.tile_cols), (s, 0)), row0, rows_valid, 0, N * eb, N * eb,
+                      self.contiguous, lane, mbar_addr)
+
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mR: cute.Tensor, mW, mQ: cute.Tensor, mH: cute.Tensor, mS: cute.Tensor,
                mScale: cute.Tensor, mRstd: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32,
-               tv_layout: cute.Layout):
+               per_cta: Int32, tv_layout: cute.Layout):
         c = self.cfg
-        N, vec, eb = self.N, self.vec, self.elem_bytes
+        N, vec = self.N, self.vec
+        S = self.stages
         tidx, _, _ = cute.arch.thread_idx()
-        tile, _, _ = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
         warp = cute.arch.warp_idx()
         lane = cute.arch.lane_idx()
         M = mX.shape[0]
         width = c.tile_cols
         groups = c.rows // c.rpg
+        first_tile = bidx * per_cta
+        n_tiles = cutlass.min(per_cta, cute.ceil_div(M, c.rows) - first_tile)  # this CTA's tiles, in order
 
-        # ---- shared memory: the tile (and r's), the load barrier, the reduction slots ----
+        # ---- shared memory: a ring of S tiles (and r's), a barrier per slot, the reduction slots ----
         smem = SmemAllocator()
-        sX = smem.allocate_tensor(self.x_dtype, cute.make_layout((c.rows, width), stride=(N, 1)), byte_alignment=128)
+        ring = cute.make_layout((S * c.rows, width), stride=(N, 1))  # slot s: rows [s * rows, (s + 1) * rows)
+        sX = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
         sR = sX
         if cutlass.const_expr(self.has_residual):
-            sR = smem.allocate_tensor(self.x_dtype, cute.make_layout((c.rows, width), stride=(N, 1)),
-                                      byte_alignment=128)
-        mbar = smem.allocate_array(Int64, num_elems=1, byte_alignment=8)
-        # a slot per (row group, row of the group, warp of the row): rows of 64-128 threads come two or
-        # more to a pass (rmsnorm_fp8_config's exact tilings), each over its own warps
-        slots = cute.make_layout((groups, c.threads // 32))
+            sR = smem.allocate_tensor(self.x_dtype, ring, byte_alignment=128)
+        mbar = smem.allocate_array(Int64, num_elems=S, byte_alignment=8)
+        # a slot per (ring slot, row group, warp of the row): rows of 64-128 threads come two or more to a
+        # pass (rmsnorm_fp8_config's exact tilings), each over its own warps; a ring slot's reduction slots
+        # are next written S tiles later, after the barrier that frees the slot
+        slots = cute.make_layout((S * groups, c.threads // 32))
         sRed = smem.allocate_tensor(Float32, slots, byte_alignment=16)
         sMax = smem.allocate_tensor(Float32, slots, byte_alignment=16)
-        init_mbarriers_and_sync(tidx, mbar, 1, mbar, 0, 1)
+        init_mbarriers_and_sync(tidx, mbar, S, mbar, 0, 1)
 
-        # ---- TMA bulk loads of the tile (warp 0 issues them) ----
-        row0 = tile * c.rows
-        rows_valid = cutlass.min(M - row0, c.rows)
-        operands = 2 if cutlass.const_expr(self.has_residual) else 1
+        # ---- TMA bulk loads of the first S tiles (warp 0 issues them) ----
         if warp == 0:
-            if lane == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar, rows_valid * (N * eb * operands))
-            cute.arch.sync_warp()
-            mbar_addr = mbar.toint()
-            load_rows(mX, sX, row0, rows_valid, 0, N * eb, N * eb, self.contiguous, lane, mbar_addr)
-            if cutlass.const_expr(self.has_residual):
-                load_rows(mR, sR, row0, rows_valid, 0, N * eb, N * eb, self.contiguous, lane, mbar_addr)
+            for s in cutlass.range_constexpr(S):
+                if s < n_tiles:
+                    self._fill(mX, mR, sX, sR, mbar, Int32(s), first_tile + s, M, lane)
 
         # ---- one 128-bit copy for shared -> registers (and h's registers -> global) ----
         tiler = (c.rpg, width)
         copy_x = vector_copy(self.x_dtype, tv_layout, tiler)
-        thr_x = copy_x.get_slice(tidx)
         cT = cute.make_identity_tensor((c.rpg, width))  # (row in group, column)
-        tXcX = thr_x.partition_S(cT)
-        tXpX = column_predicate(tXcX, vec, Int32(N))
-        row_in_group = tXcX[0][0]
-        tXrX = cute.make_fragment_like(thr_x.partition_S(cute.local_tile(sX, tiler, (0, 0))))
-        tXrX.fill(0)  # the vectors past N stay 0: they add nothing to a sum or an amax
-        tRrR = cute.make_fragment_like(tXrX)
-        tRrR.fill(0)
-        tYrY = cute.make_fragment_like(tXrX, Float32)
-        words = vec // 4  # 32-bit words of q per vector
-
-        w = offset
-        if cutlass.const_expr(self.has_weight):  # the weight (+ offset), loaded while the bulk copies fly
-            mW2 = as_rows(mW, c.rpg)
-            gW = cute.local_tile(mW2, tiler, (0, 0))
-            copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
-            tWgW = copy_w.get_slice(tidx).partition_S(gW)
-            tWrW = cute.make_fragment_like(tWgW)
-            tWrW.fill(0)
-            tWcW = copy_w.get_slice(tidx).partition_S(cT)
-            cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(tWcW, 128 // self.w_dtype.width, Int32(N)))
-            w = cute.make_tensor(tWrW.iterator, tXrX.layout).load().to(Float32) + offset
+        tXsX0 = copy_x.get_slice(tidx).partition_S(cute.local_tile(sX, tiler, (0, 0)))  # (the fragments' shape)
 
         inv = Float32(0.0)
         if cutlass.const_expr(self.kind == STATIC):  # one reciprocal, IEEE division
             inv = rcp_rn(mScale[0])
         q_base = mQ.iterator.toint()
+        if cutlass.const_expr(not self.looped):
+            # one tile a CTA (the launch's per_cta is 1), straight-line (rmsnorm_fp8_config.ring says where)
+            self._tile(Int32(0), mX, mR, mW, mQ, mH, mS, mRstd, sX, sR, mbar, sRed, sMax, eps, offset, scale_ub,
+                       tv_layout, copy_x, cT, tXsX0, inv, q_base, tidx, warp, lane, M, first_tile, n_tiles)
+        else:
+            for i in cutlass.range(n_tiles, unroll=1):
+                self._tile(i, mX, mR, mW, mQ, mH, mS, mRstd, sX, sR, mbar, sRed, sMax, eps, offset, scale_ub,
+                           tv_layout, copy_x, cT, tXsX0, inv, q_base, tidx, warp, lane, M, first_tile, n_tiles)
 
-        cute.arch.mbarrier_wait(mbar, 0)
-
+    @cute.jit
+    def _tile(self, i: Int32, mX: cute.Tensor, mR: cute.Tensor, mW, mQ: cute.Tensor, mH: cute.Tensor,
+              mS: cute.Tensor, mRstd: cute.Tensor, sX: cute.Tensor, sR: cute.Tensor, mbar, sRed: cute.Tensor,
+              sMax: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32, tv_layout: cute.Layout, copy_x,
+              cT: cute.Tensor, tXsX0: cute.Tensor, inv: Float32, q_base: Int64, tidx: Int32, warp: Int32,
+              lane: Int32, M: Int32, first_tile: Int32, n_tiles: Int32):
+        """The CTA's i-th tile, in ring slot i % stages: wait for its bulk copies, quantize its rows, and
+        (a ring) refill the slot with the tile `stages` ahead."""
+        c = self.cfg
+        N, vec, S = self.N, self.vec, self.stages
+        groups = c.rows // c.rpg
+        tiler = (c.rpg, c.tile_cols)
+        words = vec // 4  # 32-bit words of q per vector
+        s = i % S
+        tile = first_tile + i
+        row0 = tile * c.rows
+        # with a ring, the thread's index through an opaque move: its vectors' coordinates, predicates and
+        # addresses derived at each tile, not hoisted out of the loop and held (sm_90a ptxas, 14336 per
+        # token without a weight: 167 registers against 128)
+        t_i = opaque_b32(tidx) if cutlass.const_expr(S > 1) else tidx
+        thr_x = copy_x.get_slice(t_i)
+        tXcX = thr_x.partition_S(cT)
+        tXpX = column_predicate(tXcX, vec, Int32(N))
+        row_in_group = tXcX[0][0]
+        w_t = offset
+        if cutlass.const_expr(self.has_weight):
+            # loaded while the tile's bulk copies complete; with a ring at each tile (from L1: every CTA of the
+            # SM reads it), not held: held across the tile loop (in its own dtype) it took 194-255 registers
+            # at 14336-16384 (sm_90a ptxas) against 128-154 without a weight
+            w_t = self._weight(tv_layout, tiler, t_i, mW, offset)
+        cute.arch.mbarrier_wait(mbar + s, (i // S) % 2)
         for g in cutlass.range_constexpr(groups):
-            tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (g, 0)))
+            # the fragments made per row group: nothing is carried from one tile to the next
+            tXrX = cute.make_fragment_like(tXsX0)
+            tXrX.fill(0)  # the vectors past N stay 0: they add nothing to a sum or an amax
+            tRrR = cute.make_fragment_like(tXrX)
+            tRrR.fill(0)
+            tYrY = cute.make_fragment_like(tXrX, Float32)
+            tXsX = thr_x.partition_S(cute.local_tile(sX, tiler, (s * groups + g, 0)))
             row = row0 + g * c.rpg + row_in_group
+            red = s * groups + g  # this group's reduction slots
             # pass 1: (h = x + r, stored and kept in shared memory over x) the sum of squares
             cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
             if cutlass.const_expr(self.has_residual):
-                add_residual(copy_x, thr_x, tXsX, thr_x.partition_S(cute.local_tile(sR, tiler, (g, 0))),
-                             cute.local_tile(mH, tiler, (tile * groups + g, 0)), tXrX, tRrR, tXpX, row, M, self.x_dtype)
+                tRsR = thr_x.partition_S(cute.local_tile(sR, tiler, (s * groups + g, 0)))
+                add_residual(copy_x, thr_x, tXsX, tRsR, cute.local_tile(mH, tiler, (tile * groups + g, 0)), tXrX,
+                             tRrR, tXpX, row, M, self.x_dtype)
             x = tXrX.load().to(Float32)
             ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
-            ss = self._row_reduce(ss, False, sRed, g, warp, lane)
+            ss = self._row_reduce(ss, False, sRed, red, warp, lane)
             rstd = cute.math.rsqrt(ss / N + eps, fastmath=False)
             if cutlass.const_expr(self.store_rstd):
                 if tXcX[0][1] == 0 and row < M:
                     mRstd[row] = rstd
             if cutlass.const_expr(self.kind == TOKEN):
                 # pass 2: the row's amax, its scale and the scale's reciprocal
-                self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
+                self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w_t)
                 # a vector's amax, then a tree over the vectors: one chain over all of them made ptxas hold
                 # more (sm_90, 16384: 229 registers against 158, 2 CTAs per SM against 3; H200 0.85
                 # against 0.97 of a copy, docs/performance.md 2.17)
-                amax = self._row_reduce(_tree_max(list(self._vector_amaxes(tYrY))), True, sMax, g, warp, lane)
-                s = self._scale(amax, scale_ub)
-                inv = rcp_rn(s)
+                amax = self._row_reduce(_tree_max(list(self._vector_amaxes(tYrY))), True, sMax, red, warp, lane)
+                s_row = self._scale(amax, scale_ub)
+                inv = rcp_rn(s_row)
                 if tXcX[0][1] == 0 and row < M:
-                    mS[row] = s
+                    mS[row] = s_row
             # pass 3 (with per-token scales y is still in registers from pass 2): quantized, stored
             if cutlass.const_expr(self.kind != TOKEN):
-                self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w)
+                self._normed(tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w_t)
             q_row = q_base + Int64(row) * N
             if cutlass.const_expr(self.kind == GROUP):
                 inv_v = self._group_reciprocals(tYrY, tXcX, mS, scale_ub, row, lane, M)
-            for v, (i, j, k) in enumerate(_vectors(tXcX, vec)):
-                col = tXcX[i * vec, j, k][1]
+            for v, (a, j, k) in enumerate(_vectors(tXcX, vec)):
+                col = tXcX[a * vec, j, k][1]
                 if cutlass.const_expr(self.kind == GROUP):
                     inv = inv_v[v]
-                ws = [fp8x4(tYrY[i * vec + 4 * u, j, k] * inv, tYrY[i * vec + 4 * u + 1, j, k] * inv,
-                            tYrY[i * vec + 4 * u + 2, j, k] * inv, tYrY[i * vec + 4 * u + 3, j, k] * inv,
+                ws = [fp8x4(tYrY[a * vec + 4 * u, j, k] * inv, tYrY[a * vec + 4 * u + 1, j, k] * inv,
+                            tYrY[a * vec + 4 * u + 2, j, k] * inv, tYrY[a * vec + 4 * u + 3, j, k] * inv,
                             self.e4m3) for u in range(words)]
                 if col < N and row < M:
                     store_words(q_row + col, ws[0], ws[1] if words == 2 else None)
+        # the slot is read by every thread (and h written over it): refill it with the tile S ahead
+        if cutlass.const_expr(S > 1) and i + S < n_tiles:
+            if cutlass.const_expr(self.has_residual):  # h's stores into the slot before the bulk copies
+                cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier()
+            if warp == 0:
+                self._fill(mX, mR, sX, sR, mbar, s, tile + S, M, lane)
+
+    @cute.jit
+    def _weight(self, tv_layout: cute.Layout, tiler: cutlass.Constexpr, tidx: Int32, mW: cute.Tensor, offset: Float32):
+        """offset + w in fp32 over the thread's vectors (in x's fragment order)."""
+        copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
+        thr_w = copy_w.get_slice(tidx)
+        tWgW = thr_w.partition_S(cute.local_tile(as_rows(mW, tiler[0]), tiler, (0, 0)))
+        tWrW = cute.make_fragment_like(tWgW)
+        tWrW.fill(0)
+        cT = cute.make_identity_tensor(tiler)
+        cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(thr_w.partition_S(cT), 128 // self.w_dtype.width,
+                                                             Int32(self.N)))
+        layout = cute.make_fragment_like(vector_copy(self.x_dtype, tv_layout, tiler).get_slice(tidx).partition_S(
+            cT), self.x_dtype).layout
+        return cute.make_tensor(tWrW.iterator, layout).load().to(Float32) + offset
 
     def _vector_amaxes(self, tYrY: cute.Tensor):
         """Each of the thread's vectors' amax, max.NaN of |y| over its vec values, in `_vectors` order

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
-from cutile_norms.cute.rmsnorm_fp8_config import fp8_config, refusal
+from cutile_norms.cute.rmsnorm_fp8_config import RING_BY_MODEL, fp8_config, refusal, ring
 from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
 from tests.cute.ptx_util import ptxas_report
 
@@ -27,12 +27,13 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, arch="sm_90a",
-             w_dtype=None):
+             w_dtype=None, stages=1, looped=False):
     group = 128 if kind == "group" else 0
     cfg = fp8_config(N, x_dtype.itemsize, group or None)
     assert cfg is not None, (N, kind)
-    fn = compile_fp8(x_dtype, w_dtype or x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group", residual,
-                     True, contiguous, arch, keep_ptx=True)
+    fn = compile_fp8(x_dtype, w_dtype or x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group",
+                     residual, True, contiguous, arch, keep_ptx=True, stages=stages,
+                     looped=looped)
     return fn.__ptx__, cfg
 
 
@@ -43,7 +44,9 @@ def test_compiles(N, kind, arch):
     if kind == "group" and N < 512:  # 16 lanes per group, 8 threads per row
         assert "lanes of one warp" in refusal(N, 2, 128)
         return
-    ptx, cfg = _compile(N, kind, arch=arch)
+    # the H200's ring (rmsnorm_fp8_config.ring) where it has one
+    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, "H200")
+    ptx, cfg = _compile(N, kind, arch=arch, stages=stages, looped=looped)
     assert f".target {arch}" in ptx
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
     assert re.search(r"ld\.shared(\.\w+)*\.v4\.(b|u)32", ptx), "16-byte shared loads"
@@ -54,6 +57,7 @@ def test_compiles(N, kind, arch):
     # once per row group: a group's scale is computed by one of its lanes (the lanes share the work)
     per_scale = {"static": 1, "token": cfg.rows // cfg.rpg, "group": cfg.rows // cfg.rpg}[kind]
     assert rcp == per_scale, f"{rcp} rcp.rn for {per_scale} scales"
+    assert ptx.count("mbarrier.try_wait") + ptx.count("mbarrier.test_wait") >= 1
     if kind != "static":
         assert "max.NaN.f32" in ptx
     if arch == "sm_90a":
@@ -108,6 +112,43 @@ def test_config_rules():
         (32, 7), (64, 5), (64, 7)]
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("N,kind,residual,contiguous", [(896, "group", True, False), (2560, "token", True, True),
+                                                        (8192, "static", False, False)])
+def test_ring_with_residual_and_strided_rows_compiles(N, kind, residual, contiguous, arch):
+    """The ring's variants beside the residual (h written over a slot, fenced before its refill) and at
+    a row stride; no spills."""
+    ptx, _ = _compile(N, kind, residual=residual, contiguous=contiguous, arch=arch, stages=2)
+    assert f".target {arch}" in ptx
+    if residual:
+        assert "fence.proxy.async.shared::cta" in ptx
+    if arch == "sm_90a":
+        assert ptxas_report(ptx, arch)["spill_stores"] == 0
+
+
+def test_ring_rule():
+    """Two slots, two tiles a CTA on the H200 up to 16 KiB rows (8 KiB with group scales) where there
+    are tiles for 8 waves of CTAs; one tile a CTA at fewer tiles (the same compiled kernel); past them one
+    slot and one tile, per token through the tile loop where the weight is 16-bit; straight-line one
+    tile a CTA on other GPUs."""
+    r = RING_BY_MODEL["H200"]
+    assert (r.stages, r.per_cta) == (2, 2)
+    many = 16 * 132 * r.per_cta * r.min_waves
+    for kind in ("token", "group", "static"):
+        assert ring(4096, 2, 2, kind, many, 132, "H200") == (2, 2, True)
+        assert ring(896, 2, 4, kind, many, 132, "H200") == (2, 2, True)
+        assert ring(4096, 2, 2, kind, 8, 132, "H200") == (2, 1, True)  # decode sizes: one tile a CTA
+        assert ring(4104, 4, 4, kind, many, 132, "H200") == (1, 1, False)
+        assert ring(8200, 2, 4, kind, many, 132, "H200") == (1, 1, False)
+        assert ring(4096, 2, 2, kind, many, 132, "H100") == (1, 1, False)
+        assert ring(4096, 2, 2, kind, many, 170, "B200") == (1, 1, False)
+    assert ring(8192, 2, 2, "token", many, 132, "H200") == (2, 2, True)  # groups: rows up to 8 KiB
+    assert ring(8192, 2, 2, "static", many, 132, "H200") == (2, 2, True)
+    assert ring(4104, 2, 2, "group", many, 132, "H200") == (1, 1, False)
+    assert ring(8200, 2, 2, "token", many, 132, "H200") == (1, 1, True)  # per token through the tile loop
+    assert ring(8200, 2, 2, "group", many, 132, "H200") == (1, 1, False)
+
+
 def test_unsupported_names_why():
     x = torch.randn(4, 1024, dtype=torch.bfloat16)
     assert "2^31 rows" in unsupported(torch.empty(2 ** 31, 8, dtype=torch.bfloat16, device="meta"), None, None, None)
@@ -155,6 +196,20 @@ def test_strided_rows_and_one_row(seed, kind, N):
     _check(N, kind, E4M3, torch.bfloat16, M=1, pad=40)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("ring", [(1, 1, False), (1, 1, True), (2, 3, True), (3, 8, True)],
+                         ids=lambda r: f"s{r[0]}t{r[1]}{'loop' if r[2] else ''}")
+@pytest.mark.parametrize("kind", ["token", "group", "static", "residual", "residual_group"])
+@pytest.mark.parametrize("N", [896, 1536, 2560, 5120, 14336])
+def test_tile_ring(seed, kind, N, ring):
+    """Several tiles per CTA through a ring of slots: the last CTA with fewer tiles, a part-full last
+    tile, contiguous and strided rows; and one tile a CTA, straight-line (what GPUs without a ring run)
+    and through the tile loop (the H200's per-token rows past 16 KiB), on whatever GPU runs the tests."""
+    stages, per_cta, looped = ring
+    _check(N, kind, E4M3, torch.bfloat16, M=103, stages=stages, per_cta=per_cta, looped=looped)
+    _check(N, kind, E4M3, torch.bfloat16, M=45, pad=16, stages=stages, per_cta=per_cta, looped=looped)
+
+
 def _poison_blocks(sizes):
     """Blocks of these byte sizes filled with 0xFF (NaN as fp8, fp16, bf16 and fp32) and freed: the
     caching allocator hands them to the next tensors of those sizes, the kernel's outputs."""
@@ -163,7 +218,7 @@ def _poison_blocks(sizes):
     del blocks
 
 
-def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0):
+def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0, stages=None, per_cta=None, looped=False):
     from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8
 
     def rows():
@@ -187,8 +242,8 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0):
     assert why is None, why
     _poison_blocks([M * N, M * N * x_dtype.itemsize, 4 * M, 4 * M * (N // (group or N))])
     q, s, h, rstd = rms_norm_fp8(x, r, w, 1e-6, offset, out_dtype, x_dtype if r is not None else None, scale, ub,
-                                 group, ue8m0)
-    what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad}"
+                                 group, ue8m0, stages=stages, per_cta=per_cta, looped=looped)
+    what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad} ring={stages}x{per_cta}{' looped' if looped else ''}"
     src = x
     if r is not None:
         assert same_bits_or_both_nan(h.float(), (x.float() + r.float()).to(x_dtype).float()), f"{what}: h"
