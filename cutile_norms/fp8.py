@@ -29,7 +29,8 @@ Contract:
     (triton/rmsnorm_fp8.py, mode="triton"), a power-of-two block of the row in registers, and the CuTe
     DSL one (cute/rmsnorm_fp8.py, mode="tma_smem_cached"), the row in shared memory by TMA bulk copies
     (rows of 16-byte multiples, a residual of x's dtype); mode=None picks by `cute_wins` (measured, by
-    N and the GPU model: batch invariant; the CuTe DSL kernel's tiles a CTA follow M, a row's bits do not). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
+    N and the GPU model: batch invariant; the CuTe DSL kernel's tiles a CTA follow M, a row's bits do
+    not). Else, or with CUTILE_NORMS_FUSED=0, the same math in torch ops.
 """
 from __future__ import annotations
 

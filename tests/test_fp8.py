@@ -167,7 +167,8 @@ def test_kernel_rule():
     FP8_KERNEL_MAX_N, the fused kernels on; else the torch ops, with a reason (A100: no fp8e4nv in
     Triton; the CPU: the interpreter's fp8 conversion is not the GPU's). mode=None's choice between
     the two (fp8.cute_wins): CuTe DSL past 4096 columns, past 2048 wherever Triton's block pads the
-    row and past 1024 where a 16-bit row fills at most 3/4 of it, for every scale kind."""
+    row and past 1024 where a 16-bit row fills at most 3/4 of it, for every scale kind; on the H200 (its
+    CuTe DSL kernel's ring) wherever Triton's block pads a 16-bit row past 512 columns."""
     import os
 
     from cutile_norms import fp8

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ..reference import FP8_MAX, FP8_MIN_AMAX
-from ..fp8 import kernel_outputs
-from .compile import CompileCache, aligned_weight, compile_options, cutlass_dtype, placeholder_f32
 from .._platform import device_info, gpu_model
+from ..fp8 import kernel_outputs
+from ..reference import FP8_MAX, FP8_MIN_AMAX
+from .compile import CompileCache, aligned_weight, compile_options, cutlass_dtype, placeholder_f32
 from .rmsnorm_fp8_config import fp8_config, refusal, ring
 from .rmsnorm_fwd_config import FwdConfig
 
@@ -105,7 +105,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         w_bytes = weight.element_size() if weight is not None else x2d.element_size()
         stages, per_cta, looped = ring(N, x2d.element_size(), w_bytes, kind, -(-M // cfg.rows), dev.sm_count,
                                        gpu_model(dev.name))
-    per_cta = per_cta if stages > 1 else 1  # one slot: one tile a CTA (the kernel refills only a ring's slots)
+    per_cta = (per_cta or 1) if stages > 1 else 1  # one slot: one tile a CTA (none would be in flight ahead)
     contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
     fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
                      scale_ub is not None, ue8m0, r2d is not None, True, contiguous,

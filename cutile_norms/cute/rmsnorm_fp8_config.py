@@ -8,9 +8,10 @@ forward's threads per row pad get an exact tiling over fewer threads per row (`_
 cluster would split (past ONE_CTA_BYTES) are not taken: the FP8 kernels stop at fp8.FP8_KERNEL_MAX_N
 columns, well below.
 
-`ring(N, elem_bytes, tiles, gpu)`: how many tiles a CTA takes in turn, through a ring of how many
-shared-memory slots (the next tile's bulk copies in flight while the CTA works on one). Measured per GPU
-model (RING_BY_MODEL); one tile a CTA, one slot, elsewhere.
+`ring(N, elem_bytes, w_bytes, kind, tiles, sm_count, model)`: how many shared-memory slots a CTA's tiles
+go through (the next tile's bulk copies in flight while the CTA works on one), how many tiles a CTA
+takes in turn, and whether one slot runs through the tile loop. Measured per GPU model (RING_BY_MODEL:
+the H200); one slot and one tile a CTA, straight-line, elsewhere.
 """
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ class Ring:
     """`stages` shared-memory slots for rows of up to `max_row_bytes` (`group_max_row_bytes` with group
     scales; compiled in: the same kernel at every M), and `per_cta` tiles a CTA where the launch has at
     least `min_waves` x the SMs' count of CTAs that way (fewer tiles, as at decode sizes: one a CTA,
-    every CTA's tile in flight at once)."""
+    its slot to spare; not measured there)."""
     stages: int = 2
-    per_cta: int = 2
+    per_cta: int = 2  # (the kernel refills a slot only when a CTA has more tiles than slots: none here)
     max_row_bytes: int = SLICE_BYTES
     group_max_row_bytes: int = SLICE_BYTES // 2  # with 1 x g group scales
     min_waves: int = 8
@@ -106,17 +107,21 @@ class Ring:
 #     weight (neither measured; an fp32 weight in the loop held 184 registers at 16384 in groups against
 #     166, sm_90a ptxas).
 #   * The H100 (0.98-1.00 one tile a CTA) is not measured with a ring and keeps the straight-line kernel.
+#   * 16-bit rows: fp16 moves bf16's bytes through the same code (not measured apart); an fp32 weight
+#     beside them takes the ring too (its registers do not grow: the weight is loaded at each tile; not
+#     measured for speed); fp32 rows keep one slot (not measured with the ring).
 # What is compiled in (the stages, the loop) depends on N, the dtypes and the kind alone, so that a kernel
-# warmed up at one M serves every M; fewer tiles than 8 waves of two-tile CTAs (decode sizes) take one tile a
-# CTA, every CTA's tile in flight at once.
+# warmed up at one M serves every M; fewer tiles than 8 waves of two-tile CTAs (decode sizes, and launches up
+# to about 2100 tiles) take one tile a CTA from the same kernel, its second slot unused (not measured).
 RING_BY_MODEL = {"H200": Ring()}
 
 
 def ring_applies(N: int, elem_bytes: int, model: str, kind: str = "token") -> bool:
-    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N with scales of `kind` ("token", "group"
-    or "static") through a ring of slots."""
+    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N elements of `elem_bytes` with scales of
+    `kind` ("token", "group" or "static") through a ring of slots (16-bit rows only: fp32 rows are not
+    measured with it; fp16 moves the bytes bf16 does, through the same code)."""
     r = RING_BY_MODEL.get(model)
-    if r is None:
+    if r is None or elem_bytes != 2:
         return False
     return N * elem_bytes <= (r.group_max_row_bytes if kind == "group" else r.max_row_bytes)
 
@@ -129,6 +134,6 @@ def ring(N: int, elem_bytes: int, w_bytes: int, kind: str, tiles: int, sm_count:
     the kind and the model alone."""
     r = RING_BY_MODEL.get(model)
     if not ring_applies(N, elem_bytes, model, kind):
-        # past the ring's rows one tile a CTA; on a ring's GPU per token through the tile loop at 16-bit weights
-        return 1, 1, r is not None and w_bytes == 2 and kind == "token"
+        # past the ring's rows one tile a CTA; on a ring's GPU per token through the tile loop (16-bit x and weight)
+        return 1, 1, r is not None and elem_bytes == 2 and w_bytes == 2 and kind == "token"
     return r.stages, (r.per_cta if tiles >= r.min_waves * r.per_cta * sm_count else 1), True

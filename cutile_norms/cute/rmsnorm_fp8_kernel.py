@@ -20,8 +20,11 @@ vectors of it: a row of 10240 bf16 is 128 threads x 10 vectors, no padding.
 
 A CTA takes `per_cta` row tiles in turn (a runtime argument) through a ring of `stages` shared-memory
 slots (compiled in): the next tiles' bulk copies are in flight while it works on one, and a barrier
-frees a slot before warp 0 refills it (rmsnorm_fp8_config.ring: on an H200 2 slots and 2 tiles a CTA
-for rows of up to 16 KiB; elsewhere 1 and 1, every CTA's one tile in flight at once).
+frees a slot before warp 0 refills it (one slot: the tiles in turn through it, none in flight ahead).
+Straight-line (not `looped`, one slot) a CTA takes one tile whatever `per_cta` says.
+rmsnorm_fp8_config.ring says which: on an H200 2 slots and 2 tiles a CTA at 16-bit rows of up to 16 KiB
+(8 KiB with group scales) where the launch is large, else one tile a CTA; per token past them one slot
+through the tile loop; straight-line elsewhere.
 
 Passes over a tile in shared memory (each thread reads back only its own vectors, so no barrier):
   1. (with a residual) h = x + r, stored to global memory and written over x; the sum of squares;
@@ -34,7 +37,7 @@ Passes over a tile in shared memory (each thread reads back only its own vectors
 
 The kernel does not validate; rmsnorm_fp8.py (`unsupported`) and the API layer do. What it assumes:
 rows of N (a multiple of 16 bytes) whose starts are 16-byte aligned, whole row tiles per CTA (no
-cluster; one tile a CTA with one slot), a weight with unit stride 16-byte aligned, q and h contiguous, GROUP / vec lanes within a
+cluster), a weight with unit stride 16-byte aligned, q and h contiguous, GROUP / vec lanes within a
 row's threads and a warp, and at most GROUP / vec vectors a thread (rmsnorm_fp8_config.refusal).
 """
 from __future__ import annotations
@@ -154,9 +157,10 @@ def _vectors(tA: cute.Tensor, vec: int):
 
 
 class RMSNormFp8TmaSmem(RowTileKernel):
-    """q = fp8(rms_norm(h) * (1 / s)) over rows of N, one row tile per CTA. Compile-time: dtypes, N, the
-    config, the scales' kind (STATIC, TOKEN, GROUP) and their options, weight, residual, rstd,
-    contiguous rows; runtime: M, the row strides, eps, offset, the amax's upper bound. (A 1 x GROUP
+    """q = fp8(rms_norm(h) * (1 / s)) over rows of N, row tiles in turn per CTA. Compile-time: dtypes, N,
+    the config, the scales' kind (STATIC, TOKEN, GROUP) and their options, weight, residual, rstd,
+    contiguous rows, the ring's slots and the tile loop; runtime: M, the row strides, eps, offset, the
+    amax's upper bound, the tiles a CTA (straight-line: 1, whatever is passed). (A 1 x GROUP
     group is GROUP / vec adjacent lanes at one vector index of the tile's layout, `row_tv_layout`.)"""
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, kind: str, group: int, e4m3: bool, top: float,
@@ -184,7 +188,9 @@ class RMSNormFp8TmaSmem(RowTileKernel):
                  per_cta: Int32, stream):
         c = self.cfg
         M = mX.shape[0]
-        grid = cute.ceil_div(cute.ceil_div(M, c.rows), per_cta)
+        grid = cute.ceil_div(M, c.rows)
+        if cutlass.const_expr(self.looped):  # (straight-line: one tile a CTA, whatever per_cta says)
+            grid = cute.ceil_div(grid, per_cta)
         self.kernel(mX, mR, mW, mQ, mH, mS, mScale, mRstd, eps, offset, scale_ub, per_cta, self._tv_layout()).launch(
             grid=[grid, 1, 1], block=[c.threads, 1, 1], smem=self.smem_bytes(), stream=stream)
 
@@ -227,8 +233,11 @@ class RMSNormFp8TmaSmem(RowTileKernel):
         M = mX.shape[0]
         width = c.tile_cols
         groups = c.rows // c.rpg
-        first_tile = bidx * per_cta
-        n_tiles = cutlass.min(per_cta, cute.ceil_div(M, c.rows) - first_tile)  # this CTA's tiles, in order
+        first_tile = bidx
+        n_tiles = Int32(1)
+        if cutlass.const_expr(self.looped):  # this CTA's tiles, in order (straight-line: one, as the grid has it)
+            first_tile = bidx * per_cta
+            n_tiles = cutlass.min(per_cta, cute.ceil_div(M, c.rows) - first_tile)
 
         # ---- shared memory: a ring of S tiles (and r's), a barrier per slot, the reduction slots ----
         smem = SmemAllocator()
@@ -352,7 +361,7 @@ class RMSNormFp8TmaSmem(RowTileKernel):
                 if col < N and row < M:
                     store_words(q_row + col, ws[0], ws[1] if words == 2 else None)
         # the slot is read by every thread (and h written over it): refill it with the tile S ahead
-        if cutlass.const_expr(S > 1) and i + S < n_tiles:
+        if cutlass.const_expr(self.looped) and i + S < n_tiles:
             if cutlass.const_expr(self.has_residual):  # h's stores into the slot before the bulk copies
                 cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier()
@@ -420,9 +429,9 @@ class RMSNormFp8TmaSmem(RowTileKernel):
     def _row_reduce(self, v: Float32, use_max: cutlass.Constexpr[bool], sSlots: cute.Tensor, g: Int32, warp: Int32,
                     lane: Int32) -> Float32:
         """v summed (or with `use_max` its NaN-propagating max) over a row's threads: warp shuffles, then
-        (a row over several warps) the warps' values through shared memory (a slot per row group and
-        warp, so no barrier before the next group writes; a row's warps are adjacent, the first at
-        warp - warp % warps_per_row)."""
+        (a row over several warps) the warps' values through shared memory (a slot per ring slot, row
+        group and warp, `g` naming the first two, so no barrier before the next group writes; a row's
+        warps are adjacent, the first at warp - warp % warps_per_row)."""
         c = self.cfg
         op = max_nan if cutlass.const_expr(use_max) else operator.add
         v = cute.arch.warp_reduction(v, op, threads_in_group=min(c.tpr, 32))

@@ -37,15 +37,15 @@ def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, co
     return fn.__ptx__, cfg
 
 
+@pytest.mark.parametrize("model", ["H100", "H200"])  # straight-line one tile a CTA; the H200's ring and loop
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 @pytest.mark.parametrize("N", [256, 1024, 1664, 2560, 3584, 5120, 8192, 10240, 13312, 16384])
-def test_compiles(N, kind, arch):
+def test_compiles(N, kind, arch, model):
     if kind == "group" and N < 512:  # 16 lanes per group, 8 threads per row
         assert "lanes of one warp" in refusal(N, 2, 128)
         return
-    # the H200's ring (rmsnorm_fp8_config.ring) where it has one
-    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, "H200")
+    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, model)  # what that GPU compiles (rmsnorm_fp8_config)
     ptx, cfg = _compile(N, kind, arch=arch, stages=stages, looped=looped)
     assert f".target {arch}" in ptx
     assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
@@ -88,12 +88,15 @@ def test_compiles_residual_strided_and_dtype_variants(N, kind, out_dtype, x_dtyp
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 @pytest.mark.parametrize("N", [4096, 16384])
 def test_fp32_weight_with_16_bit_x_compiles(N, kind, arch):
-    """An fp32 weight doubles the weight's registers: still no spills, and at most 168 registers."""
-    ptx, cfg = _compile(N, kind, arch=arch, w_dtype=torch.float32)
-    assert f".target {arch}" in ptx
-    if arch == "sm_90a":
-        report = ptxas_report(ptx, arch)
-        assert report["spill_stores"] == 0 and report["registers"] <= 168, report
+    """An fp32 weight doubles the weight's registers: still no spills, and at most 168 registers, one tile
+    a CTA and as the H200 runs it (the ring at 4096, one slot at 16384)."""
+    for model in ("H100", "H200"):
+        stages, _, looped = ring(N, 2, 4, kind, 1 << 30, 132, model)
+        ptx, cfg = _compile(N, kind, arch=arch, w_dtype=torch.float32, stages=stages, looped=looped)
+        assert f".target {arch}" in ptx
+        if arch == "sm_90a":
+            report = ptxas_report(ptx, arch)
+            assert report["spill_stores"] == 0 and report["registers"] <= 168, (model, report)
 
 
 def test_config_rules():
@@ -147,6 +150,9 @@ def test_ring_rule():
     assert ring(4104, 2, 2, "group", many, 132, "H200") == (1, 1, False)
     assert ring(8200, 2, 2, "token", many, 132, "H200") == (1, 1, True)  # per token through the tile loop
     assert ring(8200, 2, 2, "group", many, 132, "H200") == (1, 1, False)
+    assert ring(2048, 4, 4, "token", many, 132, "H200") == (1, 1, False)  # fp32 rows: not measured with either
+    assert ring(2048, 4, 2, "token", many, 132, "H200") == (1, 1, False)
+    assert ring(2048, 2, 4, "token", many, 132, "H200") == (2, 2, True)  # an fp32 weight beside 16-bit rows
 
 
 def test_unsupported_names_why():
@@ -197,15 +203,15 @@ def test_strided_rows_and_one_row(seed, kind, N):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ring", [(1, 1, False), (1, 1, True), (2, 3, True), (3, 8, True)],
+@pytest.mark.parametrize("launch", [(1, 1, False), (1, 1, True), (2, 3, True), (3, 8, True)],
                          ids=lambda r: f"s{r[0]}t{r[1]}{'loop' if r[2] else ''}")
 @pytest.mark.parametrize("kind", ["token", "group", "static", "residual", "residual_group"])
 @pytest.mark.parametrize("N", [896, 1536, 2560, 5120, 14336])
-def test_tile_ring(seed, kind, N, ring):
+def test_tile_ring(seed, kind, N, launch):
     """Several tiles per CTA through a ring of slots: the last CTA with fewer tiles, a part-full last
     tile, contiguous and strided rows; and one tile a CTA, straight-line (what GPUs without a ring run)
     and through the tile loop (the H200's per-token rows past 16 KiB), on whatever GPU runs the tests."""
-    stages, per_cta, looped = ring
+    stages, per_cta, looped = launch
     _check(N, kind, E4M3, torch.bfloat16, M=103, stages=stages, per_cta=per_cta, looped=looped)
     _check(N, kind, E4M3, torch.bfloat16, M=45, pad=16, stages=stages, per_cta=per_cta, looped=looped)
 
