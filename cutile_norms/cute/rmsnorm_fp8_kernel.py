@@ -309,7 +309,7 @@ class RMSNormFp8TmaSmem(RowTileKernel):
             # loaded while the tile's bulk copies complete; with a ring at each tile (from L1: every CTA of the
             # SM reads it), not held: held across the tile loop (in its own dtype) it took 194-255 registers
             # at 14336-16384 (sm_90a ptxas) against 128-154 without a weight
-            w_t = self._weight(tv_layout, tiler, t_i, mW, offset)
+            w_t = self._weight(tv_layout, tiler, cT, cute.make_fragment_like(tXsX0).layout, t_i, mW, offset)
         cute.arch.mbarrier_wait(mbar + s, (i // S) % 2)
         for g in cutlass.range_constexpr(groups):
             # the fragments made per row group: nothing is carried from one tile to the next
@@ -369,19 +369,17 @@ class RMSNormFp8TmaSmem(RowTileKernel):
                 self._fill(mX, mR, sX, sR, mbar, s, tile + S, M, lane)
 
     @cute.jit
-    def _weight(self, tv_layout: cute.Layout, tiler: cutlass.Constexpr, tidx: Int32, mW: cute.Tensor, offset: Float32):
-        """offset + w in fp32 over the thread's vectors (in x's fragment order)."""
+    def _weight(self, tv_layout: cute.Layout, tiler: cutlass.Constexpr, cT: cute.Tensor, x_frag: cute.Layout,
+                tidx: Int32, mW: cute.Tensor, offset: Float32):
+        """offset + w in fp32 over the thread's vectors, in x's fragment order (`x_frag`: its layout)."""
         copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
         thr_w = copy_w.get_slice(tidx)
         tWgW = thr_w.partition_S(cute.local_tile(as_rows(mW, tiler[0]), tiler, (0, 0)))
         tWrW = cute.make_fragment_like(tWgW)
         tWrW.fill(0)
-        cT = cute.make_identity_tensor(tiler)
         cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(thr_w.partition_S(cT), 128 // self.w_dtype.width,
                                                              Int32(self.N)))
-        layout = cute.make_fragment_like(vector_copy(self.x_dtype, tv_layout, tiler).get_slice(tidx).partition_S(
-            cT), self.x_dtype).layout
-        return cute.make_tensor(tWrW.iterator, layout).load().to(Float32) + offset
+        return cute.make_tensor(tWrW.iterator, x_frag).load().to(Float32) + offset
 
     def _vector_amaxes(self, tYrY: cute.Tensor):
         """Each of the thread's vectors' amax, max.NaN of |y| over its vec values, in `_vectors` order
