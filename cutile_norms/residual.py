@@ -173,8 +173,9 @@ def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: 
         return g2d.view(h.shape), dw if need_dw else h.new_empty(0)
     rows = h if g_dtype == h.dtype else h.float()  # dy in another dtype: the norm's backward in fp32
     inside = how == dispatch.BWD_DH_INSIDE
-    g2d, dw = backward_rows(dy, as_rows(rows), _weight_for(weight, rows.dtype), rstd.reshape(-1), offset, bwd_mode,
-                            True, need_dw, dev, dh=dh if inside else None)
+    # (dy2d, dh2d: the rows made above, so that a strided grad is not copied a second time)
+    g2d, dw = backward_rows(dy2d, as_rows(rows), _weight_for(weight, rows.dtype), rstd.reshape(-1), offset, bwd_mode,
+                            True, need_dw, dev, dh=dh2d if inside else None)
     g = g2d.view(h.shape)
     if dw is not None and dw.dtype != weight.dtype:
         dw = dw.to(weight.dtype)
