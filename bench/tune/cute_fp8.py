@@ -31,25 +31,9 @@ from cutile_norms.cute.rmsnorm_fwd_config import FwdConfig, analytic_config  # n
 E4M3 = torch.float8_e4m3fn
 
 
-def ring_variants(x, w, rings):
-    """{name: (fn, group size or None)}: Triton's kernel and the CuTe DSL kernel at each ring, both kinds."""
-    from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8 as cute
-    from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8 as tri
-
-    out = {}
-    for g, tag in ((None, "token"), (128, "group128")):
-        out[f"triton {tag}"] = (lambda g=g: tri(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
-        if fp8_config(x.shape[1], x.element_size(), g) is None:
-            continue
-        for S, T, loop in rings:
-            out[f"cute {tag} {S}x{T}{'l' if loop else ''}"] = (
-                lambda g=g, S=S, T=T, loop=loop: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False,
-                                                      stages=S, per_cta=T, looped=loop), g)
-    return out
-
-
-def variants(x, w):
-    """{name: (fn, group size or None)}."""
+def variants(x, w, rings=None):
+    """{name: (fn, group size or None)}: Triton's kernel and the CuTe DSL kernel, both kinds; with `rings`
+    ((S, T, looped) each) the CuTe DSL kernel at each, else at its own launch and the tile variants."""
     from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8 as cute
     from cutile_norms.triton.rmsnorm_fp8 import rms_norm_fp8 as tri
 
@@ -57,8 +41,16 @@ def variants(x, w):
     out = {}
     for g, tag in ((None, "token"), (128, "group128")):
         out[f"triton {tag}"] = (lambda g=g: tri(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
-        if fp8_config(N, x.element_size(), g) is not None:  # (the kernel's refusal: groups that do not tile N)
+        if fp8_config(N, x.element_size(), g) is None:  # (the kernel's refusal: groups that do not tile N)
+            continue
+        if not rings:
             out[f"cute {tag}"] = (lambda g=g: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False), g)
+        for S, T, loop in rings or ():
+            out[f"cute {tag} {S}x{T}{'l' if loop else ''}"] = (
+                lambda g=g, S=S, T=T, loop=loop: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, g, False,
+                                                      stages=S, per_cta=T, looped=loop), g)
+    if rings:
+        return out
     fwd_tile = analytic_config(N, x.element_size())
     if fwd_tile != fp8_config(N, x.element_size(), None):  # the forward's tile where the FP8 config differs
         out["cute token, forward's tile"] = (lambda: cute(x, None, w, 1e-6, 0.0, E4M3, None, None, None, None, False,
@@ -87,7 +79,7 @@ def main() -> int:
         M = (1 << 27) // N
         x = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
         w = (1 + 0.1 * torch.randn(N, device="cuda")).to(torch.bfloat16)
-        vs = ring_variants(x, w, args.rings) if args.rings else variants(x, w)
+        vs = variants(x, w, args.rings)
         ratios = ratios_to_copy(x, {k: f for k, (f, _) in vs.items()}, args.runs)
         bytes_over_copy = {k: (3 * M * N + 4 * M * (N // g if g else 1)) / (4 * M * N) for k, (_, g) in vs.items()}
         print(f"N={N:>6} " + "  ".join(f"{k} {bytes_over_copy[k] * statistics.median(v):.3f}" for k, v in ratios.items()),
