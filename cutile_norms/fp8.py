@@ -165,8 +165,7 @@ def cute_wins(N: int, elem_bytes: int, group_size: int | None, model: str = "") 
     from .triton.rmsnorm_fp8_config import launch_config
 
     block = launch_config(N, group_size)[0]
-    kind = "group" if group_size else "token"
-    if elem_bytes == 2 and N > 512 and block > N and ring_applies(N, elem_bytes, model, kind):
+    if elem_bytes == 2 and N > 512 and block > N and ring_applies(N, elem_bytes, model):
         return True
     return N * elem_bytes > 8192 or (N > 2048 and block > N) or (elem_bytes == 2 and N > 1024 and 4 * N <= 3 * block)
 

@@ -73,14 +73,13 @@ def refusal(N: int, elem_bytes: int, group_size: int | None) -> str | None:
 
 @dataclass(frozen=True)
 class Ring:
-    """`stages` shared-memory slots for rows of up to `max_row_bytes` (`group_max_row_bytes` with group
-    scales; compiled in: the same kernel at every M), and `per_cta` tiles a CTA where the launch has at
+    """`stages` shared-memory slots for rows of up to `max_row_bytes` (compiled in: the same kernel at
+    every M), and `per_cta` tiles a CTA where the launch has at
     least `min_waves` x the SMs' count of CTAs that way (fewer tiles, as at decode sizes: one a CTA,
     its slot to spare; not measured there)."""
     stages: int = 2
     per_cta: int = 2  # (the kernel refills a slot only when a CTA has more tiles than slots: none here)
     max_row_bytes: int = SLICE_BYTES
-    group_max_row_bytes: int = SLICE_BYTES // 2  # with 1 x g group scales
     min_waves: int = 8
 
 
@@ -91,21 +90,21 @@ class Ring:
 #   * Two tiles a CTA through 2 slots measured 0.954-0.988 per token at the model widths of 896-8192
 #     against 0.908-0.968 one a CTA, and 0.930-0.981 against 0.893-0.965 in groups at 896-4096; at random
 #     widths 1304 / 2552 / 6664 per token 0.894 / 0.974 / 0.953 against 0.815 / 0.918 / 0.919.
-#   * Groups past 8 KiB rows keep one tile a CTA: the ring lost at 5120 / 6144 / 7168 (0.936 / 0.950 /
-#     0.944 against 0.969 / 0.968 / 0.952; one tile a CTA 0.963-0.975 at 5120 in four runs since 2.17) and
-#     won at 8192 (0.953 against 0.918; 0.914-0.947 in three runs); no rule of the width separates them.
-#     The ring's registers (5120: 80 against 64 a thread, sm_90a ptxas: 6 CTAs an SM against 8) may cost
-#     the groups' shuffle chains more than the token's; not measured.
+#   * Groups take the same rule since their amax's transposed reduction (rmsnorm_fp8_kernel: 12 shuffles
+#     a thread at 12288 against 48): at 4097-8192 columns 2x2 measured 0.949-0.979 at 5120 / 6144 /
+#     7168 / 8192 / 7808 in two runs against 0.930-0.969 one tile a CTA, and at the padded random widths
+#     4480 / 5504 0.900-0.907 / 0.944 against 0.865-0.871 / 0.842 (performance.md 2.51). Before it the
+#     ring lost at 5120-7168 with the groups' longer shuffle chains and groups kept one tile a CTA there.
 #   * Four tiles a CTA lost from 2048 columns (0.92-0.96 per token) and three slots more (0.87-0.94: a
 #     third slot costs CTAs an SM). Past 16 KiB rows (28-32 KiB a tile) every ring lost to one tile a CTA
 #     (14336 per token 0.931 / 0.912 with 2 / 4 tiles against 0.957; 16384 0.931 against 0.972; cause not
 #     measured).
-#   * Past the ring's rows, per token with a 16-bit weight, the one tile a CTA runs through the same tile
-#     loop (one slot, one pass): 10240 / 14336 0.962-0.969 / 0.951-0.961 against 0.943-0.948 / 0.919-0.929
-#     straight-line (the kernel before the ring, same runs), 12288 / 16384 level. Groups were level there
-#     (10240 0.948 against 0.946-0.949) and stay straight-line, as do the per-tensor scale and an fp32
-#     weight (neither measured; an fp32 weight in the loop held 184 registers at 16384 in groups against
-#     166, sm_90a ptxas).
+#   * Past the ring's rows, per token and in groups with a 16-bit weight, the one tile a CTA runs through
+#     the same tile loop (one slot, one pass): per token 10240 / 14336 0.962-0.969 / 0.951-0.961 against
+#     0.943-0.948 / 0.919-0.929 straight-line (the kernel before the ring, same runs), 12288 / 16384 level;
+#     groups 0.951-0.981 at 9600-16384 (6 widths, 2 random) against 0.930-0.964 straight-line (2.51). The
+#     per-tensor scale and an fp32 weight stay straight-line (neither measured through the loop; an
+#     fp32 weight in the loop held 184 registers at 16384 in groups against 166, sm_90a ptxas).
 #   * The H100 (0.98-1.00 one tile a CTA) is not measured with a ring and keeps the straight-line kernel.
 #   * 16-bit rows: fp16 moves bf16's bytes through the same code (not measured apart); an fp32 weight
 #     beside them takes the ring too (its registers do not grow: the weight is loaded at each tile; not
@@ -116,14 +115,12 @@ class Ring:
 RING_BY_MODEL = {"H200": Ring()}
 
 
-def ring_applies(N: int, elem_bytes: int, model: str, kind: str = "token") -> bool:
-    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N elements of `elem_bytes` with scales of
-    `kind` ("token", "group" or "static") through a ring of slots (16-bit rows only: fp32 rows are not
-    measured with it; fp16 moves the bytes bf16 does, through the same code)."""
+def ring_applies(N: int, elem_bytes: int, model: str) -> bool:
+    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N elements of `elem_bytes` through a ring
+    of slots, whatever the scales' kind (16-bit rows only: fp32 rows are not measured with it; fp16
+    moves the bytes bf16 does, through the same code)."""
     r = RING_BY_MODEL.get(model)
-    if r is None or elem_bytes != 2:
-        return False
-    return N * elem_bytes <= (r.group_max_row_bytes if kind == "group" else r.max_row_bytes)
+    return r is not None and elem_bytes == 2 and N * elem_bytes <= r.max_row_bytes
 
 
 def ring(N: int, elem_bytes: int, w_bytes: int, kind: str, tiles: int, sm_count: int,
@@ -133,7 +130,8 @@ def ring(N: int, elem_bytes: int, w_bytes: int, kind: str, tiles: int, sm_count:
     `sm_count` SMs of GPU `model` (gpu_model's name); all but the tiles a CTA depend on N, the dtypes,
     the kind and the model alone."""
     r = RING_BY_MODEL.get(model)
-    if not ring_applies(N, elem_bytes, model, kind):
-        # past the ring's rows one tile a CTA; on a ring's GPU per token through the tile loop (16-bit x and weight)
-        return 1, 1, r is not None and elem_bytes == 2 and w_bytes == 2 and kind == "token"
+    if not ring_applies(N, elem_bytes, model):
+        # past the ring's rows one tile a CTA; on a ring's GPU dynamic scales through the tile loop (16-bit x
+        # and weight)
+        return 1, 1, r is not None and elem_bytes == 2 and w_bytes == 2 and kind != "static"
     return r.stages, (r.per_cta if tiles >= r.min_waves * r.per_cta * sm_count else 1), True

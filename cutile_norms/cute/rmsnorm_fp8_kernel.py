@@ -23,8 +23,8 @@ slots (compiled in): the next tiles' bulk copies are in flight while it works on
 frees a slot before warp 0 refills it (one slot: the tiles in turn through it, none in flight ahead).
 Straight-line (not `looped`, one slot) a CTA takes one tile whatever `per_cta` says.
 rmsnorm_fp8_config.ring says which: on an H200 2 slots and 2 tiles a CTA at 16-bit rows of up to 16 KiB
-(8 KiB with group scales) where the launch is large, else one tile a CTA; per token past them one slot
-through the tile loop; straight-line elsewhere.
+where the launch is large, else one tile a CTA; dynamic scales past them one slot through the tile loop;
+straight-line elsewhere.
 
 Passes over a tile in shared memory (each thread reads back only its own vectors, so no barrier):
   1. (with a residual) h = x + r, stored to global memory and written over x; the sum of squares;
@@ -32,8 +32,9 @@ Passes over a tile in shared memory (each thread reads back only its own vectors
      a tree over the vectors, then across the row's threads), the scale and its reciprocal;
   3. y times the reciprocal of its scale, converted and stored 8 (16-bit x) or 4 (fp32 x) bytes at a
      time. With 1 x GROUP scales a group is GROUP / vec adjacent lanes at the same vector index,
-     reduced by warp shuffles here; lane p of a group computes vector p's group's scale and
-     reciprocal and shuffles them to the others (`_group_reciprocals`).
+     reduced by a transposed warp-shuffle reduction that leaves each of the thread's vectors' group
+     amax on one lane of the group; that lane computes the scale and its reciprocal and the others
+     fetch it (`_group_reciprocals`).
 
 The kernel does not validate; rmsnorm_fp8.py (`unsupported`) and the API layer do. What it assumes:
 rows of N (a multiple of 16 bytes) whose starts are 16-byte aligned, whole row tiles per CTA (no
@@ -136,11 +137,55 @@ def store_words(addr: Int64, w0: Int32, w1, *, loc=None, ip=None):
 
 
 @cute.jit
-def _store_scale(mS: cute.Tensor, idx: Int64, s: Float32, p: Int32, n: cutlass.Constexpr[int], col: Int32,
-                 N: cutlass.Constexpr[int], row: Int32, M: Int32):
-    """mS[idx] = s by the lanes that computed a group's scale (p < n) of a row in the tensor."""
-    if p < n and col < N and row < M:
+def _store_scale(mS: cute.Tensor, idx: Int64, s: Float32, store: Int32, col: Int32, N: cutlass.Constexpr[int],
+                 row: Int32, M: Int32):
+    """mS[idx] = s by the one lane (`store` nonzero) that stores a group's scale, of a row in the tensor."""
+    if store != 0 and col < N and row < M:
         mS[idx] = s
+
+
+def transposed_plan(V: int, L: int) -> tuple[list[int], list[int]]:
+    """Where a transposed reduction of V values over L lanes (a power of two, V <= L) leaves each value
+    (trace-time Python; `RMSNormFp8TmaSmem._group_reciprocals` runs it). At each butterfly level
+    (offsets L/2 ... 1) a lane's list of slots is halved: the lane whose offset bit is 0 keeps the
+    first half, its partner the second, and each shuffle carries the half the other keeps; an odd
+    list's last slot is reduced by both. One slot is left per lane. Returns (held, source): held[p] the
+    slot lane p holds at the end, source[v] the first lane holding slot v (every slot is held: each
+    level gives each half of the lanes at most as many slots as it has lanes)."""
+    held = []
+    for p in range(L):
+        slots, o = list(range(V)), L // 2
+        while o:
+            half, b = len(slots) // 2, (p // o) % 2
+            slots = slots[b * half:(b + 1) * half] + slots[2 * half:]
+            o //= 2
+        assert len(slots) == 1, (V, L)
+        held.append(slots[0])
+    source = [held.index(v) for v in range(V)]
+    return held, source
+
+
+def transposed_reduce(vals: list, cols: list, L: int, high, select, shuffle, op):
+    """The transposed reduction of `transposed_plan` over a group of L lanes: `vals` the lane's V values
+    (V <= L), `cols` a tag of each (their columns), carried along without shuffles. Returns the lane's
+    one value left, op-reduced over the group's lanes, and its tag. The lane's operations come as
+    functions (the kernel's instructions, or a test's simulation of the lanes): high(o) the lane's bit
+    o (0 or 1), select(c, a, b) a where c is 0 else b, shuffle(v, o) lane ^ o's v."""
+    o = L // 2
+    while o:
+        h = high(o)
+        half = len(vals) // 2
+        kept, kept_cols = [], []
+        for u in range(half):  # the lane keeps slot u (h = 0) or u + half, and sends its partner the other
+            lo, hi = vals[u], vals[u + half]
+            kept.append(op(select(h, lo, hi), shuffle(select(h, hi, lo), o)))
+            kept_cols.append(select(h, cols[u], cols[u + half]))
+        if len(vals) % 2:  # the odd slot: reduced by both lanes
+            kept.append(op(vals[-1], shuffle(vals[-1], o)))
+            kept_cols.append(cols[-1])
+        vals, cols = kept, kept_cols
+        o //= 2
+    return vals[0], cols[0]
 
 
 def _tree_max(parts: list):
@@ -383,7 +428,7 @@ class RMSNormFp8TmaSmem(RowTileKernel):
 
     def _vector_amaxes(self, tYrY: cute.Tensor):
         """Each of the thread's vectors' amax, max.NaN of |y| over its vec values, in `_vectors` order
-        (generated: the group path reduces each over its lanes before the next is traced)."""
+        (generated)."""
         vec = self.vec
         for i, j, k in _vectors(tYrY, vec):
             a = Float32(0.0)
@@ -394,26 +439,28 @@ class RMSNormFp8TmaSmem(RowTileKernel):
     def _group_reciprocals(self, tYrY: cute.Tensor, tXcX: cute.Tensor, mS: cute.Tensor, scale_ub: Float32,
                            row: Int32, lane: Int32, M: Int32):
         """The reciprocal of the scale of each of the thread's vectors' groups (a list, one per vector);
-        the scales stored. A group is L = GROUP / vec adjacent lanes at one vector index: its amax is a
-        shuffle reduction over them, after which each of its lanes holds it. The scale and its
-        reciprocal are then computed once per group, not by all of its lanes: the lane at position p
-        of the group takes vector p's group (the config keeps a thread's vectors at most L), and every
-        lane fetches its vectors' reciprocals from those lanes. Per thread that is one scale and one
-        reciprocal (each a multi-instruction IEEE sequence) instead of one per vector."""
+        the scales stored. A group is L = GROUP / vec adjacent lanes at one vector index. Its amax is a
+        transposed shuffle reduction over them (`transposed_plan`): at each level a lane keeps half of
+        the vectors still to reduce and each shuffle carries one of the other half, so a thread of V
+        vectors shuffles about V times instead of V log2(L) (12288 bf16: 12 against 48), and
+        ends holding one vector's group amax (the config keeps V <= L). That lane computes the group's
+        scale and reciprocal (each a multi-instruction IEEE sequence) and the first lane holding it
+        stores the scale; every lane fetches its vectors' reciprocals from those lanes."""
         vec, N, G = self.vec, self.N, self.group
         L = G // vec
-        amaxes = [cute.arch.warp_reduction(a, max_nan, threads_in_group=L) for a in self._vector_amaxes(tYrY)]
-        cols = [tXcX[i * vec, j, k][1] for i, j, k in _vectors(tXcX, vec)]
+        vals = list(self._vector_amaxes(tYrY))
+        cols = [Int32(tXcX[i * vec, j, k][1]) for i, j, k in _vectors(tXcX, vec)]
+        held, source = transposed_plan(len(vals), L)
+        a_p, c_p = transposed_reduce(vals, cols, L, lambda o: (lane // o) % 2,
+                                     lambda c, a, b: select_eq(c, Int32(0), a, b),
+                                     lambda v, o: cute.arch.shuffle_sync_bfly(v, offset=o), max_nan)
         p = lane % L
-        a_p, c_p = amaxes[0], Int32(cols[0])
-        for v in range(1, len(amaxes)):
-            a_p = select_eq(p, Int32(v), amaxes[v], a_p)
-            c_p = select_eq(p, Int32(v), Int32(cols[v]), c_p)
+        stores = sum(1 << q for q in range(L) if source[held[q]] == q)  # the first lane holding each slot
         s = self._scale(a_p, scale_ub)
         inv_p = rcp_rn(s)
-        _store_scale(mS, Int64(row) * (N // G) + c_p // G, s, p, len(amaxes), c_p, N, row, M)
+        _store_scale(mS, Int64(row) * (N // G) + c_p // G, s, (Int32(stores) >> p) & 1, c_p, N, row, M)
         first = lane - p
-        return [cute.arch.shuffle_sync(inv_p, offset=first + v) for v in range(len(amaxes))]
+        return [cute.arch.shuffle_sync(inv_p, offset=first + source[v]) for v in range(len(source))]
 
     def _normed(self, tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w):
         """y = h * rstd * (offset + w) in fp32, in this order (the reference's), into tYrY."""

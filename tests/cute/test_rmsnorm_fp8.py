@@ -19,6 +19,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
 from cutile_norms.cute.rmsnorm_fp8_config import RING_BY_MODEL, fp8_config, refusal, ring
+from cutile_norms.cute.rmsnorm_fp8_kernel import transposed_plan, transposed_reduce
 from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
 from tests.cute.ptx_util import ptxas_report
 
@@ -115,6 +116,41 @@ def test_config_rules():
         (32, 7), (64, 5), (64, 7)]
 
 
+@pytest.mark.parametrize("L", [2, 4, 8, 16, 32])
+def test_transposed_group_reduction(L):
+    """The group amax's transposed shuffle reduction, its lanes simulated (a value per lane, the lanes of
+    a warp's groups side by side; a shuffle reads lane ^ o): at every V <= L each lane ends with the
+    NaN-propagating max over its group of the vector `transposed_plan` says it holds, with that vector's
+    column, and every vector is held by its `source` lane. The kernel runs the same function."""
+    gen = torch.Generator().manual_seed(L)
+    lane = torch.arange(32)
+    for V in range(1, L + 1):
+        vals = [torch.rand(32, generator=gen, dtype=torch.float64) * 100 for _ in range(V)]
+        vals[V // 2][3] = float("nan")  # one NaN: its group's max is NaN at that vector only
+        cols = [lane * 1000 + v for v in range(V)]  # a tag per lane and vector
+        shuffles = []
+
+        def shuffle(v, o):
+            shuffles.append(o)
+            return v[lane ^ o]
+
+        a, c = transposed_reduce(list(vals), list(cols), L, lambda o: (lane // o) % 2,
+                                 lambda h, x, y: torch.where(h == 0, x, y), shuffle,
+                                 lambda x, y: torch.where(x.isnan() | y.isnan(), float("nan"), torch.maximum(x, y)))
+        held, source = transposed_plan(V, L)
+        assert sorted(set(held)) == list(range(V)) and all(held[source[v]] == v for v in range(V))
+        for t in range(32):
+            v, group = held[t % L], slice(t - t % L, t - t % L + L)
+            expect = vals[v][group]
+            assert c[t] == t * 1000 + v, (L, V, t)
+            if expect.isnan().any():
+                assert a[t].isnan(), (L, V, t)
+            else:
+                assert a[t] == expect.max(), (L, V, t)
+        # one shuffle per slot kept at each level: at most V + log2(L) - 1, against V log2(L) a vector at a time
+        assert len(shuffles) <= V + L.bit_length() - 2 and (V < 3 or len(shuffles) < V * (L.bit_length() - 1))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("N,kind,residual,contiguous", [(896, "group", True, False), (2560, "token", True, True),
                                                         (8192, "static", False, False)])
@@ -130,29 +166,25 @@ def test_ring_with_residual_and_strided_rows_compiles(N, kind, residual, contigu
 
 
 def test_ring_rule():
-    """Two slots, two tiles a CTA on the H200 up to 16 KiB rows (8 KiB with group scales) where there
-    are tiles for 8 waves of CTAs; one tile a CTA at fewer tiles (the same compiled kernel); past them one
-    slot and one tile, per token through the tile loop where the weight is 16-bit; straight-line one
-    tile a CTA on other GPUs."""
+    """Two slots, two tiles a CTA on the H200 up to 16 KiB rows where there are tiles for 8 waves of
+    CTAs, whatever the scales' kind; one tile a CTA at fewer tiles (the same compiled kernel); past them
+    one slot and one tile, with dynamic scales through the tile loop where the weight is 16-bit;
+    straight-line one tile a CTA on other GPUs."""
     r = RING_BY_MODEL["H200"]
     assert (r.stages, r.per_cta) == (2, 2)
     many = 16 * 132 * r.per_cta * r.min_waves
     for kind in ("token", "group", "static"):
-        assert ring(4096, 2, 2, kind, many, 132, "H200") == (2, 2, True)
-        assert ring(896, 2, 4, kind, many, 132, "H200") == (2, 2, True)
+        for N in (896, 4096, 4104, 8192):
+            assert ring(N, 2, 2, kind, many, 132, "H200") == (2, 2, True)
+        assert ring(896, 2, 4, kind, many, 132, "H200") == (2, 2, True)  # an fp32 weight beside 16-bit rows
         assert ring(4096, 2, 2, kind, 8, 132, "H200") == (2, 1, True)  # decode sizes: one tile a CTA
-        assert ring(4104, 4, 4, kind, many, 132, "H200") == (1, 1, False)
+        assert ring(4104, 4, 4, kind, many, 132, "H200") == (1, 1, False)  # fp32 rows: not measured with either
+        assert ring(2048, 4, 2, kind, many, 132, "H200") == (1, 1, False)
         assert ring(8200, 2, 4, kind, many, 132, "H200") == (1, 1, False)
         assert ring(4096, 2, 2, kind, many, 132, "H100") == (1, 1, False)
         assert ring(4096, 2, 2, kind, many, 170, "B200") == (1, 1, False)
-    assert ring(8192, 2, 2, "token", many, 132, "H200") == (2, 2, True)  # groups: rows up to 8 KiB
-    assert ring(8192, 2, 2, "static", many, 132, "H200") == (2, 2, True)
-    assert ring(4104, 2, 2, "group", many, 132, "H200") == (1, 1, False)
-    assert ring(8200, 2, 2, "token", many, 132, "H200") == (1, 1, True)  # per token through the tile loop
-    assert ring(8200, 2, 2, "group", many, 132, "H200") == (1, 1, False)
-    assert ring(2048, 4, 4, "token", many, 132, "H200") == (1, 1, False)  # fp32 rows: not measured with either
-    assert ring(2048, 4, 2, "token", many, 132, "H200") == (1, 1, False)
-    assert ring(2048, 2, 4, "token", many, 132, "H200") == (2, 2, True)  # an fp32 weight beside 16-bit rows
+        # past 16 KiB rows the dynamic scales run the tile loop, the per-tensor scale straight-line
+        assert ring(8200, 2, 2, kind, many, 132, "H200") == (1, 1, kind != "static")
 
 
 def test_unsupported_names_why():
