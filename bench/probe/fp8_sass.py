@@ -1,9 +1,13 @@
 """SASS instructions per element per thread of the FP8 kernel as a launch on contiguous bf16 rows compiles
 it (pointers, strides and N divisible by 16: x and w load as 16-byte vectors); no GPU needed (Triton
 compiles for sm_90, nvdisasm reads the cubin). Backs the instruction counts of docs/performance.md 2.15
-and 2.16 (the kernel is instruction bound at an H200's copy rate: about 24 per element allowed).
+and 2.16 (the kernel is instruction bound at an H200's copy rate: about 24 per element allowed). With
+--cute MODEL the CuTe DSL kernel instead, in the form rmsnorm_fp8_config.ring gives GPU MODEL (H200, H100)
+at a large launch, for sm_90a (the ptxas on PATH, nvdisasm from Triton's bundle; static counts, and the
+registers):
+docs/performance.md 2.51.
 
-    python bench/probe/fp8_sass.py [--ns 2048,4096,16384] [--group 0]
+    python bench/probe/fp8_sass.py [--ns 2048,4096,16384] [--group 0] [--cute H200]
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import argparse
 import collections
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,12 +55,48 @@ def sass(N: int, group: int) -> tuple[list[str], int]:
     return ops, block * rows // (32 * warps)
 
 
+def cute_sass(N: int, group: int, model: str) -> tuple[list[str], int, int]:
+    """(the SASS opcodes, elements per thread, registers) of the CuTe DSL kernel's form on GPU `model`."""
+    from cutile_norms.cute.rmsnorm_fp8 import compile_fp8
+    from cutile_norms.cute.rmsnorm_fp8_config import fp8_config, ring
+
+    import torch
+
+    kind = "group" if group else "token"
+    cfg = fp8_config(N, 2, group or None)
+    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, model)
+    ptx = compile_fp8(torch.bfloat16, torch.bfloat16, N, cfg, torch.float8_e4m3fn, kind, group, False, False, False,
+                      True, True, "sm_90a", keep_ptx=True, stages=stages, looped=looped).__ptx__
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas = shutil.which("ptxas")  # (Triton's own is older than the PTX CuTe DSL writes)
+    if ptxas is None:
+        raise SystemExit("--cute needs a ptxas of CUDA 12.9 or later on PATH (pip install nvidia-cuda-nvcc)")
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "k.ptx"), "w") as f:
+            f.write(ptx)
+        log = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(d, "k.ptx"), "-o",
+                              os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True).stderr
+        text = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", os.path.join(d, "k.cubin")], capture_output=True,
+                              text=True, check=True).stdout
+    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", text)]
+    registers = int(re.search(r"Used (\d+) registers", log).group(1))
+    return ops, cfg.nvb * cfg.vec * (cfg.rows // cfg.rpg), registers
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=lambda v: [int(n) for n in v.split(",")], default=[2048, 4096, 16384])
     p.add_argument("--group", type=int, default=0, help="0: per-token scales, else 1 x group scales")
+    p.add_argument("--cute", default=None, help="the CuTe DSL kernel in GPU MODEL's form (H200, H100)")
     args = p.parse_args()
     for N in args.ns:
+        if args.cute:
+            ops, per_thread, registers = cute_sass(N, args.group, args.cute)
+            top = collections.Counter(o.split(".")[0] for o in ops).most_common(8)
+            print(f"N={N} group={args.group} {args.cute}'s form: {len(ops) / per_thread:5.1f} per element per thread "
+                  f"({len(ops)} for {per_thread}), {registers} registers; " + " ".join(f"{k} {v}" for k, v in top),
+                  flush=True)
+            continue
         ops, per_thread = sass(N, args.group)
         top = collections.Counter(o.split(".")[0] for o in ops).most_common(6)
         print(f"N={N} group={args.group} {len(ops) / per_thread:5.1f} per element per thread ({len(ops)} for "

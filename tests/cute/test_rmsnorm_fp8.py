@@ -19,7 +19,7 @@ import torch
 
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
 from cutile_norms.cute.rmsnorm_fp8_config import RING_BY_MODEL, fp8_config, refusal, ring
-from cutile_norms.cute.rmsnorm_fp8_kernel import transposed_plan, transposed_reduce
+from cutile_norms.cute.rmsnorm_fp8_ops import transposed_plan, transposed_reduce
 from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
 from tests.cute.ptx_util import ptxas_report
 
