@@ -9,7 +9,9 @@ of --runs interleaved runs, every output checked (last 64 rows) before it is tim
     once, y the fp32 norm of h;
   backward: read dy, dh and h, write dx = dr once (twice the copy's); dx and dr against the fp32
     composite's autograd;
-  fp8 (N <= --fp8-max-n): read x, write q (one byte) and the fp32 scales; q dequantizes to the norm.
+  fp8 (N <= --fp8-max-n): read x, write q (one byte) and the fp32 scales, per token, in 1 x 128 groups and
+    at a given per-tensor scale; with the fused add ("+r") also read r and write h; q dequantizes to the
+    norm (of h), h bit for bit.
 Implementations: ours fused (mode=None with the fused kernels: forward Triton's up to 32768 columns,
 cuTile's split form past that; backward dispatch.residual_backward's: Triton's fused kernel for rows of
 up to 2 KiB, the norm's backward reading dh above), ours unfused (CUTILE_NORMS_FUSED=0: torch.add into h,
@@ -98,13 +100,18 @@ def wrong_grad(grads, x, r, w, dy, dh, eps) -> str | None:
     return None
 
 
-def fp8_fns(modes=()) -> dict:
-    """name: fn(x, w, eps) -> (q, scales): ours (mode=None's FP8 kernel, and each of `modes` named) and
+STATIC_SCALE = 16 / 448  # the per-tensor scale timed: e4m3's range covers |y| to 16 (randn rows, w near 1)
+
+
+def fp8_fns(modes=(), device="cuda") -> dict:
+    """name: fn(x, r, w, eps) -> (q, scales[, h]): ours (mode=None's FP8 kernel per token, in 1 x 128
+    groups, at a given per-tensor scale (a tensor on `device`, as serving engines pass it: a number
+    costs a fill kernel a call), and the first two after the fused add of r; each of `modes` named) and
     the composite compiled."""
-    def ours_fp8(mode=None, **kw):
-        def run(x, w, eps):
+    def ours_fp8(mode=None, add=False, **kw):
+        def run(x, r, w, eps):
             gate(True)
-            return cn.rms_norm_fp8(x, w, eps, mode=mode, **kw)
+            return cn.rms_norm_fp8(x, w, eps, mode=mode, residual=r if add else None, **kw)
         return run
 
     def composite(x, w, eps, group):
@@ -115,9 +122,11 @@ def fp8_fns(modes=()) -> dict:
     compiled = torch.compile(composite)
     named = {f"cn {m} {tag}": ours_fp8(m, **kw) for m in modes for tag, kw in (("token", {}),
                                                                                ("group128", {"group_size": 128}))}
-    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128), **named,
-            "torch.compile token": lambda x, w, eps: compiled(x, w, eps, x.shape[-1]),
-            "torch.compile group128": lambda x, w, eps: compiled(x, w, eps, 128)}
+    return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128),
+            "cn static": ours_fp8(scale=torch.full((1,), STATIC_SCALE, device=device)), "cn token +r": ours_fp8(add=True),
+            "cn group128 +r": ours_fp8(add=True, group_size=128), **named,
+            "torch.compile token": lambda x, r, w, eps: compiled(x, w, eps, x.shape[-1]),
+            "torch.compile group128": lambda x, r, w, eps: compiled(x, w, eps, 128)}
 
 
 def timed_table(ns, dtype, runs, setup, w_dtype=None) -> list:
@@ -182,22 +191,29 @@ def backward_setup(impls):
 
 
 def fp8_setup(modes):
-    """Bytes: read x, write q (one byte an element) and the fp32 scales, over the copy's 2 e per element."""
+    """Bytes, over the copy's 2 e per element: read x, write q (one byte an element) and the fp32 scales
+    (none timed at a given scale); with the fused add ("+r") also read r and write h."""
     def setup(x, r, w):
         e, (M, N) = x.element_size(), x.shape
         out = {}
-        for k, f in fp8_fns(modes).items():
-            groups = N // 128 if "group" in k else 1
-            factor = (M * N * (e + 1) + 4 * M * groups) / (2 * e * M * N)
-            out[k] = (checked(lambda f=f: f(x, w, 1e-6), wrong_fp8, x, w), factor)
+        for k, f in fp8_fns(modes, x.device).items():
+            groups = N // 128 if "group" in k else 0 if "static" in k else 1
+            factor = (M * N * (e + 1 + (2 * e if "+r" in k else 0)) + 4 * M * groups) / (2 * e * M * N)
+            out[k] = (checked(lambda f=f: f(x, r, w, 1e-6), wrong_fp8, x, r, w), factor)
         return out
     return setup
 
 
-def wrong_fp8(out, x, w) -> str | None:
-    """None when q dequantizes to the fp32 norm within e4m3's step (last 64 rows)."""
-    q, s = out
-    ey = rms_norm_reference(x[-64:].float(), w, 1e-6)[0]
+def wrong_fp8(out, x, r, w) -> str | None:
+    """None when q dequantizes to the fp32 norm (of h = x + r where h came back: h bit for bit the fp32
+    sum rounded once) within e4m3's step (last 64 rows)."""
+    q, s = out[:2]
+    h = x[-64:].float()
+    if len(out) == 3:
+        h = (h + r[-64:].float()).to(x.dtype)
+        if not torch.equal(out[2][-64:], h):
+            return "h is not the fp32 sum rounded once"
+    ey = rms_norm_reference(h.float(), w, 1e-6)[0]
     deq = (q[-64:].float().unflatten(-1, (s.shape[-1], -1)) * s[-64:].unsqueeze(-1)).flatten(-2)
     return None if torch.allclose(deq, ey, rtol=2 ** -3, atol=1e-2) else "q does not dequantize to the norm"
 

@@ -11,7 +11,9 @@ Contract:
     reciprocal by IEEE division once per scale, round to nearest even (`reference.fp8_quantize`).
     out_dtype: torch.float8_e4m3fn (max 448) or torch.float8_e5m2 (max 57344); dequantize as
     q.float() * s.
-  * Scales (fp32): `scale` given (a float or a one-element fp32 tensor): returned as given. Else per
+  * Scales (fp32): `scale` given (a float or a one-element fp32 tensor on x's device): returned as given
+    (the tensor itself, viewed as (1,); a float becomes one by a fill kernel: pass a tensor to keep a
+    call at one launch). Else per
     token: [..., 1], s = max(min(amax, scale_ub), 1e-12) / max (`reference.fp8_scale`; scale_ub an
     optional upper bound on the amax, vLLM's). group_size=g (a power of two dividing N): [..., N / g],
     one scale per 1 x g columns, row-major by default (what Triton block-FP8 GEMMs such as vLLM's
@@ -225,7 +227,9 @@ def describe(x, mode: str | None, group_size: int | None = None) -> str:
 def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float, offset: float,
             mode: str, out_dtype: torch.dtype, h_dtype: torch.dtype, scale: torch.Tensor | None,
             scale_ub: float | None, group_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, scales, h or an empty tensor without a residual)."""
+    """(q, scales or an empty tensor at a given scale (the caller's tensor is returned: an op's output may
+    not alias its input, and a copy cost a launch, 3 % of a 2^27-element call on an H200), h or an empty
+    tensor without a residual)."""
     group = group_size or None
     x2d = as_rows(x) if x.numel() else None
     r2d = None if residual is None or x2d is None else as_rows(residual)
@@ -236,17 +240,17 @@ def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         q, s, h, _ = dispatch.load(FP8_KERNELS[which])(x2d, r2d, weight, eps, offset, out_dtype, h_dtype, scale,
                                                         scale_ub, group, ue8m0)
         lead = x.shape[:-1]
-        s = s.clone() if scale is not None else s.view(*lead, -1)
+        s = x.new_empty(0, dtype=torch.float32) if scale is not None else s.view(*lead, -1)
         return q.view(x.shape), s, h.view(x.shape) if h is not None else x.new_empty(0)
     q, s, h = _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scale_ub, group, ue8m0)
-    return (q.contiguous(), s.clone() if scale is not None else s.contiguous(),
+    return (q.contiguous(), x.new_empty(0, dtype=torch.float32) if scale is not None else s.contiguous(),
             h.contiguous() if h is not None else x.new_empty(0))
 
 
 @_fp8_op.register_fake
 def _fp8_fake(x, residual, weight, eps, offset, mode, out_dtype, h_dtype, scale, scale_ub, group_size, ue8m0):
     lead = x.shape[:-1]
-    s = (scale.new_empty(scale.shape) if scale is not None else
+    s = (x.new_empty(0, dtype=torch.float32) if scale is not None else
          x.new_empty(*lead, x.shape[-1] // group_size if group_size else 1, dtype=torch.float32))
     return (x.new_empty(x.shape, dtype=out_dtype), s,
             x.new_empty(x.shape, dtype=h_dtype) if residual is not None else x.new_empty(0))
@@ -275,13 +279,17 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
         raise RuntimeError("rms_norm_fp8 is not differentiable (an FP8 output for the next GEMM); call it under "
                            "torch.no_grad() or on tensors that do not require grad")
-    if scale is not None:  # one element, as shape (1,): broadcasts against q whatever x's dims
+    if scale is not None:  # one element, as shape (1,): broadcasts against q whatever x's dims; a number by a
+        # fill kernel (torch.tensor([s], device=...) copies from pageable host memory and stalls the stream:
+        # a call took 2-4x its time on an H200)
         scale = (scale.reshape(1) if isinstance(scale, torch.Tensor) else
-                 torch.tensor([float(scale)], dtype=torch.float32, device=x.device))
+                 torch.full((1,), float(scale), dtype=torch.float32, device=x.device))
     q, s, h = torch.ops.cutile_norms.rms_norm_fp8(x, residual, weight, float(eps), float(offset), mode or "",
                                                   out_dtype, residual_dtype or x.dtype, scale,
                                                   None if scale_ub is None else float(scale_ub), group_size or 0,
                                                   bool(scale_ue8m0))
+    if scale is not None:
+        s = scale  # the given scale itself, (1,)
     if scale_layout == "column":  # the same values with the rows' dim at stride 1 (a transposed copy)
         lead, cols = s.shape[:-1], s.shape[-1]
         s = s.reshape(-1, cols).t().contiguous().t().view(*lead, cols)

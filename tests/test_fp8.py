@@ -133,6 +133,11 @@ def test_torch_compile_fullgraph():
         q, s = f(x)
         qe, se = cn.rms_norm_fp8(x, None, group_size=128)
         assert torch.equal(q.float(), qe.float()) and torch.equal(s, se)
+    g = torch.compile(lambda a, t: cn.rms_norm_fp8(a, None, scale=t), fullgraph=True, backend="aot_eager",
+                      dynamic=True)  # a given scale: returned as given, not an output of the op
+    t = torch.tensor([0.02])
+    q, s = g(torch.randn(5, 256), t)
+    assert torch.equal(s, t) and q.shape == (5, 256)
 
 
 def test_scale_shapes_and_empty_rows():
@@ -141,6 +146,11 @@ def test_scale_shapes_and_empty_rows():
     assert q.shape == x.shape and s.shape == (1,), "a one-element scale of any shape is the per-tensor scale"
     q1, _ = cn.rms_norm_fp8(x[0], None, scale=torch.tensor([[0.02]]))
     assert q1.shape == (64,)
+    given = torch.tensor([[0.03]])
+    _, s = cn.rms_norm_fp8(x, None, scale=given)
+    assert s.data_ptr() == given.data_ptr() and s.shape == (1,), "the given scale itself, no copy"
+    _, s = cn.rms_norm_fp8(x, None, scale=1 / 3)  # a number: fp32 rounded to nearest, as torch.tensor makes it
+    assert s.dtype == torch.float32 and torch.equal(s.view(torch.int32), torch.tensor([1 / 3]).view(torch.int32))
     q, s = cn.rms_norm_fp8(torch.randn(3, 0), None)
     assert q.shape == (3, 0) and s.shape == (3, 1) and (s == torch.tensor(FP8_MIN_AMAX / 448.0)).all()
     q, s = cn.rms_norm_fp8(torch.randn(0, 64), None, group_size=32)

@@ -73,13 +73,14 @@ def refusal(N: int, elem_bytes: int, group_size: int | None) -> str | None:
 
 @dataclass(frozen=True)
 class Ring:
-    """`stages` shared-memory slots for rows of up to `max_row_bytes` (compiled in: the same kernel at
-    every M), and `per_cta` tiles a CTA where the launch has at
-    least `min_waves` x the SMs' count of CTAs that way (fewer tiles, as at decode sizes: one a CTA,
-    its slot to spare; not measured there)."""
+    """`stages` shared-memory slots for rows of up to `max_row_bytes` (`static_max_row_bytes` at a given
+    per-tensor scale; compiled in: the same kernel at every M), and `per_cta` tiles a CTA where the
+    launch has at least `min_waves` x the SMs' count of CTAs that way (fewer tiles, as at decode sizes:
+    one a CTA, its slot to spare; not measured there)."""
     stages: int = 2
     per_cta: int = 2  # (the kernel refills a slot only when a CTA has more tiles than slots: none here)
     max_row_bytes: int = SLICE_BYTES
+    static_max_row_bytes: int = 4096  # at a given per-tensor scale
     min_waves: int = 8
 
 
@@ -99,12 +100,19 @@ class Ring:
 #     third slot costs CTAs an SM). Past 16 KiB rows (28-32 KiB a tile) every ring lost to one tile a CTA
 #     (14336 per token 0.931 / 0.912 with 2 / 4 tiles against 0.957; 16384 0.931 against 0.972; cause not
 #     measured).
+#   * At a given per-tensor scale the ring stops at 4 KiB rows (2048 16-bit columns): 2x2 against one
+#     tile a CTA measured 0.983 / 0.949 at 896 and 0.983 / 0.972 at 1536, level at 2048 (0.965), and lost
+#     at every width of 2560-8192 (0.950-0.964 against 0.969-0.980, 7 widths; performance.md 2.51): a
+#     static tile is the shortest (no amax pass, one row reduction), so past the narrow rows, whose many
+#     short tiles leave each CTA's set-up and load latency exposed, more CTAs an SM of one tile each hide
+#     it better than a second slot. Past 16 KiB it stays straight-line too (0.968-0.974 against
+#     0.960-0.970 through the tile loop at 10240-16384).
 #   * Past the ring's rows, per token and in groups with a 16-bit weight, the one tile a CTA runs through
 #     the same tile loop (one slot, one pass): per token 10240 / 14336 0.962-0.969 / 0.951-0.961 against
 #     0.943-0.948 / 0.919-0.929 straight-line (the kernel before the ring, same runs), 12288 / 16384 level;
-#     groups 0.951-0.981 at 9600-16384 (6 widths, 2 random) against 0.930-0.964 straight-line (2.51). The
-#     per-tensor scale and an fp32 weight stay straight-line (neither measured through the loop; an
-#     fp32 weight in the loop held 184 registers at 16384 in groups against 166, sm_90a ptxas).
+#     groups 0.951-0.981 at 9600-16384 (6 widths, 2 random) against 0.930-0.964 straight-line (2.51). An
+#     fp32 weight stays straight-line (not measured through the loop; it held 184 registers at 16384 in
+#     groups against 166, sm_90a ptxas).
 #   * The H100 (0.98-1.00 one tile a CTA) is not measured with a ring and keeps the straight-line kernel.
 #   * 16-bit rows: fp16 moves bf16's bytes through the same code (not measured apart); an fp32 weight
 #     beside them takes the ring too (its registers do not grow: the weight is loaded at each tile; not
@@ -115,12 +123,14 @@ class Ring:
 RING_BY_MODEL = {"H200": Ring()}
 
 
-def ring_applies(N: int, elem_bytes: int, model: str) -> bool:
-    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N elements of `elem_bytes` through a ring
-    of slots, whatever the scales' kind (16-bit rows only: fp32 rows are not measured with it; fp16
-    moves the bytes bf16 does, through the same code)."""
+def ring_applies(N: int, elem_bytes: int, model: str, kind: str = "token") -> bool:
+    """Whether GPU `model`'s CuTe DSL FP8 kernel takes rows of N elements of `elem_bytes` with scales of
+    `kind` ("token", "group" or "static") through a ring of slots (16-bit rows only: fp32 rows are not
+    measured with it; fp16 moves the bytes bf16 does, through the same code)."""
     r = RING_BY_MODEL.get(model)
-    return r is not None and elem_bytes == 2 and N * elem_bytes <= r.max_row_bytes
+    if r is None or elem_bytes != 2:
+        return False
+    return N * elem_bytes <= (r.static_max_row_bytes if kind == "static" else r.max_row_bytes)
 
 
 def ring(N: int, elem_bytes: int, w_bytes: int, kind: str, tiles: int, sm_count: int,
@@ -130,7 +140,7 @@ def ring(N: int, elem_bytes: int, w_bytes: int, kind: str, tiles: int, sm_count:
     `sm_count` SMs of GPU `model` (gpu_model's name); all but the tiles a CTA depend on N, the dtypes,
     the kind and the model alone."""
     r = RING_BY_MODEL.get(model)
-    if not ring_applies(N, elem_bytes, model):
+    if not ring_applies(N, elem_bytes, model, kind):
         # past the ring's rows one tile a CTA; on a ring's GPU dynamic scales through the tile loop (16-bit x
         # and weight)
         return 1, 1, r is not None and elem_bytes == 2 and w_bytes == 2 and kind != "static"

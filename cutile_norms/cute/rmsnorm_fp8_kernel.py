@@ -23,8 +23,8 @@ slots (compiled in): the next tiles' bulk copies are in flight while it works on
 frees a slot before warp 0 refills it (one slot: the tiles in turn through it, none in flight ahead).
 Straight-line (not `looped`, one slot) a CTA takes one tile whatever `per_cta` says.
 rmsnorm_fp8_config.ring says which: on an H200 2 slots and 2 tiles a CTA at 16-bit rows of up to 16 KiB
-where the launch is large, else one tile a CTA; dynamic scales past them one slot through the tile loop;
-straight-line elsewhere.
+(4 KiB at a given scale) where the launch is large, else one tile a CTA; dynamic scales past them one slot
+through the tile loop; straight-line elsewhere.
 
 Passes over a tile in shared memory (each thread reads back only its own vectors, so no barrier):
   1. (with a residual) h = x + r, stored to global memory and written over x; the sum of squares;

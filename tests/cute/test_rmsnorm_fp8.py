@@ -166,18 +166,21 @@ def test_ring_with_residual_and_strided_rows_compiles(N, kind, residual, contigu
 
 
 def test_ring_rule():
-    """Two slots, two tiles a CTA on the H200 up to 16 KiB rows where there are tiles for 8 waves of
-    CTAs, whatever the scales' kind; one tile a CTA at fewer tiles (the same compiled kernel); past them
+    """Two slots, two tiles a CTA on the H200 up to 16 KiB rows (4 KiB at a given scale) where there are
+    tiles for 8 waves of CTAs; one tile a CTA at fewer tiles (the same compiled kernel); past them
     one slot and one tile, with dynamic scales through the tile loop where the weight is 16-bit;
     straight-line one tile a CTA on other GPUs."""
     r = RING_BY_MODEL["H200"]
     assert (r.stages, r.per_cta) == (2, 2)
     many = 16 * 132 * r.per_cta * r.min_waves
     for kind in ("token", "group", "static"):
-        for N in (896, 4096, 4104, 8192):
+        for N in (896, 2048) + ((4096, 4104, 8192) if kind != "static" else ()):
             assert ring(N, 2, 2, kind, many, 132, "H200") == (2, 2, True)
+        if kind == "static":  # at a given scale the ring stops at 4 KiB rows
+            assert ring(2056, 2, 2, kind, many, 132, "H200") == ring(8192, 2, 2, kind, many, 132, "H200") == (
+                1, 1, False)
         assert ring(896, 2, 4, kind, many, 132, "H200") == (2, 2, True)  # an fp32 weight beside 16-bit rows
-        assert ring(4096, 2, 2, kind, 8, 132, "H200") == (2, 1, True)  # decode sizes: one tile a CTA
+        assert ring(2048, 2, 2, kind, 8, 132, "H200") == (2, 1, True)  # decode sizes: one tile a CTA
         assert ring(4104, 4, 4, kind, many, 132, "H200") == (1, 1, False)  # fp32 rows: not measured with either
         assert ring(2048, 4, 2, kind, many, 132, "H200") == (1, 1, False)
         assert ring(8200, 2, 4, kind, many, 132, "H200") == (1, 1, False)
