@@ -123,7 +123,8 @@ def fp8_fns(modes=(), device="cuda") -> dict:
     named = {f"cn {m} {tag}": ours_fp8(m, **kw) for m in modes for tag, kw in (("token", {}),
                                                                                ("group128", {"group_size": 128}))}
     return {"cn token": ours_fp8(), "cn group128": ours_fp8(group_size=128),
-            "cn static": ours_fp8(scale=torch.full((1,), STATIC_SCALE, device=device)), "cn token +r": ours_fp8(add=True),
+            "cn static": ours_fp8(scale=torch.full((1,), STATIC_SCALE, device=device)),
+            "cn token +r": ours_fp8(add=True),
             "cn group128 +r": ours_fp8(add=True, group_size=128), **named,
             "torch.compile token": lambda x, r, w, eps: compiled(x, w, eps, x.shape[-1]),
             "torch.compile group128": lambda x, r, w, eps: compiled(x, w, eps, 128)}

@@ -31,6 +31,16 @@ def is_dtensor(t) -> bool:
     return cls is not None and isinstance(t, cls)
 
 
+def replicated_like(t: torch.Tensor, x) -> torch.Tensor:
+    """t as a tensor replicated over x's mesh where x is a DTensor (and t is not one yet), else t: what a
+    caller returns beside x's outputs without sending t through an op (rms_norm_fp8's given scale)."""
+    if not is_dtensor(x) or is_dtensor(t):
+        return t
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(t, x.device_mesh, [Replicate()] * x.device_mesh.ndim, run_check=False)
+
+
 def warn_if_gathered(x, weight) -> None:
     """One warning per (placements) where DTensor will gather x's last dim or a sharded weight per call."""
     from torch.distributed.tensor import Replicate, Shard
@@ -116,7 +126,8 @@ def register() -> None:
         given_scale, has_residual = args[8] is not None, args[1] is not None
         rules = []
         for outs, ins in _row_shardings(args, 3, 3, 2):
-            if given_scale:  # a per-tensor scale in and out: replicated
+            if given_scale:  # a per-tensor scale in (replicated); out an empty 1-D tensor (rms_norm_fp8 returns the
+                # given scale itself)
                 outs[1] = Replicate()
                 ins[8] = Replicate()
             if not has_residual:  # h is then an empty 1-D tensor

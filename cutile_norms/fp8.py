@@ -43,6 +43,7 @@ import torch
 
 from . import dispatch
 from ._platform import device_info, gpu_model, toolchain
+from .distributed import replicated_like
 from .reference import FP8_MAX, fp8_quantize, fp8_scale, residual_sum_reference, rms_norm_reference
 from .residual import validate_residual
 from .rmsnorm import TORCH_DEFAULT_EPS, as_rows, validate
@@ -288,8 +289,8 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
                                                   out_dtype, residual_dtype or x.dtype, scale,
                                                   None if scale_ub is None else float(scale_ub), group_size or 0,
                                                   bool(scale_ue8m0))
-    if scale is not None:
-        s = scale  # the given scale itself, (1,)
+    if scale is not None:  # the given scale itself, (1,) (replicated over x's mesh where x is a DTensor)
+        s = replicated_like(scale, x)
     if scale_layout == "column":  # the same values with the rows' dim at stride 1 (a transposed copy)
         lead, cols = s.shape[:-1], s.shape[-1]
         s = s.reshape(-1, cols).t().contiguous().t().view(*lead, cols)

@@ -58,12 +58,14 @@ def sass(N: int, group: int) -> tuple[list[str], int]:
 def cute_sass(N: int, group: int, model: str) -> tuple[list[str], int, int]:
     """(the SASS opcodes, elements per thread, registers) of the CuTe DSL kernel's form on GPU `model`."""
     from cutile_norms.cute.rmsnorm_fp8 import compile_fp8
-    from cutile_norms.cute.rmsnorm_fp8_config import fp8_config, ring
+    from cutile_norms.cute.rmsnorm_fp8_config import fp8_config, refusal, ring
 
     import torch
 
     kind = "group" if group else "token"
     cfg = fp8_config(N, 2, group or None)
+    if cfg is None:
+        raise SystemExit(f"N={N}: {refusal(N, 2, group or None)}")
     stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, model)
     ptx = compile_fp8(torch.bfloat16, torch.bfloat16, N, cfg, torch.float8_e4m3fn, kind, group, False, False, False,
                       True, True, "sm_90a", keep_ptx=True, stages=stages, looped=looped).__ptx__
