@@ -98,16 +98,11 @@ def transposed_plan(V: int, L: int) -> tuple[list[int], list[int]]:
     first half, its partner the second, and each shuffle carries the half the other keeps; an odd
     list's last slot is reduced by both. One slot is left per lane. Returns (held, source): held[p] the
     slot lane p holds at the end, source[v] the first lane holding slot v (every slot is held: each
-    level gives each half of the lanes at most as many slots as it has lanes)."""
-    held = []
-    for p in range(L):
-        slots, o = list(range(V)), L // 2
-        while o:
-            half, b = len(slots) // 2, (p // o) % 2
-            slots = slots[b * half:(b + 1) * half] + slots[2 * half:]
-            o //= 2
-        assert len(slots) == 1, (V, L)
-        held.append(slots[0])
+    level gives each half of the lanes at most as many slots as it has lanes). Read off the reduction
+    itself, run for each lane with the slot numbers as the tags."""
+    assert V <= L, (V, L)
+    held = [transposed_reduce([0] * V, list(range(V)), L, lambda o, p=p: (p // o) % 2,
+                              lambda h, a, b: a if h == 0 else b, lambda v, o: v, max)[1] for p in range(L)]
     source = [held.index(v) for v in range(V)]
     return held, source
 
