@@ -7,7 +7,8 @@
 
 Contract:
   * y = h * rsqrt(mean(h^2) + eps) * (offset + w) in fp32 (h = x, or x + residual as `rms_norm`'s
-    residual add defines it), never rounded to 16 bits; q = fp8(clamp(y * (1 / s), -max, max)), the
+    residual add defines it; at offset 0, * w: the weight as it is, so a -0.0 weight keeps y's sign as
+    torch's RMSNorm does), never rounded to 16 bits; q = fp8(clamp(y * (1 / s), -max, max)), the
     reciprocal by IEEE division once per scale, round to nearest even (`reference.fp8_quantize`).
     out_dtype: torch.float8_e4m3fn (max 448) or torch.float8_e5m2 (max 57344); dequantize as
     q.float() * s.

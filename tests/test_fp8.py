@@ -104,6 +104,26 @@ def test_zeros_huge_inf_nan(device, mode):
     assert torch.isfinite(qs[4:].float()).all() and qs[4:].float().abs().max() <= 448
 
 
+@pytest.mark.parametrize("device,mode", CASES)
+@pytest.mark.parametrize("kind", ["token", "group", "static"])
+def test_a_negative_zero_weight_keeps_its_sign(device, mode, kind):
+    """At offset 0 the weight multiplies as it is (torch's RMSNorm's y): where w is -0.0, y is a zero of
+    the opposite sign to x's and q its fp8 zero (0x80 where x > 0); with an offset, w + offset."""
+    x = random_rows((4, 256), torch.bfloat16, device)
+    w = random_weight(256, torch.bfloat16, device)
+    w[::7], w[3::7] = -0.0, 0.0
+    kw = {"token": {}, "group": {"group_size": 128}, "static": {"scale": 0.01}}[kind]
+    q, _ = cn.rms_norm_fp8(x, w, mode=mode, **kw)
+    bits = q.view(torch.uint8).cpu()
+    neg_x = (x < 0).cpu()
+    for start, sign in ((0, 1), (3, 0)):  # w -0.0 (sign 1) and +0.0
+        expect = (neg_x[:, start::7] ^ bool(sign)).to(torch.uint8) * 0x80
+        assert torch.equal(bits[:, start::7], expect), f"{mode} {kind}: zeros of w={'-' if sign else '+'}0.0"
+    q1, _ = cn.rms_norm_fp8(x, w, offset=1.0, mode=mode, **kw)
+    v, _ = oracle(x, w, 1e-6, 1.0, torch.float8_e4m3fn, kw.get("scale"), None, kw.get("group_size"))
+    assert_fp8_close(q1.cpu(), v.cpu(), torch.float8_e4m3fn, f"{mode} {kind} offset 1")
+
+
 def test_residual_and_offset(seed):
     x, r = random_rows((4, 256), torch.bfloat16, "cpu"), random_rows((4, 256), torch.bfloat16, "cpu")
     w = random_weight(256, torch.float32, "cpu")

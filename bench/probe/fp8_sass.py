@@ -1,4 +1,4 @@
-"""SASS instructions per element per thread of the FP8 kernel as a launch on contiguous bf16 rows compiles
+"""SASS instructions per element per thread of the FP8 kernel as a launch on contiguous bf16 rows at offset 0 compiles
 it (pointers, strides and N divisible by 16: x and w load as 16-byte vectors); no GPU needed (Triton
 compiles for sm_90, nvdisasm reads the cubin). Backs the instruction counts of docs/performance.md 2.15
 and 2.16 (the kernel is instruction bound at an H200's copy rate: about 24 per element allowed). With
@@ -40,7 +40,8 @@ def sass(N: int, group: int) -> tuple[list[str], int]:
            "RSTD": "*fp32", "M": "i32", "stride_x": "i32", "stride_r": "i32", "eps": "fp32", "offset": "fp32",
            "scale_ub": "fp32", "N": "i32"}
     consts = dict(BLOCK_N=block, ROWS=rows, GROUP=group, STATIC=False, HAS_R=False, HAS_W=True,
-                  HAS_UB=False, UE8M0=False, TOP=448.0, MIN_AMAX=1e-12, INT64=False, ALIGN=1)  # (N of 16: ALIGN 1)
+                  HAS_UB=False, UE8M0=False, TOP=448.0, MIN_AMAX=1e-12, INT64=False, ALIGN=1,  # (N of 16: ALIGN 1)
+                  HAS_OFFSET=False)  # (offset 0)
     sig.update({k: "constexpr" for k in consts})
     attrs = {(K.arg_names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED}
     src = ASTSource(fn=K, signature=sig, constexprs={(K.arg_names.index(k),): v for k, v in consts.items()},
@@ -68,7 +69,7 @@ def cute_sass(N: int, group: int, model: str) -> tuple[list[str], int, int]:
         raise SystemExit(f"N={N}: {refusal(N, 2, group or None)}")
     stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, model)
     ptx = compile_fp8(torch.bfloat16, torch.bfloat16, N, cfg, torch.float8_e4m3fn, kind, group, False, False, False,
-                      True, True, "sm_90a", keep_ptx=True, stages=stages, looped=looped).__ptx__
+                      True, True, "sm_90a", keep_ptx=True, stages=stages, looped=looped, has_offset=False).__ptx__
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     ptxas = shutil.which("ptxas")  # (Triton's own is older than the PTX CuTe DSL writes)
     if ptxas is None:

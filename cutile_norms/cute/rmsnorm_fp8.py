@@ -9,7 +9,7 @@ from .._platform import device_info, gpu_model
 from ..fp8 import kernel_outputs
 from ..reference import FP8_MAX, FP8_MIN_AMAX
 from .compile import CompileCache, aligned_weight, compile_options, cutlass_dtype, placeholder_f32
-from .rmsnorm_fp8_config import fp8_config, refusal, ring
+from .rmsnorm_fp8_config import fp8_config, min_ctas, refusal, ring
 from .rmsnorm_fwd_config import FwdConfig
 
 CACHE = CompileCache()
@@ -18,16 +18,17 @@ CACHE = CompileCache()
 def compile_fp8(x_dtype: torch.dtype, w_dtype: torch.dtype | None, N: int, cfg: FwdConfig, out_dtype: torch.dtype,
                 kind: str, group: int, has_ub: bool, ue8m0: bool, has_residual: bool, store_rstd: bool,
                 contiguous: bool, arch: str | None = None, keep_ptx: bool = False, stages: int = 1,
-                looped: bool = False):
+                looped: bool = False, has_offset: bool = True):
     """The compiled kernel for these compile-time parameters (cached; M and the row strides symbolic).
-    kind: "static", "token" or "group"; `arch` ("sm_90a", "sm_100a") compiles without a GPU."""
+    kind: "static", "token" or "group"; `arch` ("sm_90a", "sm_100a") compiles without a GPU;
+    `has_offset`: False where the offset is 0 (the weight multiplies as it is)."""
     key = ("fp8", x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd,
-           contiguous, stages, looped, arch, keep_ptx)
+           contiguous, stages, looped, has_offset, arch, keep_ptx)
     return CACHE.get(key, lambda: _build(*key[1:]), arch=arch, persist=not keep_ptx)
 
 
 def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_residual, store_rstd, contiguous,
-           stages, looped, arch, keep_ptx):
+           stages, looped, has_offset, arch, keep_ptx):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
@@ -54,7 +55,7 @@ def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_
     mRstd = make_fake_tensor(cutlass.Float32, (cute.sym_int64(symbol="rstd_len"),), stride=(1,), assumed_align=4)
     kernel = RMSNormFp8TmaSmem(dx, dw, N, cfg, kind, group, out_dtype == torch.float8_e4m3fn, FP8_MAX[out_dtype],
                                FP8_MIN_AMAX, has_ub, ue8m0, w_dtype is not None, has_residual, store_rstd, contiguous,
-                               stages, looped)
+                               stages, looped, has_offset, min_ctas(cfg, kind, has_residual))
     return cute.compile(kernel, mX, mR, mW, mQ, mH, mS, mScale, mRstd, cutlass.Float32(1e-6), cutlass.Float32(0.0),
                         cutlass.Float32(0.0), cutlass.Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
                         options=compile_options(arch, keep_ptx))
@@ -109,7 +110,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
     fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
                      scale_ub is not None, ue8m0, r2d is not None, True, contiguous,
-                     stages=stages, looped=looped)
+                     stages=stages, looped=looped, has_offset=offset != 0)
     if contiguous and x2d.stride(0) != N:  # one row: any stride, the kernel wants N
         x2d = x2d.as_strided((M, N), (N, 1))
     if r2d is not None and contiguous and r2d.stride(0) != N:

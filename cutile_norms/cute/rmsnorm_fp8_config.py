@@ -71,6 +71,32 @@ def refusal(N: int, elem_bytes: int, group_size: int | None) -> str | None:
     return None
 
 
+REGISTERS_PER_SM = 65536  # sm_90 and sm_100 alike
+HELD_BESIDE_Y = 32  # registers a thread needs beside y's values across the amax's reduction (see min_ctas)
+
+
+def min_ctas(cfg: FwdConfig, kind: str, has_residual: bool) -> int:
+    """The CTAs an SM the kernel asks ptxas to fit in registers (minctasm), 0 for ptxas's own choice.
+
+    Where a thread holds more vectors of a row than MAX_VECTORS (rows past the ring's: 16-bit rows of
+    9-16 K columns) with dynamic scales and no residual, y's values (vec a vector, fp32) stay live
+    across the amax's reduction, and the rest of what a thread holds there (addresses, predicates, the
+    reduction's values) takes up to HELD_BESIDE_Y: the bound is the CTAs an SM at which y + 32 fit.
+    Left alone, ptxas's register count moves by whole allocation steps with small code changes: 12288
+    in groups without an offset took 158 registers (3 CTAs an SM, 0.934 of a copy on an H200) against
+    128 (4, 0.975) with this bound, and y + 32 is at or above what ptxas takes at every such form of
+    9-16 vectors (sm_90a, no spills; the CPU suite checks it). Elsewhere ptxas chooses: in the ring's forms (at most
+    MAX_VECTORS) the same bound spilled (5120-7168: 22-40 bytes; two slots' and row groups' addresses
+    take more than 32), with a residual the add's values come on top (spills at every such width), and
+    a given scale holds no y across a reduction (56-128 registers, which the bound would raise); fp32
+    rows are not measured with a bound."""
+    V = cfg.nvb * (cfg.rows // cfg.rpg)
+    if kind == "static" or has_residual or V <= MAX_VECTORS or cfg.vec != 8:
+        return 0
+    need = -(-(cfg.vec * V + HELD_BESIDE_Y) // 8) * 8  # (ptxas allocates registers in steps of 8 a thread)
+    return REGISTERS_PER_SM // (cfg.threads * need)
+
+
 @dataclass(frozen=True)
 class Ring:
     """`stages` shared-memory slots for rows of up to `max_row_bytes` (`static_max_row_bytes` at a given

@@ -2,7 +2,8 @@
 shared memory by TMA bulk copies, as the tma_smem_cached forward does (rmsnorm_fwd_kernel.py), and
 quantized from there. Its launch config in rmsnorm_fp8_config.py, the wrapper in rmsnorm_fp8.py.
 
-    h = x + r (optional; rounded to x's dtype, stored)     y = h * rstd * (offset + w)   (fp32)
+    h = x + r (optional; rounded to x's dtype, stored)     y = h * rstd * (offset + w)   (fp32; at offset 0,
+    h * rstd * w: the weight as it is, as torch's RMSNorm multiplies it (a -0.0 weight keeps its sign))
     q = fp8(y * (1 / s))      s: a given per-tensor scale, or per row, or per 1 x GROUP columns
 
 The same contract as the Triton kernel (triton/rmsnorm_fp8_kernel.py), bit for bit given the kernel's
@@ -83,19 +84,23 @@ def _vectors(tA: cute.Tensor, vec: int):
 class RMSNormFp8TmaSmem(RowTileKernel):
     """q = fp8(rms_norm(h) * (1 / s)) over rows of N, row tiles in turn per CTA. Compile-time: dtypes, N,
     the config, the scales' kind (STATIC, TOKEN, GROUP) and their options, weight, residual, rstd,
-    contiguous rows, the ring's slots and the tile loop; runtime: M, the row strides, eps, offset, the
-    amax's upper bound, the tiles a CTA (straight-line: 1, whatever is passed). (A 1 x GROUP
+    contiguous rows, the ring's slots and the tile loop, whether there is an offset (nonzero), the CTAs
+    an SM the registers must allow (rmsnorm_fp8_config.min_ctas); runtime: M, the row strides, eps, the
+    offset, the amax's upper bound, the tiles a CTA (straight-line: 1, whatever is passed). (A 1 x GROUP
     group is GROUP / vec adjacent lanes at one vector index of the tile's layout, `row_tv_layout`.)"""
 
     def __init__(self, x_dtype, w_dtype, N: int, cfg: FwdConfig, kind: str, group: int, e4m3: bool, top: float,
                  min_amax: float, has_ub: bool, ue8m0: bool, has_weight: bool, has_residual: bool,
-                 store_rstd: bool, contiguous: bool, stages: int = 1, looped: bool = False):
+                 store_rstd: bool, contiguous: bool, stages: int = 1, looped: bool = False, has_offset: bool = True,
+                 min_ctas: int = 0):
         super().__init__(x_dtype, w_dtype, N, cfg, has_weight, store_rstd, contiguous)
         self.kind, self.group, self.e4m3 = kind, group, e4m3
         self.scale_ptx = scale_asm(top, min_amax, has_ub, ue8m0)
         self.has_residual = has_residual
         self.stages = stages
         self.looped = looped or stages > 1  # the tile loop compiled (with one slot it runs once: per_cta is 1)
+        self.has_offset = has_offset  # (without one, offset + w is w: no add)
+        self.min_ctas = min_ctas  # CTAs an SM ptxas must fit in registers (0: its own choice)
 
     # ---- host side ----------------------------------------------------------------------------
     def smem_bytes(self) -> int:
@@ -115,8 +120,10 @@ class RMSNormFp8TmaSmem(RowTileKernel):
         grid = cute.ceil_div(M, c.rows)
         if cutlass.const_expr(self.looped):  # (straight-line: one tile a CTA, whatever per_cta says)
             grid = cute.ceil_div(grid, per_cta)
+        # (a register bound: the DSL's minctasm; a carveout given spares it a device query at compile time)
+        bound = {"min_blocks_per_mp": self.min_ctas, "preferred_smem_carveout": 100} if self.min_ctas else {}
         self.kernel(mX, mR, mW, mQ, mH, mS, mScale, mRstd, eps, offset, scale_ub, per_cta, self._tv_layout()).launch(
-            grid=[grid, 1, 1], block=[c.threads, 1, 1], smem=self.smem_bytes(), stream=stream)
+            grid=[grid, 1, 1], block=[c.threads, 1, 1], smem=self.smem_bytes(), stream=stream, **bound)
 
     # ---- device side --------------------------------------------------------------------------
     @cute.jit
@@ -255,6 +262,12 @@ class RMSNormFp8TmaSmem(RowTileKernel):
             ss = (x * x).reduce(cute.ReductionOp.ADD, Float32(0.0), reduction_profile=0)
             ss = self._row_reduce(ss, False, sRed, red, warp, lane)
             rstd = cute.math.rsqrt(ss / N + eps, fastmath=False)
+            if cutlass.const_expr(c.warps_per_row == 1):
+                # the row's reduction was a warp's shuffles alone (no CTA barrier, as wider rows have): a warp
+                # barrier keeps the next pass's shared loads after it. Without it ptxas hoists them above
+                # the shuffles and holds both passes' values (sm_90a: 896 in groups 149 registers against
+                # 96, 3 CTAs an SM against 5; H200 0.937 -> 0.978 of a copy, docs/performance.md 2.53)
+                cute.arch.sync_warp()
             if cutlass.const_expr(self.store_rstd):
                 if tXcX[0][1] == 0 and row < M:
                     mRstd[row] = rstd
@@ -295,7 +308,8 @@ class RMSNormFp8TmaSmem(RowTileKernel):
     @cute.jit
     def _weight(self, tv_layout: cute.Layout, tiler: cutlass.Constexpr, cT: cute.Tensor, x_frag: cute.Layout,
                 tidx: Int32, mW: cute.Tensor, offset: Float32):
-        """offset + w in fp32 over the thread's vectors, in x's fragment order (`x_frag`: its layout)."""
+        """offset + w (without an offset, w) in fp32 over the thread's vectors, in x's fragment order
+        (`x_frag`: its layout)."""
         copy_w = vector_copy(self.w_dtype, tv_layout, tiler)
         thr_w = copy_w.get_slice(tidx)
         tWgW = thr_w.partition_S(cute.local_tile(as_rows(mW, tiler[0]), tiler, (0, 0)))
@@ -303,7 +317,8 @@ class RMSNormFp8TmaSmem(RowTileKernel):
         tWrW.fill(0)
         cute.copy(copy_w, tWgW, tWrW, pred=column_predicate(thr_w.partition_S(cT), 128 // self.w_dtype.width,
                                                              Int32(self.N)))
-        return cute.make_tensor(tWrW.iterator, x_frag).load().to(Float32) + offset
+        w = cute.make_tensor(tWrW.iterator, x_frag).load().to(Float32)
+        return w + offset if cutlass.const_expr(self.has_offset) else w
 
     def _vector_amaxes(self, tYrY: cute.Tensor):
         """Each of the thread's vectors' amax, max.NaN of |y| over its vec values, in `_vectors` order

@@ -1,7 +1,8 @@
 """RMSNorm (optionally after the residual add) with an FP8 output, in Triton: the kernel (its launch
 rule in rmsnorm_fp8_config.py, the wrapper in rmsnorm_fp8.py).
 
-    h = x + r (optional; stored)     y = h * rstd * (offset + w)   (fp32, never rounded to 16 bits)
+    h = x + r (optional; stored)     y = h * rstd * (offset + w)   (fp32, never rounded to 16 bits;
+                                     at offset 0 h * rstd * w, the weight as it is)
     q = fp8(y * (1 / s))             s: a given per-tensor scale, or per row, or per 1 x GROUP columns
 
 The dynamic scales follow `reference.fp8_scale` op for op (max(min(amax, ub), 1e-12) / the format's
@@ -80,10 +81,11 @@ def _emit(Q, S, rows, row_ok, cols, y, mask, inv_row, scale_ub, N, ROWS: tl.cons
 
 @triton.jit
 def _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R: tl.constexpr,
-               HAS_W: tl.constexpr, H_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """`rows` over `cols`: (h as stored in fp32, the weight (+ offset) in fp32 (without one: `offset`,
-    unused), the mask, each row's sum of squares of h); h stored. ALIGN: the row strides and N are
-    multiples of it (tiling.offset_align)."""
+               HAS_W: tl.constexpr, H_DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
+               HAS_OFFSET: tl.constexpr):
+    """`rows` over `cols`: (h as stored in fp32, the weight (+ offset; HAS_OFFSET False: as it is) in
+    fp32 (without one: `offset`, unused), the mask, each row's sum of squares of h); h stored. ALIGN: the
+    row strides and N are multiples of it (tiling.offset_align)."""
     ok = cols < bound(N, BLOCK_N, ALIGN)
     mask = row_ok[:, None] & ok[None, :]
     hf = tl.load(X + row_offsets(rows, stride_x, ALIGN) + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -93,7 +95,9 @@ def _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HA
         tl.store(H + row_offsets(rows, N, ALIGN) + cols[None, :], hf.to(H_DTYPE), mask=mask)
     w = offset  # (unused without a weight)
     if HAS_W:
-        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32) + offset
+        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_OFFSET:
+            w = w + offset
     return hf, w, mask, tl.sum(hf * hf, axis=1)
 
 
@@ -108,13 +112,13 @@ def rms_norm_fp8_kernel(X, R, W, Q, H, S, SCALE, RSTD, M, stride_x, stride_r, ep
                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr,
                         STATIC: tl.constexpr, HAS_R: tl.constexpr, HAS_W: tl.constexpr, HAS_UB: tl.constexpr,
                         UE8M0: tl.constexpr, TOP: tl.constexpr, MIN_AMAX: tl.constexpr, INT64: tl.constexpr,
-                        ALIGN: tl.constexpr = 1):
+                        ALIGN: tl.constexpr = 1, HAS_OFFSET: tl.constexpr = True):
     """ROWS rows in registers, read once, as one power-of-two block of BLOCK_N columns masked past N."""
     rows, row_ok = row_tile(tl.program_id(0), M, ROWS, INT64)
     H_DTYPE: tl.constexpr = H.dtype.element_ty
     cols = tl.arange(0, BLOCK_N)
     hf, w, mask, sumsq = _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HAS_R, HAS_W,
-                                    H_DTYPE, BLOCK_N, ALIGN)
+                                    H_DTYPE, BLOCK_N, ALIGN, HAS_OFFSET)
     rstd = tl.rsqrt(sumsq / N + eps)
     tl.store(RSTD + rows, rstd, mask=row_ok)
     y = _normed(hf, rstd, w, HAS_W)

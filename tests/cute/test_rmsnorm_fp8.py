@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
-from cutile_norms.cute.rmsnorm_fp8_config import RING_BY_MODEL, fp8_config, refusal, ring
+from cutile_norms.cute.rmsnorm_fp8_config import RING_BY_MODEL, fp8_config, min_ctas, refusal, ring
 from cutile_norms.cute.rmsnorm_fp8_ops import transposed_plan, transposed_reduce
 from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
 from tests.cute.ptx_util import ptxas_report
@@ -28,13 +28,13 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 
 def _compile(N, kind, out_dtype=E4M3, x_dtype=torch.bfloat16, residual=False, contiguous=True, arch="sm_90a",
-             w_dtype=None, stages=1, looped=False):
+             w_dtype=None, stages=1, looped=False, has_offset=False):
     group = 128 if kind == "group" else 0
     cfg = fp8_config(N, x_dtype.itemsize, group or None)
     assert cfg is not None, (N, kind)
     fn = compile_fp8(x_dtype, w_dtype or x_dtype, N, cfg, out_dtype, kind, group, kind != "static", kind == "group",
                      residual, True, contiguous, arch, keep_ptx=True, stages=stages,
-                     looped=looped)
+                     looped=looped, has_offset=has_offset)
     return fn.__ptx__, cfg
 
 
@@ -98,6 +98,44 @@ def test_fp32_weight_with_16_bit_x_compiles(N, kind, arch):
         if arch == "sm_90a":
             report = ptxas_report(ptx, arch)
             assert report["spill_stores"] == 0 and report["registers"] <= 168, (model, report)
+
+
+@pytest.mark.parametrize("kind", ["token", "group", "static"])
+@pytest.mark.parametrize("N", [640, 896, 1152, 2048])
+def test_rows_reduced_in_one_warp_keep_the_next_pass_after_the_reduction(N, kind):
+    """Rows whose sum of squares a warp's shuffles reduce (no CTA barrier) hold a warp barrier after it:
+    without it ptxas hoisted the next pass's shared loads above the shuffles and held both passes'
+    values (sm_90a: 149 registers at 896 in groups, 168 at 2048 per token; 3 CTAs an SM, not 5)."""
+    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, "H200")
+    ptx, cfg = _compile(N, kind, stages=stages, looped=looped)
+    assert cfg.warps_per_row == 1
+    report = ptxas_report(ptx, "sm_90a")
+    assert report["spill_stores"] == 0 and report["registers"] <= 128, report
+
+
+def test_register_bound_rule():
+    """rmsnorm_fp8_config.min_ctas: CTAs an SM where y (8 V fp32) + 32 fit, for 16-bit rows past 8 vectors a
+    thread with dynamic scales and no residual; ptxas's own choice elsewhere."""
+    assert min_ctas(fp8_config(12288, 2, 128), "group", False) == 4  # 12 vectors: 128 registers
+    assert min_ctas(fp8_config(9216, 2, None), "token", False) == 4  # 9: 104
+    assert min_ctas(fp8_config(16384, 2, None), "token", False) == 3  # 16: 160
+    for N in (896, 2560, 4096, 8192):  # the ring's forms
+        assert min_ctas(fp8_config(N, 2, None), "token", False) == 0
+    cfg = fp8_config(12288, 2, None)
+    assert min_ctas(cfg, "static", False) == 0 and min_ctas(cfg, "token", True) == 0
+    assert min_ctas(fp8_config(6144, 4, None), "token", False) == 0  # fp32 rows: not measured with a bound
+
+
+@pytest.mark.parametrize("kind", ["token", "group"])
+@pytest.mark.parametrize("N", [8704, 9600, 12288, 13184, 16384])
+def test_register_bound_fits_without_spills(N, kind):
+    """Where the rule bounds the registers, ptxas fits the kernel in them without spilling (sm_90a)."""
+    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, "H200")
+    ptx, cfg = _compile(N, kind, stages=stages, looped=looped)
+    k = min_ctas(cfg, kind, False)
+    assert k and f".minnctapersm {k}" in ptx
+    report = ptxas_report(ptx, "sm_90a")
+    assert report["spill_stores"] == 0 and report["registers"] <= 65536 // (cfg.threads * k), report
 
 
 def test_config_rules():
