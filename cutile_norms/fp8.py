@@ -97,7 +97,10 @@ def _validate_fp8(x, out_dtype, scale, scale_ub, group_size, ue8m0) -> None:
 def _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scale_ub, group_size, ue8m0):
     """(q, scales, h or None) in torch ops: the fallback, and the oracle's math."""
     h = None if residual is None else residual_sum_reference(x, residual, h_dtype)
-    y = rms_norm_reference((h if h is not None else x).float(), weight, eps, offset)[0]
+    # at offset 0 the weight multiplies as it is (no + 0, which would make a -0.0 weight +0.0)
+    y = rms_norm_reference((h if h is not None else x).float(), weight if offset else None, eps, offset)[0]
+    if weight is not None and not offset:
+        y = y * weight.float()
     if scale is not None:
         return fp8_quantize(y, scale, out_dtype), scale, h
     if group_size:

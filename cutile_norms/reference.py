@@ -1,7 +1,7 @@
 """The reference RMSNorm in plain torch: the oracle for every test, and `mode="torch"`.
 
-y = x * rsqrt(mean(x^2) + eps) * (offset + w) (at offset 0, * w: the weight as it is), math in
-`compute_dtype` (fp32 by default, fp64 in tests), output in x's dtype. Written with differentiable torch ops, so autograd through
+y = x * rsqrt(mean(x^2) + eps) * (offset + w), math in `compute_dtype` (fp32 by default, fp64 in
+tests), output in x's dtype. Written with differentiable torch ops, so autograd through
 `rms_norm_reference` is the reference backward; `rms_norm_backward` is the same math in closed form
 from a saved rstd, the oracle the tests compare every kernel's gradients with.
 """
@@ -16,8 +16,8 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None = None, eps:
     xc = x.to(compute_dtype)
     rstd = torch.rsqrt(xc.square().mean(dim=-1) + eps)
     y = xc * rstd.unsqueeze(-1)
-    if weight is not None:  # (at offset 0 the weight as it is, as torch's RMSNorm: a -0.0 weight keeps its sign)
-        y = y * (weight.to(compute_dtype) + offset if offset else weight.to(compute_dtype))
+    if weight is not None:
+        y = y * (weight.to(compute_dtype) + offset)
     return y.to(x.dtype), rstd
 
 

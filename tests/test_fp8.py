@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import cutile_norms as cn
+from cutile_norms.fp8 import pick_kernel
 from cutile_norms.reference import FP8_MAX, FP8_MIN_AMAX
 from tests.conftest import random_rows, random_weight
 
@@ -108,11 +109,14 @@ def test_zeros_huge_inf_nan(device, mode):
 @pytest.mark.parametrize("kind", ["token", "group", "static"])
 def test_a_negative_zero_weight_keeps_its_sign(device, mode, kind):
     """At offset 0 the weight multiplies as it is (torch's RMSNorm's y): where w is -0.0, y is a zero of
-    the opposite sign to x's and q its fp8 zero (0x80 where x > 0); with an offset, w + offset."""
-    x = random_rows((4, 256), torch.bfloat16, device)
-    w = random_weight(256, torch.bfloat16, device)
+    the opposite sign to x's and q its fp8 zero (0x80 where x > 0); with an offset, w + offset. (1024
+    columns: every kind runs the named kernel, the CuTe DSL one's groups included.)"""
+    x = random_rows((4, 1024), torch.bfloat16, device)
+    w = random_weight(1024, torch.bfloat16, device)
     w[::7], w[3::7] = -0.0, 0.0
     kw = {"token": {}, "group": {"group_size": 128}, "static": {"scale": 0.01}}[kind]
+    if device == "cuda" and mode:
+        assert pick_kernel(mode, x, None, None, kw.get("group_size"))[0] == mode
     q, _ = cn.rms_norm_fp8(x, w, mode=mode, **kw)
     bits = q.view(torch.uint8).cpu()
     neg_x = (x < 0).cpu()

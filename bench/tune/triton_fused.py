@@ -52,7 +52,7 @@ def candidates(N, M, x, w, kernel, sm):
                 fns[f"r{rows} w{warps}"] = lambda rows=rows, warps=warps: K[(-(-M // rows),)](
                     x, x, w, q, q, s, rstd, rstd, M, N, N, 1e-6, 0.0, 0.0, N, BLOCK_N=block, ROWS=rows,
                     GROUP=0, STATIC=False, HAS_R=False, HAS_W=True, HAS_UB=False, UE8M0=False, TOP=448.0,
-                    MIN_AMAX=FP8_MIN_AMAX, INT64=False, num_warps=warps)
+                    MIN_AMAX=FP8_MIN_AMAX, INT64=False, ALIGN=offset_align(N), HAS_OFFSET=False, num_warps=warps)
         return fns, 0.75
     K = importlib.import_module("cutile_norms.triton.add_rmsnorm_bwd_kernel").add_rms_norm_bwd_kernel
     dy, dh, g, rstd = torch.randn_like(x), torch.randn_like(x), torch.empty_like(x), torch.rand(M, device="cuda") + 0.5

@@ -110,7 +110,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
     fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
                      scale_ub is not None, ue8m0, r2d is not None, True, contiguous,
-                     stages=stages, looped=looped, has_offset=offset != 0)
+                     stages=stages, looped=looped, has_offset=bool(offset != 0))
     if contiguous and x2d.stride(0) != N:  # one row: any stride, the kernel wants N
         x2d = x2d.as_strided((M, N), (N, 1))
     if r2d is not None and contiguous and r2d.stride(0) != N:

@@ -357,7 +357,8 @@ class RMSNormFp8TmaSmem(RowTileKernel):
         return [cute.arch.shuffle_sync(inv_p, offset=first + source[v]) for v in range(len(source))]
 
     def _normed(self, tXsX, tXrX, tXpX, copy_x, tYrY, rstd, w):
-        """y = h * rstd * (offset + w) in fp32, in this order (the reference's), into tYrY."""
+        """y = h * rstd * (offset + w) in fp32 (w: `_weight`'s, without an offset the weight as it is), in this
+        order (the reference's), into tYrY."""
         cute.copy(copy_x, tXsX, tXrX, pred=tXpX)
         y = tXrX.load().to(Float32) * rstd
         if self.has_weight:

@@ -34,5 +34,5 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
         HAS_R=r2d is not None, HAS_W=weight is not None, HAS_UB=scale_ub is not None, UE8M0=ue8m0,
         TOP=FP8_MAX[out_dtype],
         MIN_AMAX=FP8_MIN_AMAX, INT64=max(sx, sr, N) * M + N >= 2 ** 31, ALIGN=offset_align(sx, sr, N),
-        HAS_OFFSET=offset != 0, num_warps=warps)
+        HAS_OFFSET=bool(offset != 0), num_warps=warps)
     return q, scales, h, rstd

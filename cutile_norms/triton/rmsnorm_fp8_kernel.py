@@ -51,7 +51,8 @@ def _max_nan(a, b):
 
 @triton.jit
 def _normed(hf, rstd, w, HAS_W: tl.constexpr):
-    """y = h * rstd * (offset + w) in fp32, in this order (the reference's)."""
+    """y = h * rstd * (offset + w) in fp32 (w: _load_rows', without an offset the weight as it is), in this
+    order (the reference's)."""
     y = hf * rstd[:, None]
     if HAS_W:
         y = y * w[None, :]

@@ -110,7 +110,7 @@ def test_rows_reduced_in_one_warp_keep_the_next_pass_after_the_reduction(N, kind
     ptx, cfg = _compile(N, kind, stages=stages, looped=looped)
     assert cfg.warps_per_row == 1
     report = ptxas_report(ptx, "sm_90a")
-    assert report["spill_stores"] == 0 and report["registers"] <= 128, report
+    assert report["spill_stores"] == 0 and report["registers"] <= 104, report
 
 
 def test_register_bound_rule():
@@ -123,15 +123,18 @@ def test_register_bound_rule():
         assert min_ctas(fp8_config(N, 2, None), "token", False) == 0
     cfg = fp8_config(12288, 2, None)
     assert min_ctas(cfg, "static", False) == 0 and min_ctas(cfg, "token", True) == 0
-    assert min_ctas(fp8_config(6144, 4, None), "token", False) == 0  # fp32 rows: not measured with a bound
+    assert min_ctas(fp8_config(8704, 4, None), "token", False) == 0  # fp32 rows (9 vectors): not measured with one
 
 
+@pytest.mark.parametrize("has_offset,w_dtype", [(False, torch.bfloat16), (True, torch.bfloat16),
+                                                (False, torch.float32)], ids=["bf16", "bf16-offset", "fp32-w"])
 @pytest.mark.parametrize("kind", ["token", "group"])
 @pytest.mark.parametrize("N", [8704, 9600, 12288, 13184, 16384])
-def test_register_bound_fits_without_spills(N, kind):
-    """Where the rule bounds the registers, ptxas fits the kernel in them without spilling (sm_90a)."""
-    stages, _, looped = ring(N, 2, 2, kind, 1 << 30, 132, "H200")
-    ptx, cfg = _compile(N, kind, stages=stages, looped=looped)
+def test_register_bound_fits_without_spills(N, kind, has_offset, w_dtype):
+    """Where the rule bounds the registers, ptxas fits the kernel in them without spilling (sm_90a), with
+    and without an offset's add and beside an fp32 weight (the rule depends on neither)."""
+    stages, _, looped = ring(N, 2, w_dtype.itemsize, kind, 1 << 30, 132, "H200")
+    ptx, cfg = _compile(N, kind, stages=stages, looped=looped, has_offset=has_offset, w_dtype=w_dtype)
     k = min_ctas(cfg, kind, False)
     assert k and f".minnctapersm {k}" in ptx
     report = ptxas_report(ptx, "sm_90a")
@@ -330,7 +333,7 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0, stag
     ssq = src.double().square().mean(-1)
     finite = torch.isfinite(ssq)
     assert torch.allclose(rstd.double()[finite], torch.rsqrt(ssq[finite] + 1e-6), rtol=1e-5), f"{what}: rstd"
-    y = (src.float() * rstd[:, None]) * (w.float() + offset)  # the kernel's op order, from its rstd
+    y = (src.float() * rstd[:, None]) * (w.float() + offset if offset else w.float())  # the kernel's op order
     s_ref, q_ref = fp8_reference(y, out_dtype, scale, group, ub, ue8m0)
     assert s.shape == s_ref.shape and same_bits_or_both_nan(s, s_ref), f"{what}: scales"
     assert same_bits_or_both_nan(q.float(), q_ref.float()), f"{what}: q differs from the reference quantizer"

@@ -60,7 +60,7 @@ def check_against_the_reference(kernel, seed, device, out_dtype, kind, N, pad=0)
         # x holds a NaN (NaN where the reference has one); cpu: the interpreter's bf16 truncates
         assert device == "cpu" or same_bits_or_both_nan(h.float(), (x.float() + r.float()).to(torch.bfloat16).float())
         src = h
-    y = (src.float() * rstd[:, None]) * (w.float() + 0.0)  # the kernel's op order, from its rstd
+    y = (src.float() * rstd[:, None]) * w.float()  # the kernel's op order (offset 0: w as it is), from its rstd
     s_ref, q_ref = fp8_reference(y, out_dtype, scale, group, ub, kind == "group_ue8m0")
     what = f"{kind} {out_dtype} N={N} [seed {seed}]"
     assert s.shape == s_ref.shape and same_bits_or_both_nan(s, s_ref), f"{what}: scales"
