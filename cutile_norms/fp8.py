@@ -203,8 +203,9 @@ def pick_kernel(mode: str | None, x2d: torch.Tensor, r2d: torch.Tensor | None, h
     return ("triton", reason) if triton_why is None else (None, triton_why)
 
 
-def describe(x, mode: str | None, group_size: int | None = None) -> str:
-    """explain()'s line for rms_norm_fp8 on x: the kernel and its launch, or the torch ops and why."""
+def describe(x, mode: str | None, group_size: int | None = None, weight: torch.Tensor | None = None) -> str:
+    """explain()'s line for rms_norm_fp8 on x (dynamic scales, `weight` the one it would get): the kernel
+    and its launch, or the torch ops and why."""
     x2d = as_rows(x)
     which, why = pick_kernel(mode, x2d, None, None, group_size)
     scales = f"1 x {group_size} group scales" if group_size else "per-token scales"
@@ -217,14 +218,17 @@ def describe(x, mode: str | None, group_size: int | None = None) -> str:
         block, rows, warps = launch_config(N, group_size)
         how = f"{rows} row(s) x {block} columns in registers per program, {warps} warps"
     else:
-        from .cute.rmsnorm_fp8_config import fp8_config, ring
+        from .cute.rmsnorm_fp8 import launch_plan
+        from .cute.rmsnorm_fp8_config import fp8_config, min_ctas
 
+        kind = "group" if group_size else "token"
         cfg = fp8_config(N, x2d.element_size(), group_size)
-        dev = device_info(x2d.device)
-        stages, per_cta = ring(N, x2d.element_size(), x2d.element_size(), "group" if group_size else "token",
-                               -(-x2d.shape[0] // cfg.rows), dev.sm_count, gpu_model(dev.name))[:2]
+        stages, per_cta, looped = launch_plan(x2d, weight, kind, cfg)
+        loop = " in the tile loop" if looped and stages == 1 else ""
+        ctas = min_ctas(cfg, kind, False)
+        bound = f", registers bounded to {ctas} CTAs an SM" if ctas else ""
         how = (f"row tiles in shared memory by TMA bulk copies, {cfg.short()}, {per_cta} tile(s) a CTA through "
-               f"{stages} slot(s)")
+               f"{stages} slot(s){loop}{bound}")
     return f"fp8 output: {FP8_KERNELS[which]} ({scales}: {how}; {why})"
 
 

@@ -378,7 +378,7 @@ def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | 
         lines.append(describe(x, residual, residual_dtype, mode, weight))
     if fp8:
         from .fp8 import describe as describe_fp8
-        lines.append(describe_fp8(x, mode))
+        lines.append(describe_fp8(x, mode, weight=weight))
     return "\n".join(lines)
 
 

@@ -263,6 +263,8 @@ def test_explain_names_the_fp8_kernel():
             assert (f"fp8 output: {FP8_KERNELS['tma_smem_cached']} (per-token scales: row tiles in shared memory"
                     in text), text
             assert "1 x 128 group scales" in cn.fp8.describe(x, None, 128)
+            wide = torch.randn(4, 12288, device="cuda", dtype=torch.bfloat16)  # 12 vectors a thread: the bound
+            assert "registers bounded to 4 CTAs an SM" in cn.fp8.describe(wide, "tma_smem_cached", 128)
 
 
 @pytest.mark.gpu

@@ -61,6 +61,15 @@ def _build(x_dtype, w_dtype, N, cfg, out_dtype, kind, group, has_ub, ue8m0, has_
                         options=compile_options(arch, keep_ptx))
 
 
+def launch_plan(x2d: torch.Tensor, weight: torch.Tensor | None, kind: str, cfg: FwdConfig) -> tuple[int, int, bool]:
+    """(shared-memory slots, tiles a CTA, whether one slot runs through the tile loop) for these rows on x's
+    GPU: rmsnorm_fp8_config.ring's, for scales of `kind` ("static", "token" or "group")."""
+    M, N = x2d.shape
+    dev = device_info(x2d.device)
+    w_bytes = weight.element_size() if weight is not None else x2d.element_size()
+    return ring(N, x2d.element_size(), w_bytes, kind, -(-M // cfg.rows), dev.sm_count, gpu_model(dev.name))
+
+
 def unsupported(x2d: torch.Tensor, r2d: torch.Tensor | None, h_dtype: torch.dtype | None,
                 group_size: int | None, batch_invariant: bool = False) -> str | None:
     """None where this kernel takes the call, else why not (fp8.py then runs Triton's). `batch_invariant`
@@ -102,10 +111,7 @@ def rms_norm_fp8(x2d: torch.Tensor, r2d: torch.Tensor | None, weight: torch.Tens
     cfg = cfg or fp8_config(N, x2d.element_size(), group_size)
     kind = "static" if scale is not None else "group" if group_size else "token"
     if stages is None:
-        dev = device_info(device)
-        w_bytes = weight.element_size() if weight is not None else x2d.element_size()
-        stages, per_cta, looped = ring(N, x2d.element_size(), w_bytes, kind, -(-M // cfg.rows), dev.sm_count,
-                                       gpu_model(dev.name))
+        stages, per_cta, looped = launch_plan(x2d, weight, kind, cfg)
     per_cta = (per_cta or 1) if stages > 1 else 1  # one slot: one tile a CTA (none would be in flight ahead)
     contiguous = M == 1 or (x2d.stride(0) == N and (r2d is None or r2d.stride(0) == N))
     fn = compile_fp8(x2d.dtype, None if weight is None else weight.dtype, N, cfg, out_dtype, kind, group_size or 0,
