@@ -27,6 +27,16 @@ def row_offsets(rows, stride, ALIGN: tl.constexpr):
 
 
 @triton.jit
+def weight_row(W, cols, ok, offset, HAS_OFFSET: tl.constexpr):
+    """w' = offset + w in fp32 at `cols`; offset == 0 compiled without the add (HAS_OFFSET: the weight as it
+    is)."""
+    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_OFFSET:
+        w = w + offset
+    return w
+
+
+@triton.jit
 def bound(n, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     """n splat over a tile's columns, said to be a multiple of ALIGN: a column mask `cols < n` then keeps
     runs of ALIGN equal bits, which vector loads and stores need."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import bound, row_offsets, row_tile
+from ._common import bound, row_offsets, row_tile, weight_row
 
 
 @triton.jit
@@ -96,9 +96,7 @@ def _load_rows(X, R, W, H, rows, row_ok, cols, stride_x, stride_r, N, offset, HA
         tl.store(H + row_offsets(rows, N, ALIGN) + cols[None, :], hf.to(H_DTYPE), mask=mask)
     w = offset  # (unused without a weight)
     if HAS_W:
-        w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-        if HAS_OFFSET:
-            w = w + offset
+        w = weight_row(W, cols, ok, offset, HAS_OFFSET)
     return hf, w, mask, tl.sum(hf * hf, axis=1)
 
 

@@ -22,21 +22,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import exchange, part_mask, program_part, row_offsets, slot_flag
+from ._common import exchange, part_mask, program_part, row_offsets, slot_flag, weight_row
 
 
 # ================================================================================================
 # Kernel
 # ================================================================================================
-@triton.jit
-def _weight(W, cols, ok, offset, HAS_OFFSET: tl.constexpr):
-    """w' = offset + w in fp32 at `cols`; offset == 0 compiled without the add (HAS_OFFSET)."""
-    w = tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-    if HAS_OFFSET:
-        w = w + offset
-    return w
-
-
 @triton.jit
 def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                         N, PART, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
@@ -70,7 +61,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
             cols = lanes
         col_ok = part_mask(lanes, cols, PART, N, BLOCK_N, ALIGN)
         if HAS_W and not ONE_TILE:
-            w = _weight(W, cols, col_ok, offset, HAS_OFFSET)
+            w = weight_row(W, cols, col_ok, offset, HAS_OFFSET)
         if PREFETCH:  # the first tile's x; each tile then loads the next one's before its reduction
             rows_n = group * ROWS + tl.arange(0, ROWS)
             if INT64:
@@ -115,7 +106,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                 y = x * rstd[:, None]
                 if HAS_W:
                     if ONE_TILE:
-                        w = _weight(W, cols, col_ok, offset, HAS_OFFSET)
+                        w = weight_row(W, cols, col_ok, offset, HAS_OFFSET)
                     y = y * w[None, :]
                 tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
             else:
@@ -128,7 +119,7 @@ def rms_norm_fwd_kernel(X, W, Y, RSTD, SLOTS, M, stride_x, eps, offset,
                                  eviction_policy="evict_first").to(tl.float32)
                     yc = xc * rstd[:, None]
                     if HAS_W:
-                        wc = _weight(W, cols_c, ok_c, offset, HAS_OFFSET)
+                        wc = weight_row(W, cols_c, ok_c, offset, HAS_OFFSET)
                         yc = yc * wc[None, :]
                     tl.store(y_rows + cols_c[None, :], yc.to(Y.dtype.element_ty), mask=mask_c)
             if STORE_RSTD:
