@@ -232,6 +232,11 @@ def describe(x, mode: str | None, group_size: int | None = None, weight: torch.T
     return f"fp8 output: {FP8_KERNELS[which]} ({scales}: {how}; {why})"
 
 
+def _no_scales(x: torch.Tensor) -> torch.Tensor:
+    """The op's scales output at a given scale: empty (rms_norm_fp8 returns the caller's scale itself)."""
+    return x.new_empty(0, dtype=torch.float32)
+
+
 @torch.library.custom_op("cutile_norms::rms_norm_fp8", mutates_args=())
 def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float, offset: float,
             mode: str, out_dtype: torch.dtype, h_dtype: torch.dtype, scale: torch.Tensor | None,
@@ -249,17 +254,17 @@ def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         q, s, h, _ = dispatch.load(FP8_KERNELS[which])(x2d, r2d, weight, eps, offset, out_dtype, h_dtype, scale,
                                                         scale_ub, group, ue8m0)
         lead = x.shape[:-1]
-        s = x.new_empty(0, dtype=torch.float32) if scale is not None else s.view(*lead, -1)
+        s = _no_scales(x) if scale is not None else s.view(*lead, -1)
         return q.view(x.shape), s, h.view(x.shape) if h is not None else x.new_empty(0)
     q, s, h = _reference(x, residual, weight, eps, offset, out_dtype, h_dtype, scale, scale_ub, group, ue8m0)
-    return (q.contiguous(), x.new_empty(0, dtype=torch.float32) if scale is not None else s.contiguous(),
+    return (q.contiguous(), _no_scales(x) if scale is not None else s.contiguous(),
             h.contiguous() if h is not None else x.new_empty(0))
 
 
 @_fp8_op.register_fake
 def _fp8_fake(x, residual, weight, eps, offset, mode, out_dtype, h_dtype, scale, scale_ub, group_size, ue8m0):
     lead = x.shape[:-1]
-    s = (x.new_empty(0, dtype=torch.float32) if scale is not None else
+    s = (_no_scales(x) if scale is not None else
          x.new_empty(*lead, x.shape[-1] // group_size if group_size else 1, dtype=torch.float32))
     return (x.new_empty(x.shape, dtype=out_dtype), s,
             x.new_empty(x.shape, dtype=h_dtype) if residual is not None else x.new_empty(0))
