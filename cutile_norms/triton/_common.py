@@ -55,12 +55,12 @@ def part_mask(lanes, cols, PART, N, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
 
 @triton.jit
 def row_tile(tile, M, ROWS: tl.constexpr, INT64: tl.constexpr):
-    """(the rows of row tile `tile`, int64 where INT64, and which of them are below M)."""
-    rows = tile * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
+    """(the rows of row tile `tile`, int64 where INT64, and which of them are below M). The tile is widened
+    before the multiply: a program id is int32, and past 2^31 rows its product wrapped."""
     if INT64:
-        rows = rows.to(tl.int64)
-    return rows, row_ok
+        tile = tile.to(tl.int64)
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    return rows, rows < M
 
 
 @triton.jit

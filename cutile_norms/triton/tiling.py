@@ -83,5 +83,7 @@ def offset_align(*values: int) -> int:
 
 def tma_addressable(*tensors_strides: tuple, align: int = 16) -> bool:
     """Rows a TMA descriptor can address, for each (tensor, row stride): a 16-byte aligned start, a row
-    stride of a multiple of 16 bytes, no zero stride (`align`: a stricter alignment of both, in bytes)."""
-    return all(t.data_ptr() % align == 0 and s > 0 and s * t.element_size() % align == 0 for t, s in tensors_strides)
+    stride of a multiple of 16 bytes, no zero stride (`align`: a stricter alignment of both, in bytes),
+    fewer than 2^31 rows (a tile's coordinates are signed 32-bit)."""
+    return all(t.data_ptr() % align == 0 and s > 0 and s * t.element_size() % align == 0 and t.shape[0] < 2 ** 31
+               for t, s in tensors_strides)
