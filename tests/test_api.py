@@ -5,7 +5,8 @@ import torch
 
 import cutile_norms as cn
 from cutile_norms import dispatch
-from tests.conftest import VS_TORCH_MODULE, assert_close, random_rows, random_weight, reference64
+from tests.conftest import (VS_TORCH_MODULE, assert_close, assert_stored_sum, check_backward, random_rows, random_weight,
+                            reference64)
 
 GPU_MODES = [m for m in dispatch.modes_of() if m != "torch"] + [None]
 
@@ -107,3 +108,43 @@ def test_decode_shapes_through_the_call_plans(mode, shape, seed):
                 y = fn()
             assert y.shape == x.shape and y.is_contiguous()
             assert_close(y, expected, torch.bfloat16, f"{how} mode={mode} shape={shape} call {call}", seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", GPU_MODES, ids=lambda m: str(m))
+def test_rows_further_apart_than_int32_indexing(mode, seed):
+    """17 rows of 4096 elements, 2^27 + 64 apart (as x[:, 0] of a [17, 32768, 4096] batch: a 4.3 GiB span
+    holding 70 K elements): 16 such rows span past 2^31 elements, the cuTile kernels' flat int32 indexing,
+    whose launches come in chunks of 16 rows (they refused these rows). The forward without and with
+    grad, dx and dw (dy as far apart), the residual add, the FP8 output per token."""
+    why = cn.available_modes().get(mode) if mode is not None else None
+    if why:
+        pytest.skip(why)
+    M, N, S = 17, 4096, (1 << 27) + 64
+    free, _ = torch.cuda.mem_get_info()
+    if free < 3 * M * S * 2 + (2 << 30):
+        pytest.skip(f"needs ~{3 * M * S * 2 >> 30} GiB of free GPU memory, {free >> 30} free")
+
+    def far_rows():  # only the rows are written: the rest of the span is never read
+        t = torch.empty(M * S, dtype=torch.bfloat16, device="cuda").as_strided((M, N), (S, 1))
+        return t.copy_(random_rows((M, N), torch.bfloat16, "cuda"))
+
+    x, dy, r = far_rows(), far_rows(), far_rows()
+    w = random_weight(N, torch.bfloat16, "cuda")
+    tag = f"mode={mode} rows {S} apart"
+    with torch.no_grad():
+        assert_close(cn.rms_norm(x, w, 1e-6, mode=mode), reference64(x, w, 1e-6, 0.0)[0], torch.bfloat16,
+                     f"{tag} no grad", seed)
+    xg, wg = x.detach().requires_grad_(), w.detach().clone().requires_grad_()
+    y = cn.rms_norm(xg, wg, 1e-6, mode=mode)
+    assert_close(y.detach(), reference64(x, w, 1e-6, 0.0)[0], torch.bfloat16, f"{tag} grad path", seed)
+    y.backward(dy)
+    check_backward(x, w, dy, 0.0, xg.grad, wg.grad, tag, seed)
+    with torch.no_grad():
+        y, h = cn.add_rms_norm(x, r, w, 1e-6, mode=mode)
+    assert_stored_sum(h, x, r, f"{tag} residual h", seed)
+    assert_close(y, reference64(h, w, 1e-6, 0.0)[0], torch.bfloat16, f"{tag} residual y", seed)
+    q, s = cn.rms_norm_fp8(x, w, 1e-6, mode=mode)
+    qr, sr = cn.rms_norm_fp8(x.contiguous(), w, 1e-6, mode=mode)
+    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr), \
+        f"{tag}: the FP8 output differs from that of the same rows contiguous (the same kernel, another stride)"

@@ -108,13 +108,19 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     has_w = weight is not None
     need_dw = need_dw and has_w
     device = x2d.device
+    has_dh = dh2d is not None and need_dx
+    pad = dx_row_pad(cfg)
+    if M > 1 and (_MAX_FLAT - pad * N) // max(x2d.stride(0), dy2d.stride(0), dh2d.stride(0) if has_dh else 0,
+                                                  N) < pad:
+        # rows so far apart that one chunk of `pad` rows spans 2^31 elements: their compact copies (M x N
+        # elements each, far fewer than the spans read flat)
+        x2d, dy2d = x2d.contiguous(), dy2d.contiguous()
+        dh2d = dh2d.contiguous() if has_dh else dh2d
     sx = x2d.stride(0) if M > 1 else N
     sdy = dy2d.stride(0) if M > 1 else N
-    has_dh = dh2d is not None and need_dx
     sdh = (dh2d.stride(0) if M > 1 else N) if has_dh else 0
     e = x2d.element_size()
     stream = current_raw_stream(device.index)
-    pad = dx_row_pad(cfg)
     if out is not None:
         dx, dw = out
         if need_dx and dx.untyped_storage().nbytes() < (dx.storage_offset() + round_up(M, pad) * N) * dx.element_size():
@@ -158,8 +164,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
     # chunk order (deterministic)
     rows = (_MAX_FLAT - pad * N) // max(sx, sdy, sdh, N) // pad * pad  # whole padded tiles: only the last chunk
     if rows < pad:  # writes past its own rows (into the allocation's padding)
-        raise ValueError(f"a row of {N} elements (strides {sx}, {sdy}, {sdh}) is too long for int32 indexing; "
-                         f"use mode='torch'")
+        raise ValueError(f"a row of {N} elements is too long for int32 indexing; use mode='torch'")
     starts = list(range(0, M, rows))
     dw_chunks = torch.empty(len(starts), N, dtype=torch.float32, device=device) if need_dw else None
     for i, r0 in enumerate(starts):

@@ -159,6 +159,11 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
     M, N = x2d.shape
     stride = x2d.stride(0) if M > 1 else N
     pad = row_pad(cfg)
+    unit = max(16, pad)  # the rows of a chunk (below) come in whole padded tiles
+    if stride > N and (_MAX_FLAT - unit * N) // stride < unit:
+        # rows so far apart that one chunk of `unit` rows spans 2^31 elements: their compact copy, M x N
+        # elements, far fewer than the span read flat
+        x2d, stride = x2d.contiguous(), N
     if out is None:
         y, rstd = output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, out_shape, pad)
     else:
@@ -193,11 +198,10 @@ def launch(cfg: FwdConfig, x2d: torch.Tensor, weight: torch.Tensor | None, eps: 
         return y, rstd
     # beyond int32 indexing: row chunks that stay below 2^31 elements, a multiple of 16 rows each (the
     # stream kernel: of its padded tile rows, so only the last chunk writes past its own rows)
-    unit = max(16, pad)
     rows = (_MAX_FLAT - unit * N) // max(stride, N) // unit * unit
     if rows < unit:
-        raise ValueError(f"rows of {N} elements (stride {stride}) are too long for {cfg.short()}: {unit} rows "
-                         f"would pass int32 indexing; use mode='torch'")
+        raise ValueError(f"rows of {N} elements are too long for {cfg.short()}: {unit} rows would pass int32 "
+                         f"indexing; use mode='torch'")
     for r0 in range(0, M, rows):
         m = min(rows, M - r0)
         sync = (_sync_workspace(m, cfg.split, x2d.device, stream),) if split else ()
