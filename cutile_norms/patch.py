@@ -11,9 +11,13 @@ Contract:
         GemmaRMSNorm, Gemma3RMSNorm, ...): the class name ends in "RMSNorm" (any case), the module's only
         parameter is a 1-D `weight` Parameter, it has no buffers and no children, it holds a real eps in
         `variance_epsilon` (Llama/Mistral/Qwen) or `eps` (Gemma), and forward takes one input.
-      - Gemma's `(1 + w)` scale becomes offset=1.0. The rule: the source of the class that defines `forward`
-        is searched for "1 + self.weight" / "1.0 + self.weight" (or "self.weight + 1"); when the source
-        cannot be read (a compiled or dynamically built class), a class name containing "Gemma" decides.
+      - What such a module computes is checked by running its own forward once, at patch time, on a probe
+        (random fp32 rows [2, 3, N] on the weight's device, the CPU for a meta weight, and a random weight
+        around 0 in place of its own): its output must be x * rsqrt(mean(x^2) + eps) * w (offset=0.0) or
+        Gemma's x * rsqrt(mean(x^2) + eps) * (1 + w) (offset=1.0), within 2 % (a forward that computes in
+        16 bits passes; the two forms differ by |x * rsqrt(...)|, of order 1). A forward that computes
+        anything else (a scale chosen by an attribute, another dim, the weight applied before the norm),
+        or fails on the probe, is unrecognised: the class name and structure alone never decide.
   * Any other module whose class name ends in "RMSNorm"/"RmsNorm", and any torch.nn.RMSNorm subclass that
     overrides forward, is unrecognised: strict=True (default) raises ValueError naming it and what was
     expected; strict=False skips it (it is not in the returned list). A module carrying forward hooks or an
@@ -41,10 +45,10 @@ returns x's dtype. A weight must be in x's dtype or fp32 at call time (see `rms_
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import numbers
-import re
 
 import torch
 
@@ -52,9 +56,6 @@ from .dispatch import MODES
 from .fuse_residual import fuse_residual_adds
 from .rmsnorm import RMSNorm
 
-# "1 + self.weight", "1.0 + self.weight.float()", "self.weight + 1": Gemma's zero-centred weight.
-_OFFSET_ONE_SOURCE = re.compile(r"(?<![\w.])1(?:\.0*)?\s*\+\s*self\.weight\b"
-                                r"|\bself\.weight(?:\.\w+\(\))?\s*\+\s*1(?:\.0*)?(?![\w.])")
 _HF_EPS_ATTRIBUTES = ("variance_epsilon", "eps")
 _TORCH_RMSNORM = getattr(torch.nn, "RMSNorm", None)  # torch >= 2.4
 
@@ -157,7 +158,7 @@ def _recognise_hf_style(module: torch.nn.Module) -> dict:
     if not _takes_one_input(type(module).forward):
         raise _Unrecognised(f"forward{_signature(type(module).forward)} takes other inputs; {expected}")
     return {"normalized_shape": (weight.shape[0],), "eps": float(eps), "elementwise_affine": True,
-            "offset": _hf_offset(type(module))}
+            "offset": _probed_offset(module, weight.shape[0], float(eps))}
 
 
 def _takes_one_input(forward) -> bool:
@@ -181,15 +182,32 @@ def _signature(forward) -> str:
         return "(...)"
 
 
-def _hf_offset(cls: type) -> float:
-    """1.0 for Gemma's (1 + w) scale, else 0.0: read from the source of the class that defines forward
-    (its helpers, like Gemma's _norm, live there too), by class name when there is no source."""
-    defining = next((c for c in cls.__mro__ if "forward" in vars(c)), cls)
+def _probed_offset(module: torch.nn.Module, N: int, eps: float) -> float:
+    """0.0 or 1.0: the offset with which cutile_norms.RMSNorm computes what `module`'s own forward does on a
+    probe (the module docstring says which), else _Unrecognised. The probe is a shallow copy of the module
+    holding a random weight in place of its own, so the module, its weight and the RNG are left as they are."""
+    dev = module.weight.device if module.weight.device.type != "meta" else torch.device("cpu")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, N, generator=gen).to(dev)
+    w = (0.5 * torch.randn(N, generator=gen)).to(dev)
+    probe = copy.copy(module)
+    probe.__dict__["_parameters"] = {"weight": torch.nn.Parameter(w, requires_grad=False)}
     try:
-        source = inspect.getsource(defining)
-    except (OSError, TypeError):
-        return 1.0 if "gemma" in cls.__name__.lower() else 0.0
-    return 1.0 if _OFFSET_ONE_SOURCE.search(source) else 0.0
+        with torch.no_grad():
+            y = probe(x)
+    except Exception as e:  # noqa: BLE001 (any failure: the module is not one this check can vouch for)
+        raise _Unrecognised(f"its forward failed on a probe input of fp32 rows [2, 3, {N}] on {dev} "
+                            f"({type(e).__name__}: {e})") from None
+    if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+        raise _Unrecognised(f"its forward on fp32 rows [2, 3, {N}] returned "
+                            f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
+    x64 = x.double()
+    xhat = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
+    for offset in (0.0, 1.0):
+        if torch.allclose(y.double(), xhat * (offset + w.double()), rtol=0.02, atol=1e-3):
+            return offset
+    raise _Unrecognised("its forward on a probe input computes neither x * rsqrt(mean(x^2) + eps) * w nor "
+                        "x * rsqrt(mean(x^2) + eps) * (1 + w) over the last dim (eps its own)")
 
 
 def _build(original: torch.nn.Module, *, normalized_shape, eps, elementwise_affine, offset, mode) -> RMSNorm:

@@ -245,28 +245,72 @@ def test_torch_rmsnorm_eps_none_is_passed_through(seed):
     assert_same_outputs_and_grads(model, patched, lambda: 1e-3 * torch.randn(8, 64), f"eps=None [seed {seed}]")
 
 
-def test_gemma_offset_found_from_source_and_by_name_without_source(monkeypatch):
-    from cutile_norms.patch import _hf_offset
+class UnitOffsetRMSNorm(torch.nn.Module):
+    """A LitGPT-style norm: the (1 + w) scale chosen by an attribute (its source holds "1 + self.weight"
+    either way), over a dim of its own."""
 
-    assert _hf_offset(GemmaRMSNorm) == 1.0 and _hf_offset(LlamaRMSNorm) == 0.0
-    assert _hf_offset(Qwen3RMSNorm) == 0.0  # forward inherited: the defining class's source is read
+    def __init__(self, size, dim=-1, eps=1e-6, add_unit_offset=False):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(size) if add_unit_offset else torch.ones(size))
+        self.eps, self.dim, self.add_unit_offset = eps, dim, add_unit_offset
 
-    def no_source(obj):
-        raise OSError("no source")
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x_normed = x * torch.rsqrt(torch.mean(x * x, dim=self.dim, keepdim=True) + self.eps)
+        weight = (1 + self.weight) if self.add_unit_offset else self.weight
+        return (x_normed * weight.float()).to(dtype=dtype)
 
-    monkeypatch.setattr("inspect.getsource", no_source)
-    assert _hf_offset(GemmaRMSNorm) == 1.0 and _hf_offset(LlamaRMSNorm) == 0.0
+
+class ScaledInputRMSNorm(GemmaRMSNorm):
+    """The weight applied before the norm: norm(x * (1 + w)), which no offset gives."""
+
+    def forward(self, x):
+        return self._norm(x.float() * (1.0 + self.weight.float())).type_as(x)
 
 
-def test_offset_pattern_variants():
-    from cutile_norms.patch import _OFFSET_ONE_SOURCE as pattern
+class CudaOnlyRMSNorm(LlamaRMSNorm):
+    def forward(self, hidden_states):
+        if not hidden_states.is_cuda:
+            raise RuntimeError("this kernel needs a CUDA tensor")
+        return super().forward(hidden_states)
 
-    for text in ["x * (1 + self.weight)", "out * (1.0 + self.weight.float())", "(self.weight.float() + 1.0)",
-                 "(self.weight + 1)"]:
-        assert pattern.search(text), text
-    for text in ["self.weight * x", "x * (0.1 + self.weight)", "self.weight + 1e-6", "(11 + self.weight)",
-                 "self.weight + 10"]:
-        assert not pattern.search(text), text
+
+@pytest.mark.parametrize("unit", [False, True])
+def test_offset_is_what_the_forward_computes(seed, unit):
+    """The offset comes from running the module's forward on a probe, not from its source or name: an
+    attribute that chooses the scale is followed, and a class built without source is read the same."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), UnitOffsetRMSNorm(64, add_unit_offset=unit))
+    with torch.no_grad():
+        model[1].weight.copy_(float(not unit) + 0.3 * torch.randn(64))
+    rng = torch.get_rng_state()
+    patched, replaced = patch_copy(model)
+    assert torch.equal(torch.get_rng_state(), rng), "the probe drew from the global RNG"
+    assert replaced == [("1", "UnitOffsetRMSNorm")] and patched[1].offset == float(unit)
+    assert_same_outputs_and_grads(model, patched, lambda: torch.randn(8, 64), f"unit offset {unit} [seed {seed}]")
+    ns = {"torch": torch}  # a class without source (inspect.getsource raises on it)
+    exec("class ExecRMSNorm(torch.nn.Module):\n"
+         "    def __init__(self, d):\n"
+         "        super().__init__()\n"
+         "        self.eps, self.weight = 1e-6, torch.nn.Parameter(torch.zeros(d))\n"
+         "    def forward(self, x):\n"
+         "        xf = x.float()\n"
+         "        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)\n"
+         "        return (y * (1.0 + self.weight.float())).type_as(x)\n", ns)
+    built = torch.nn.Sequential(ns["ExecRMSNorm"](16))
+    assert cn.patch(built) == [("0", "ExecRMSNorm")] and built[0].offset == 1.0
+
+
+@pytest.mark.parametrize("module, message", [
+    (UnitOffsetRMSNorm(16, dim=0), "computes neither"),
+    (ScaledInputRMSNorm(16), "computes neither"),
+    (CudaOnlyRMSNorm(16), "failed on a probe input.*needs a CUDA tensor"),
+])
+def test_a_forward_computing_something_else_is_refused(module, message):
+    with pytest.raises(ValueError, match=message):
+        cn.patch(torch.nn.Sequential(module))
+    assert cn.patch(torch.nn.Sequential(module), strict=False) == []
 
 
 # ================================================================================================
