@@ -282,18 +282,73 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
             raise ValueError(f"add_rms_norm_ cannot write x sharded on its normalized dim ({tuple(x.placements)}) "
                              f"in place; shard it on a leading dim")
         warn_if_gathered(x, weight)
-    elif x.numel() and residual.numel() and _overlap(x, residual):
-        raise ValueError("add_rms_norm_ needs x and residual in separate memory (their memory ranges overlap)")
+    else:
+        _check_in_place(x, residual, weight)
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
 
 
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the byte ranges a and b span in memory intersect (conservative for interleaved views)."""
+def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None) -> None:
+    """add_rms_norm_'s memory rules, checked before anything is written: x and residual each write every
+    element once (no expanded or self-overlapping rows), share no element, and the weight lies apart
+    from both (a kernel would read it after h or y had overwritten it)."""
+    if not x.numel():
+        return
+    for name, t in (("x", x), ("residual", residual)):
+        if _self_overlapping(t):
+            raise ValueError(f"add_rms_norm_ writes {name} in place, and its elements share memory (an expanded "
+                             f"or self-overlapping view, strides {tuple(t.stride())}); pass a tensor of its own")
+    if _share_elements(x, residual):
+        raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share elements, or are "
+                         "views of one buffer this check cannot tell apart: rows at different strides)")
+    if weight is not None and (_share_elements(weight, x) or _share_elements(weight, residual)):
+        raise ValueError("add_rms_norm_ needs the weight apart from x and residual, which it writes")
+
+
+def _self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of t may lie at one address: its dims by stride, each stride must pass the
+    span of the dims inside it (exact for expanded views and rows closer than their length)."""
+    span = 0
+    for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n > 1), key=lambda d: d[1]):
+        if st <= span:
+            return True
+        span += (n - 1) * st
+    return False
+
+
+def _rows(t: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(storage offset, rows, row stride, N) of t as rows of its last dim with unit column stride, rows
+    apart; None where t is no such view."""
+    N = t.shape[-1] if t.dim() else 1
+    if (t.dim() and N > 1 and t.stride(-1) != 1) or _self_overlapping(t):
+        return None
+    try:
+        r = t.view(-1, N)
+    except RuntimeError:
+        return None
+    return r.storage_offset(), r.shape[0], r.stride(0) if r.shape[0] > 1 else N, N
+
+
+def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b have an element in common: exact for rows of one dtype at one row stride (e.g. two
+    column ranges of one buffer), else whether their byte ranges intersect (conservative)."""
+    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    ra, rb = _rows(a), _rows(b)
+    if ra is not None and rb is not None and a.dtype == b.dtype and (ra[2] == rb[2] or 1 in (ra[1], rb[1])):
+        (oa, ma, sa, na), (ob, mb, sb, nb) = ra, rb
+        s = sa if ma > 1 else sb  # (one row: any stride is its own)
+        # a's row i holds oa + i s + [0, na), b's row k ob + k s + [0, nb): they meet where some
+        # d = (i - k) s, -(mb - 1) <= i - k <= ma - 1, has -na < d + oa - ob < nb
+        lo, hi = -(mb - 1), ma - 1
+        for r in {min(max((ob - oa) // s + e, lo), hi) for e in (0, 1)}:
+            if -na < r * s + oa - ob < nb:
+                return True
+        return False
     def span(t):
         start = t.data_ptr()
         return start, start + (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
     (a0, a1), (b0, b1) = span(a), span(b)
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a0 < b1 and b0 < a1
+    return a0 < b1 and b0 < a1
 
 
 def describe(x: torch.Tensor, residual: torch.Tensor, residual_dtype, mode: str | None,

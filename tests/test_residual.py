@@ -154,13 +154,41 @@ def test_in_place_strided(fused_gate, seed, device, mode, fused):
     assert torch.equal(xb[:, 1024:], xb0[:, 1024:]) and torch.equal(rb[:, :8], rb0[:, :8]), "wrote outside the views"
 
 
-def test_in_place_refuses_autograd_and_overlap():
+@pytest.mark.parametrize("device,mode,fused", CASES)
+def test_in_place_halves_of_one_buffer(fused_gate, seed, device, mode, fused):
+    """x and the residual as the two column halves of one buffer: no element shared, so taken."""
+    fused_gate(fused)
+    buf = random_rows((8, 2048), torch.bfloat16, device)
+    x, r = buf[:, :1024], buf[:, 1024:]
+    w = random_weight(1024, torch.bfloat16, device)
+    x0, r0 = x.clone(), r.clone()
+    cn.add_rms_norm_(x, r, w, mode=mode)
+    check_h(r, x0, r0, device, fused, f"{mode} halves in place", seed)
+    assert_close(x, reference64(r, w, 1e-6, 0.0)[0], torch.bfloat16, f"{mode} halves in place y", seed)
+
+
+def test_in_place_refuses_autograd_and_shared_memory():
+    """Refused before anything is written: autograd, x and residual sharing elements, the weight inside
+    either, and a view whose elements share memory (expanded)."""
     x = torch.randn(4, 64, requires_grad=True)
     with pytest.raises(RuntimeError, match="no autograd"):
         cn.add_rms_norm_(x, torch.randn(4, 64))
     buf = torch.randn(4, 128)
-    with pytest.raises(ValueError, match="separate memory"):
-        cn.add_rms_norm_(buf[:, :64], buf[:, 64:])
+    for a, b in ((buf[:, :64], buf[:, 63:127]), (buf[1:, :64], buf[:-1, 60:124]), (buf[:, :64], buf[:, :64])):
+        before = buf.clone()
+        with pytest.raises(ValueError, match="separate memory"):
+            cn.add_rms_norm_(a, b)
+        assert torch.equal(buf, before)
+    x, r = torch.randn(4, 64), torch.randn(4, 64)
+    for w in (r[1], x[2]):
+        x0, r0 = x.clone(), r.clone()
+        with pytest.raises(ValueError, match="weight apart"):
+            cn.add_rms_norm_(x, r, w, mode="torch")
+        assert torch.equal(x, x0) and torch.equal(r, r0)
+    r0 = r.clone()
+    with pytest.raises(ValueError, match="x in place, and its elements share memory"):
+        cn.add_rms_norm_(torch.randn(1, 64).expand(4, 64), r)
+    assert torch.equal(r, r0), "the residual was written before the refusal"
 
 
 @pytest.mark.parametrize("bad,err,match", [
@@ -265,7 +293,7 @@ def test_module_residual_shape_and_in_place_memory():
         norm(torch.randn(2, 4, 8), torch.randn(2, 8, 4))
     buf = torch.randn(2, 64)
     cn.add_rms_norm_(buf[0], buf[1], mode="torch")  # two rows of one buffer: separate memory, accepted
-    with pytest.raises(ValueError, match="overlap"):
+    with pytest.raises(ValueError, match="separate memory"):
         cn.add_rms_norm_(buf[:, :40], buf[:, 24:], mode="torch")
 
 
