@@ -19,7 +19,8 @@ from .patch import patch
 from . import distributed as _distributed
 from .fp8 import rms_norm_fp8
 from .residual import add_rms_norm, add_rms_norm_
-from .rmsnorm import RMSNorm, available_modes, explain, rms_norm
+from .explain import available_modes, explain
+from .rmsnorm import RMSNorm, rms_norm
 from .warmup import warmup
 
 __version__ = "0.1.0"

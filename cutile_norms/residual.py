@@ -14,7 +14,7 @@ Contract:
     and dx and dresidual are that grad in x's and the residual's dtype; to second order too
     (create_graph=True runs the norm's closed-form backward in torch ops).
   * add_rms_norm_(x, residual, ...) writes h into residual and y into x (FlashInfer's and vLLM's
-    fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must not overlap.
+    fused_add_rmsnorm): h takes the residual's dtype; no autograd; x and residual must share no element.
   * Kernels (dispatch.residual_add_kernel / residual_backward decide): the fused forward (mode None:
     Triton's for rows of up to 32768 elements (16384 beside an fp32 weight where cuTile runs),
     cuTile's split form past that; a mode named: its own
@@ -263,7 +263,8 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
                   eps: float | None = 1e-6, *, mode: str | None = None, offset: float = 0.0) -> None:
     """In place: residual <- x + residual (in the residual's dtype), x <- rms_norm(residual) *
     (offset + weight). No autograd; CUDA-graph safe (no host sync; the fused kernel allocates nothing
-    but rstd, the unfused path a y it copies into x). x and residual must not overlap in memory."""
+    but rstd, the unfused path a y it copies into x). x and residual must share no element, and the weight
+    must lie apart from both (checked before anything is written)."""
     if eps is None:
         eps = TORCH_DEFAULT_EPS
     validate(x, weight, eps, offset)

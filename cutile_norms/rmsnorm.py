@@ -1,4 +1,4 @@
-"""The public RMSNorm: validation, the autograd Function, `rms_norm`, `RMSNorm`, `explain`.
+"""The public RMSNorm: validation, the autograd Function, `rms_norm`, `RMSNorm` (`explain` in explain.py).
 
 Kernels assume valid input; every check lives here. Contract:
   * x [..., N] in fp16/bf16/fp32 (any leading dims, M = prod of them, M = 0 gives an empty result);
@@ -302,6 +302,8 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
     """An eager call through its call plan (made and validated on the signature's first call): x and the
     weight tensors (or None), eps resolved, not under torch.compile, x not a DTensor."""
     grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
+    if type(eps) is not float or type(offset) is not float:  # validated before it keys a plan: an unhashable
+        validate(x, weight, eps, offset)  # one fails as a key, and True would key as 1
     key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, x.data_ptr() & 15,
            None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device))
     call = _PLANS.get(key)
@@ -343,49 +345,6 @@ def _call_plan(x, weight, eps, offset, mode, grad: bool):
     return lambda x, w: run(as_rows(x), w, eps, offset, shape)[0]  # forward_rows with its launch, one call less
 
 
-def available_modes(device: torch.device | str | int | None = None) -> dict[str, str | None]:
-    """Every mode name -> None if it can run on `device` (default: the current GPU, else CPU),
-    else the reason it cannot."""
-    dev = device_info(device)
-    tools = toolchain()
-    return {name: dispatch.unavailable_reason(m, dev, tools) for name, m in dispatch.MODES.items()}
-
-
-def explain(x: torch.Tensor, weight: torch.Tensor | None = None, *, mode: str | None = None,
-            offset: float = 0.0, eps: float = 1e-6, residual: torch.Tensor | None = None,
-            residual_dtype: torch.dtype | None = None, fp8: bool = False) -> str:
-    """Which kernel and launch config `rms_norm` would run for these tensors, and why (with
-    `residual`: also how the add runs; the norm's lines are then about h = x + residual; with `fp8`:
-    also whether `rms_norm_fp8` runs its kernel, with which launch, or the torch ops, and why)."""
-    validate(x, weight, eps, offset)
-    dev, M, choice = plan(x, mode, weight)
-    N = x.shape[-1]
-    wdesc = "none" if weight is None else str(weight.dtype).removeprefix("torch.")
-    lines = [f"rms_norm on {_where(dev)}: x {str(x.dtype).removeprefix('torch.')} {list(x.shape)} "
-             f"(M={M}, N={N}), weight {wdesc}, offset {offset}",
-             f"mode: {choice.mode}" + (" (picked by mode=None)" if mode is None else ""),
-             f"why: {choice.reason}"]
-    if choice.mode == "torch":
-        lines.append("kernel: torch reference (fp32 math, several torch ops)")
-        lines.append("backward: autograd through the reference's ops")
-    else:
-        lines.append("kernel: " + dispatch.backend(choice.mode).describe(M, N, x.dtype, dev))
-        lines.append("backward: " + dispatch.backward_backend(choice.backward_mode).describe(
-            M, N, x.dtype, dev, weight.dtype if weight is not None else None))
-    if residual is not None:
-        from .residual import describe, validate_residual
-        validate_residual(x, residual, residual_dtype)
-        lines.append(describe(x, residual, residual_dtype, mode, weight))
-    if fp8:
-        from .fp8 import describe as describe_fp8
-        lines.append(describe_fp8(x, mode, weight=weight))
-    return "\n".join(lines)
-
-
-def _where(dev: DeviceInfo) -> str:
-    return "CPU" if dev.vendor == "cpu" else f"{dev.name} ({dev.arch_name}, {dev.sm_count} SMs)"
-
-
 class RMSNorm(torch.nn.Module):
     """Drop-in for torch.nn.RMSNorm (same `weight` parameter and state_dict), backed by rms_norm.
 
@@ -400,6 +359,8 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
+        if any(isinstance(d, bool) or not isinstance(d, numbers.Integral) for d in normalized_shape):
+            raise TypeError(f"normalized_shape must be ints, got {normalized_shape}")
         self.normalized_shape = tuple(int(d) for d in normalized_shape)
         if not self.normalized_shape or any(d < 1 for d in self.normalized_shape):
             raise ValueError(f"normalized_shape must be positive dims, got {normalized_shape}")

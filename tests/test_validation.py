@@ -65,10 +65,14 @@ def test_eps_not_finite_positive(x, w, eps):
         cn.rms_norm(x, w, eps)
 
 
-@pytest.mark.parametrize("eps", ["1e-6", True, torch.tensor(1e-6)])
+@pytest.mark.parametrize("eps", ["1e-6", True, torch.tensor(1e-6), [1e-6], {"eps": 1e-6}])
 def test_eps_not_a_number(x, w, eps):
+    """Also after a call with an int eps (True == 1 as a key), and unhashable ones (no key to make)."""
+    cn.rms_norm(x, w, 1)
     with pytest.raises(TypeError, match="eps must be a real number"):
         cn.rms_norm(x, w, eps)
+    with pytest.raises(TypeError, match="offset must be a real number"):
+        cn.rms_norm(x, w, 1e-6, offset=[0.0])
 
 
 def test_eps_none_is_torchs_epsilon(x, w):
@@ -121,6 +125,16 @@ def test_module_rejects_wrong_trailing_dims():
 def test_module_rejects_offset_without_affine():
     with pytest.raises(ValueError, match="elementwise_affine"):
         cn.RMSNorm(N, elementwise_affine=False, offset=1.0)
+
+
+@pytest.mark.parametrize("shape", [(16.5,), ("16",), (True, 4)])
+def test_module_rejects_dims_that_are_not_ints(shape):
+    with pytest.raises(TypeError, match="normalized_shape must be ints"):
+        cn.RMSNorm(shape)
+
+
+def test_explain_takes_eps_none(x, w):
+    assert "mode:" in cn.explain(x, w, eps=None)
 
 
 def test_module_rejects_unknown_mode():
