@@ -178,7 +178,8 @@ def test_residual_add_past_2_32_elements(big_inputs, fused, mode, seed, monkeypa
 
 def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
     """rms_norm_fp8 by each FP8 kernel (Triton's and the CuTe DSL one, rows up to 16384 wide): q and
-    the per-token and 1 x 128 group scales of the checked rows bit for bit against the same kernel on
+    the per-token and 1 x 128 group scales (and q at a given scale, and q, scales and h with a residual)
+    of the checked rows bit for bit against the same kernel on
     those rows alone (32-bit offsets; the quantizer against the reference is
     tests/triton/test_rmsnorm_fp8.py's and tests/cute/test_rmsnorm_fp8.py's)."""
     x, _, w, _, _, rows = big_inputs
@@ -187,16 +188,25 @@ def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
         pytest.skip("the FP8 kernels' rows are at most 16384 wide (wider rows run the torch ops)")
     monkeypatch.setenv("CUTILE_NORMS_FUSED", "1")
     for mode in ("triton", "tma_smem_cached"):
-        if mode not in cn.available_modes():
+        if cn.available_modes()[mode] is not None:
             continue
-        for kw in ({}, {"group_size": 128}):
+        for kw in ({}, {"group_size": 128}, {"scale": 0.0625}):
             q, s = cn.rms_norm_fp8(x, w, EPS, mode=mode, **kw)
             torch.cuda.synchronize()
             eq, es = cn.rms_norm_fp8(x[rows], w, EPS, mode=mode, **kw)
             what = f"fp8 {mode} {kw} x=bf16[{M}, {N}] rows {rows.tolist()}"
-            assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
+            assert torch.equal(s if "scale" in kw else s[rows], es), f"{what}: scales differ [seed {seed}]"
             assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
             del q, s
+        # with a residual (dy as it): h = x + r stored past 2^32 elements too
+        q, s, h = cn.rms_norm_fp8(x, w, EPS, mode=mode, residual=dy)
+        torch.cuda.synchronize()
+        eq, es, eh = cn.rms_norm_fp8(x[rows], w, EPS, mode=mode, residual=dy[rows])
+        what = f"fp8 {mode} residual x=bf16[{M}, {N}] rows {rows.tolist()}"
+        assert torch.equal(h[rows], eh), f"{what}: h differs [seed {seed}]"
+        assert torch.equal(s[rows], es), f"{what}: scales differ [seed {seed}]"
+        assert torch.equal(q[rows].view(torch.uint8), eq.view(torch.uint8)), f"{what}: q differs [seed {seed}]"
+        del q, s, h
     torch.cuda.empty_cache()
 
 
