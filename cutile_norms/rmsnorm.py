@@ -125,6 +125,8 @@ def backward_rows(dy, x2d, weight, rstd, offset, bwd_mode, need_dx, need_dw, dev
         raise ValueError(f"mode {bwd_mode!r}'s backward does not read dh: add it to dx after the backward")
     if bwd_mode == "torch" or x2d.numel() == 0:
         return rms_norm_backward(dy2d, x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
+    if rstd.stride(0) != 1 and rstd.numel() > 1:  # the kernels read rstd at unit stride (the forward's is)
+        rstd = rstd.contiguous()
     return dispatch.backward_backend(bwd_mode).backward(dy2d, x2d, _unit_stride(weight), rstd, offset,
                                                         need_dx, need_dw, dev, dh2d=dh2d)
 
