@@ -34,7 +34,8 @@ from . import dispatch
 from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference, rms_norm_backward
-from .rmsnorm import DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, forward_rows, grad_rows, plan, validate
+from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, batched_grad, forward_rows, grad_rows, plan,
+                      under_transform, validate)
 from .triton.add_rmsnorm_bwd_config import tensors_take_tma
 
 
@@ -201,10 +202,13 @@ def _backward(ctx, dy, dh, _drstd):
     h, weight, rstd = ctx.saved_tensors
     need_dx, need_dr = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_dw = weight is not None and ctx.needs_input_grad[2]
-    if dy is None:  # y unused: the grad into h is dh alone
-        dy = torch.zeros_like(h, dtype=ctx.x_dtype)
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        # create_graph=True (second order): the norm's closed-form backward in torch ops, rstd recomputed
+    if dy is None:  # y unused: the grad into h is dh alone, none for the weight (as autograd of x + r alone)
+        return (None if dh is None or not need_dx else dh.to(ctx.x_dtype),
+                None if dh is None or not need_dr else dh.to(ctx.r_dtype), None, None, None, None, None, None)
+    if ((torch.is_grad_enabled() and not torch.compiler.is_compiling()) or under_transform() or batched_grad(dy)
+            or batched_grad(dh)):
+        # create_graph=True (second order), or a batched backward: the norm's closed-form backward in torch
+        # ops, rstd recomputed
         # from h, all of it differentiable; h is this op's saved output, so differentiating the result
         # reaches x and the residual through this op once more. (Not autograd of the reference on h: a
         # grad for the weight would then run back through this op's node, which also takes the weight.)
@@ -247,9 +251,10 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     validate(x, weight, eps, offset)
     validate_residual(x, residual, residual_dtype)
     h_dtype = residual_dtype or x.dtype
-    if is_dtensor(x):
+    if is_dtensor(x) and not torch.compiler.is_compiling():  # (dynamo does not trace a warning)
         warn_if_gathered(x, weight)
-    if mode == "torch":  # the reference's ops: autograd (also of higher order) through them
+    if mode == "torch" or x.is_meta or under_transform():
+        # the reference's ops: autograd (also of higher order, forward mode and torch.func) through them
         y, h, _ = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return y.contiguous(), h.contiguous()
     grad = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad

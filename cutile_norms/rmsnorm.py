@@ -18,6 +18,7 @@ import math
 import numbers
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from . import dispatch
 from ._experimental import experimental_enabled
@@ -49,6 +50,9 @@ def validate(x, weight, eps, offset) -> None:
             raise TypeError(f"weight must be x's dtype ({x.dtype}) or float32, got {weight.dtype}")
         if weight.device != x.device:
             raise ValueError(f"x and weight must be on the same device, got {x.device} and {weight.device}")
+        if is_dtensor(weight) != is_dtensor(x):
+            raise TypeError("x and weight must both be DTensors or both plain tensors, got "
+                            + " and ".join(type(t).__name__ for t in (x, weight)))
     if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     if not (0 < eps < math.inf):  # also false for NaN
@@ -60,6 +64,24 @@ def validate(x, weight, eps, offset) -> None:
     if weight is None and offset != 0:
         raise ValueError(f"offset={offset} scales the weight (offset + w), but weight is None; "
                          f"pass a weight or offset=0")
+
+
+def under_transform() -> bool:
+    """Forward-mode AD (a dual level open) or a torch.func transform (grad, vmap, jvp, jacrev, a batched
+    backward) is active: the kernels have no forward-mode or batching rule, so the reference's torch ops
+    run (the tangents and batch dims carried through them), whatever the mode."""
+    return _forward_ad._current_level >= 0 or _TRANSFORMS_ACTIVE()
+
+
+def batched_grad(g: torch.Tensor | None) -> bool:
+    """g is a grad batched by autograd's own vmap (jacobian(vectorize=True), grad(is_grads_batched=True)),
+    which has no storage for a kernel to read."""
+    return g is not None and _LEGACY_BATCHED(g)
+
+
+# (torch internals, each read with a default where a torch version lacks it)
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_LEGACY_BATCHED = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", lambda t: False)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -123,7 +145,7 @@ def backward_rows(dy, x2d, weight, rstd, offset, bwd_mode, need_dx, need_dw, dev
     dh2d = grad_rows(dh, x2d) if dh is not None and need_dx else None
     if dh2d is not None and (bwd_mode == "torch" or not dispatch.backward_backend(bwd_mode).adds_dh):
         raise ValueError(f"mode {bwd_mode!r}'s backward does not read dh: add it to dx after the backward")
-    if bwd_mode == "torch" or x2d.numel() == 0:
+    if bwd_mode == "torch" or x2d.numel() == 0 or under_transform() or batched_grad(dy):  # (a batched backward)
         return rms_norm_backward(dy2d, x2d, weight, rstd, offset, need_dx=need_dx, need_dw=need_dw)
     if rstd.stride(0) != 1 and rstd.numel() > 1:  # the kernels read rstd at unit stride (the forward's is)
         rstd = rstd.contiguous()
@@ -303,11 +325,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
 def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: str | None) -> torch.Tensor:
     """An eager call through its call plan (made and validated on the signature's first call): x and the
     weight tensors (or None), eps resolved, not under torch.compile, x not a DTensor."""
+    if x.is_meta or under_transform():  # shapes only, or tangents and batch dims: the reference's ops
+        validate(x, weight, eps, offset)
+        return rms_norm_reference(x, weight, float(eps), float(offset))[0].contiguous()
     grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
     if type(eps) is not float or type(offset) is not float:  # validated before it keys a plan: an unhashable
         validate(x, weight, eps, offset)  # one fails as a key, and True would key as 1
+    if grad and x.is_inference():  # made under inference_mode: autograd cannot save it, a copy it can
+        x = x.clone()
     key = (x.shape, x.stride(), x.dtype, x.device, eps, offset, mode, grad, x.data_ptr() & 15,
-           None if weight is None else (weight.shape, weight.stride(), weight.dtype, weight.device))
+           None if weight is None else (type(weight), weight.shape, weight.stride(), weight.dtype, weight.device))
     call = _PLANS.get(key)
     if call is None:
         call = _call_plan(x, weight, eps, offset, mode, grad)
