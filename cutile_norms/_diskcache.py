@@ -22,10 +22,17 @@ Settings (read once per process):
                               holds some, CuTe DSL is imported only at a compile)
 
 An entry's name hashes everything that changes the binary: the package version, the DSL's version,
-the source of the package's CuTe modules, the target arch and the compile key (dtypes, N, launch
-config, flags). Writers write a temporary file and rename it into place, so processes filling the
-cache at once never read a partial file (two writers of one key write the same bytes; the last
-rename wins). An entry that fails to load is removed and compiled again.
+the source of the package's CuTe modules and of the package modules they import (constants such as
+the FP8 formats' bounds are compiled in), the machine type, the target arch and the compile key
+(dtypes, N, launch config, flags). Writers write a temporary file, flush it to disk and rename it
+into place, so processes filling the cache at once never read a partial file (two writers of one key
+write the same bytes; the last rename wins). An entry whose ELF section table does not fit in the file
+(cut short) is never loaded; an entry that fails to load is removed (where the folder allows) and
+compiled again. Entries take the mode the umask gives (a cache a team shares is readable by it).
+A folder that exists but is not writable (a cache baked into an image) is read: its entries load,
+new ones are not stored. Writable or not, the folder is trusted: its shared libraries are loaded
+into the process, so anyone who can write to it can run code there (as with Triton's and cuTile's
+caches); a relative CUTILE_NORMS_CACHE_DIR is taken from the working folder at first use.
 """
 from __future__ import annotations
 
@@ -33,10 +40,13 @@ import functools
 import hashlib
 import importlib.metadata
 import os
+import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -50,28 +60,52 @@ _loaded: dict = {}  # path -> the module object (keeps the linked code alive)
 
 @functools.lru_cache(maxsize=None)
 def cache_dir() -> Path | None:
-    """The cache folder, created on first use; None when switched off or not writable (one warning)."""
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    """The cache folder (absolute), created on first use; None when switched off, when no home folder can
+    be found for the default, or when it can neither be created nor read (one warning). `writable()`
+    says whether entries are stored there too."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off", "disable", "disabled"):
         return None
-    root = os.environ.get(ENV_DIR) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "cutile_norms")
+    home = os.path.expanduser("~")
+    if not os.environ.get(ENV_DIR) and not os.environ.get("XDG_CACHE_HOME") and home.startswith("~"):
+        warnings.warn(f"cutile_norms: no home folder for the compile cache; kernels are compiled in every "
+                      f"process (set {ENV_DIR})", stacklevel=3)
+        return None
+    root = os.environ.get(ENV_DIR) or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"),
+                                                   "cutile_norms")
+    path = Path(root).absolute()
     try:
-        path = Path(root)
         path.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True)
-        probe.close()
     except OSError as exc:
-        warnings.warn(f"cutile_norms: compile cache folder {root!r} is not writable ({exc}); kernels are "
-                      f"compiled in every process (set {ENV_DIR} to a writable folder)", stacklevel=3)
-        return None
+        if not path.is_dir():
+            warnings.warn(f"cutile_norms: compile cache folder {root!r} cannot be made ({exc}); kernels are "
+                          f"compiled in every process (set {ENV_DIR} to a writable folder)", stacklevel=3)
+            return None
+    if not _probe_writable(path):
+        warnings.warn(f"cutile_norms: compile cache folder {root!r} is not writable: its kernels are loaded, "
+                      f"new ones are compiled in every process (set {ENV_DIR} to a writable folder)", stacklevel=3)
     return path
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_writable(path: Path) -> bool:
+    try:
+        tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True).close()
+        return True
+    except OSError:
+        return False
+
+
+def writable() -> bool:
+    """Whether new entries are stored in the cache folder (it is on and writable)."""
+    root = cache_dir()
+    return root is not None and _probe_writable(root)
 
 
 def point_cutile_cache() -> None:
     """cuTile's own disk cache in a folder of ours, unless the user set CUDA_TILE_CACHE_DIR (to anything,
     the empty string, cuTile's off switch, included), before cuda.tile runs."""
     root = cache_dir()
-    if root is not None and "CUDA_TILE_CACHE_DIR" not in os.environ:
+    if root is not None and writable() and "CUDA_TILE_CACHE_DIR" not in os.environ:
         os.environ["CUDA_TILE_CACHE_DIR"] = str(root / "cutile")
 
 
@@ -92,20 +126,22 @@ def max_bytes() -> float:
 
 @functools.lru_cache(maxsize=None)
 def _cute_fingerprint() -> str:
-    """The package version, CuTe DSL's and tvm_ffi's versions (tvm_ffi loads the shared libraries), its
-    CUTE_DSL_* settings (the target arch, debug, line info, optimisation level, assertions: any may
-    change the binary) and the package's CuTe sources, hashed. Read from package metadata: no import."""
+    """The package version, the machine type, CuTe DSL's and tvm_ffi's versions (tvm_ffi loads the shared
+    libraries), its CUTE_DSL_* settings (the target arch, debug, line info, optimisation level,
+    assertions: any may change the binary) and the package's sources (its top-level modules and the CuTe
+    ones), hashed. Read from package metadata: no import."""
     package = sys.modules.get(__package__)  # (imported by now: this runs at a kernel's first compile)
     h = hashlib.sha256(str(getattr(package, "__version__", "?")).encode())
+    h.update(platform.machine().encode())
     h.update(repr(sorted((k, v) for k, v in os.environ.items() if k.startswith("CUTE_DSL_"))).encode())
     for dist in ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "apache-tvm-ffi"):
         try:
             h.update(f"{dist}={importlib.metadata.version(dist)}".encode())
         except importlib.metadata.PackageNotFoundError:
             h.update(f"{dist}=?".encode())
-    folder = Path(__file__).parent / "cute"
-    for source in sorted(folder.glob("*.py")):
-        h.update(source.name.encode())
+    here = Path(__file__).parent  # the CuTe modules and the package modules they import (reference.py's
+    for source in [*sorted(here.glob("*.py")), *sorted((here / "cute").glob("*.py"))]:  # FP8 bounds, ...)
+        h.update(str(source.relative_to(here)).encode())
         h.update(source.read_bytes())
     return h.hexdigest()
 
@@ -165,18 +201,45 @@ def load_cute(entry: tuple[Path, str]):
     if not path.exists():
         return None
     try:
+        if not whole_elf(path):
+            raise ValueError("cut short")
         from cutlass.cute.runtime import load_module
 
         module = load_module(str(path), enable_tvm_ffi=True)
         fn = getattr(module, name)
     except Exception:  # noqa: BLE001 -- a stale or partial entry: compile again, replace it
-        path.unlink(missing_ok=True)
+        _discard(path)
         return None
     _loaded[str(path)] = module
     _touch(path)
-    if fast_load() and not path.with_suffix(".so").exists():
+    if fast_load() and writable() and not path.with_suffix(".so").exists() and not path.with_suffix(".nolink").exists():
         link_shared(path)
     return fn
+
+
+def whole_elf(path: Path) -> bool:
+    """Whether `path` is a 64-bit ELF file whose section header table (written last, at its end) lies
+    inside it: a file cut short (a writer killed, a disk full, a power loss) fails, and is never handed
+    to the loader, which mapped one and died on a bus error at the first call."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 64 or head[:5] != b"\x7fELF\x02":
+        return False
+    (shoff,) = struct.unpack_from("<Q", head, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
+    return 64 <= shoff and shoff + shentsize * shnum <= size
+
+
+def _discard(path: Path) -> None:
+    """Remove a broken entry where the folder allows (a read-only cache keeps it, unused)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _touch(path: Path) -> None:
@@ -192,12 +255,14 @@ def _load_shared(so: Path, name: str):
     if not so.exists():
         return None
     try:
+        if not whole_elf(so):
+            raise ValueError("cut short")
         import tvm_ffi
 
         module = tvm_ffi.load_module(str(so))
         fn = getattr(module, name)
     except Exception:  # noqa: BLE001 -- a stale or partial library: the object file, or a compile
-        so.unlink(missing_ok=True)
+        _discard(so)
         return None
     _loaded[str(so)] = module
     _touch(so)
@@ -211,10 +276,23 @@ def _write_into(path: Path, write) -> None:
     os.close(fd)
     try:
         if write(tmp):
+            with open(tmp, "rb") as f:  # on disk before it is named: a crash leaves no short entry
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # (mkstemp's 0600 would keep a shared cache's entries private)
             os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@functools.lru_cache(maxsize=None)
+def _umask() -> int:
+    """This process's umask, read without changing it (Linux's /proc), else the common 022."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        return 0o022
 
 
 def link_shared(obj: Path) -> None:
@@ -233,6 +311,8 @@ def link_shared(obj: Path) -> None:
             [cc, "-shared", "-o", tmp, str(obj), *libs, *rpaths], capture_output=True, timeout=300).returncode == 0)
         if obj.with_suffix(".so").exists():
             linked_marker(obj.parent.parent).touch()
+        else:  # a failed link is not tried again at each load of the object (every process ran the compiler)
+            obj.with_suffix(".nolink").touch()
     except Exception:  # noqa: BLE001 -- the object file is the entry; the library only saves an import
         return
 
@@ -240,6 +320,8 @@ def link_shared(obj: Path) -> None:
 def store_cute(entry: tuple[Path, str], fn) -> None:
     """Export `fn` (cute.compile's result) to `entry`: a temporary file renamed into place."""
     path, name = entry
+    if not writable():
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -250,30 +332,40 @@ def store_cute(entry: tuple[Path, str], fn) -> None:
         _write_into(path, export)
         if fast_load():
             link_shared(path)
-        evict(path.parent)
+        evict(path.parent, keep=path)
     except Exception as exc:  # noqa: BLE001 -- the kernel runs; only the next process compiles again
         warnings.warn(f"cutile_norms: could not store a compiled kernel in {path.parent} ({type(exc).__name__}: "
                       f"{exc})", stacklevel=3)
 
 
-def evict(folder: Path) -> None:
+STALE_TEMP_SECONDS = 3600  # a writer's temporary file this old belongs to a writer that died
+
+
+def evict(folder: Path, keep: Path | None = None) -> None:
     """Past the size bound, the least recently used objects and libraries go until 3/4 of it is left
-    (entries only: another writer's temporary `.name-*` files are left alone)."""
-    limit = max_bytes()
+    (`keep`'s object and library stay: a bound smaller than one entry keeps the newest). Another writer's
+    temporary `.name-*` files are left alone, unless older than STALE_TEMP_SECONDS (their writer died)."""
+    limit, now = max_bytes(), time.time()
+    kept = set() if keep is None else {keep, keep.with_suffix(".so")}
     files = []
-    for p in [*folder.glob("*.o"), *folder.glob("*.so")]:
-        if p.name.startswith("."):
-            continue
+    for p in [*folder.glob("*.o"), *folder.glob("*.so"), *folder.glob(".*")]:
         try:
             st = p.stat()
         except FileNotFoundError:  # another process evicted it
             continue
-        files.append((st.st_mtime, st.st_size, p))
-    total = sum(size for _, size, _ in files)
+        if p.name.startswith("."):
+            if not p.name.startswith(".probe-") and now - st.st_mtime > STALE_TEMP_SECONDS:
+                _discard(p)
+            continue
+        if p not in kept:
+            files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files) + sum(p.stat().st_size for p in kept if p.exists())
     if total <= limit:
         return
     for _, size, p in sorted(files, key=lambda f: f[0]):
         if total <= 0.75 * limit:
             break
-        p.unlink(missing_ok=True)
+        _discard(p)
+        if p.suffix == ".o":
+            _discard(p.with_suffix(".nolink"))
         total -= size

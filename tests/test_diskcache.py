@@ -179,6 +179,108 @@ def test_size_bound_drops_the_least_recently_used(tmp_path, monkeypatch):
     assert sorted(p.name for p in folder.glob("*.o")) == [".00-writer.o", "05.o", "06.o", "07.o"]
 
 
+def test_a_bound_smaller_than_an_entry_keeps_the_newest_and_old_temporaries_go(tmp_path, monkeypatch):
+    folder = tmp_path / "cute"
+    folder.mkdir()
+    old, new = folder / "old.o", folder / "new.o"
+    for p in (old, new):
+        p.write_bytes(os.urandom(1 << 18))
+    dead, live = folder / ".dead-writer.o", folder / ".live-writer.o"
+    for p in (dead, live):
+        p.write_bytes(b"partial")
+    stale = time.time() - _diskcache.STALE_TEMP_SECONDS - 60
+    os.utime(dead, (stale, stale))
+    monkeypatch.setenv(_diskcache.ENV_MAX_MB, "0.1")
+    _diskcache.max_bytes.cache_clear()
+    try:
+        _diskcache.evict(folder, keep=new)
+    finally:
+        _diskcache.max_bytes.cache_clear()
+    assert sorted(p.name for p in folder.iterdir()) == [".live-writer.o", "new.o"]
+
+
+def test_only_a_whole_elf_file_is_loaded(tmp_path):
+    """The section header table sits at an ELF file's end: a copy cut short fails the check (the loader
+    mapped such a library and the process died at the first call)."""
+    import shutil
+
+    exe = shutil.which("true") or sys.executable
+    whole = tmp_path / "whole.so"
+    whole.write_bytes(open(exe, "rb").read())
+    assert _diskcache.whole_elf(whole)
+    for size in (whole.stat().st_size - 1, whole.stat().st_size // 2, 63, 0):
+        cut = tmp_path / f"cut{size}.so"
+        cut.write_bytes(whole.read_bytes()[:size])
+        assert not _diskcache.whole_elf(cut), size
+    assert _diskcache.load_cute((tmp_path / "cut63.o", "f")) is None  # (no .o: the cut library only, refused)
+
+
+def test_an_entry_cut_short_is_compiled_again(cutlass_here, tmp_path):
+    child(tmp_path, [4096])
+    entries = objects(tmp_path) + list((tmp_path / "cute").glob("*.so"))
+    sizes = {p: p.stat().st_size for p in entries}
+    for p in entries:
+        p.write_bytes(p.read_bytes()[:sizes[p] - 4096])
+    assert child(tmp_path, [4096]) == {"compiled": 2, "loaded": 0, "callable": True}
+    assert all(p.stat().st_size == sizes[p] for p in entries)
+
+
+def test_a_failed_link_is_not_tried_again_at_each_load(cutlass_here, tmp_path):
+    cc = tmp_path / "cc"
+    calls = tmp_path / "calls"
+    cc.write_text(f"#!/bin/sh\necho x >> {calls}\nexit 1\n")
+    cc.chmod(0o755)
+    cache = tmp_path / "cache"
+    assert child(cache, [4096], {"CC": str(cc)})["compiled"] == 2
+    made = calls.read_text().count("x")
+    assert made == 2 and len(list((cache / "cute").glob("*.nolink"))) == 2
+    assert child(cache, [4096], {"CC": str(cc)})["loaded"] == 2
+    assert calls.read_text().count("x") == made, "the compiler ran again at a load"
+
+
+def test_a_read_only_cache_is_read_and_a_broken_entry_left_there(tmp_path, monkeypatch):
+    """A folder that cannot be written (a cache in a read-only image): one warning, nothing stored, and a
+    broken entry that cannot be removed is skipped, not raised from the kernel's call."""
+    monkeypatch.setenv(_diskcache.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(_diskcache.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(_diskcache, "_probe_writable", lambda path: False)
+    _diskcache.cache_dir.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="not writable: its kernels are loaded"):
+            assert _diskcache.cache_dir() == tmp_path
+        assert not _diskcache.writable()
+        (tmp_path / "cute").mkdir()
+        broken = tmp_path / "cute" / "broken.o"
+        broken.write_bytes(b"")
+
+        def refuse(self, missing_ok=False):
+            raise PermissionError(f"read-only: {self}")
+
+        monkeypatch.setattr(type(broken), "unlink", refuse)
+        assert _diskcache.load_cute((broken, "f")) is None and broken.exists()
+        _diskcache.store_cute((tmp_path / "cute" / "new.o", "f"), None)  # (would raise on None if it stored)
+        assert not (tmp_path / "cute" / "new.o").exists()
+    finally:
+        _diskcache.cache_dir.cache_clear()
+
+
+def test_the_fingerprint_covers_the_modules_the_cute_kernels_import(monkeypatch):
+    """reference.py's FP8 bounds are compiled into the FP8 kernel: a change there is a new key."""
+    import pathlib
+
+    _diskcache._cute_fingerprint.cache_clear()
+    before = _diskcache._cute_fingerprint()
+    read = pathlib.Path.read_bytes
+    monkeypatch.setattr(pathlib.Path, "read_bytes",
+                        lambda self: read(self) + (b"#" if self.name == "reference.py" else b""))
+    _diskcache._cute_fingerprint.cache_clear()
+    try:
+        assert _diskcache._cute_fingerprint() != before
+    finally:
+        monkeypatch.undo()
+        _diskcache._cute_fingerprint.cache_clear()
+
+
 def test_a_bad_size_bound_warns_and_keeps_the_default(monkeypatch):
     monkeypatch.setenv(_diskcache.ENV_MAX_MB, "2G")
     _diskcache.max_bytes.cache_clear()
