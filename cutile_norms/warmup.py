@@ -11,13 +11,15 @@ next process too.
 """
 from __future__ import annotations
 
+import numbers
 import sys
 import time
+import warnings
 
 import torch
 
 from .fp8 import rms_norm_fp8
-from .rmsnorm import rms_norm
+from .rmsnorm import DTYPES, rms_norm
 
 MAX_ELEMENTS = 1 << 28  # a warm-up call's x at most this big (512 MiB of bf16): the rest is reported
 
@@ -47,9 +49,10 @@ def row_counts(lo: int, hi: int) -> list[int]:
 def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: torch.dtype | str | None = "same",
            backward: bool = True, mode: str | None = None, offset: float = 0.0, residual: bool | torch.dtype = False,
            fp8: bool = False, device=None, max_elements: int = MAX_ELEMENTS, verbose: bool = True) -> list[dict]:
-    """Run `rms_norm` (no grad; with grad then its backward, once with the weight trained and once
-    frozen, where `backward`) once per width of `widths`, dtype of `dtypes` and row count of
-    `row_counts(*rows)` on `device` (default: the current GPU), for contiguous rows and the given
+    """Run `rms_norm` (no grad; with grad then its backward, with the weight trained, frozen, and trained
+    beside an x that is not, where `backward`) once per width of `widths`, dtype of `dtypes` and row count of
+    `row_counts(*rows)` on `device` (default: the current GPU; elsewhere a warning: nothing compiles for a
+    GPU), for contiguous rows and the given
     `offset` and `mode`. weight_dtype: "same" (x's), a dtype, or None (no weight). residual: True (a
     residual and h of x's dtype) or a dtype (the residual and h in it: an fp32 residual stream) also
     runs `rms_norm(x, w, residual=r, residual_dtype=...)` the same ways (`add_rms_norm_` in place runs
@@ -59,20 +62,27 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
     `max_elements` are skipped and listed (their kernels compile on first use), as do other row
     strides, offsets and modes, and the FP8 output's other forms (e5m2, a given scale, an upper bound,
     UE8M0, other group sizes, with the residual add)."""
-    widths = [int(n) for n in ([widths] if isinstance(widths, int) else widths)]
+    widths = _ints("widths", [widths] if isinstance(widths, numbers.Integral) else widths)
     if not widths or any(n < 1 for n in widths):
         raise ValueError(f"widths must be positive row widths, got {widths}")
     dtypes = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
-    if not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
-        raise TypeError(f"dtypes must be a torch.dtype or a sequence of them, got {dtypes!r}")
-    if not (weight_dtype == "same" or weight_dtype is None or isinstance(weight_dtype, torch.dtype)):
-        raise TypeError(f'weight_dtype must be "same", None or a torch.dtype, got {weight_dtype!r}')
-    if not (isinstance(rows, (tuple, list)) and len(rows) == 2 and all(isinstance(r, int) for r in rows)):
+    if not dtypes or not all(d in DTYPES for d in dtypes):
+        raise TypeError(f"dtypes must be float16, bfloat16 or float32 (one, or a sequence), got {dtypes!r}")
+    if not (weight_dtype == "same" or weight_dtype is None or weight_dtype in DTYPES):
+        raise TypeError(f'weight_dtype must be "same", None, float16, bfloat16 or float32, got {weight_dtype!r}')
+    if not (isinstance(rows, (tuple, list)) and len(rows) == 2):
         raise ValueError(f"rows must be (lo, hi) row counts, got {rows!r}")
-    if not (isinstance(residual, (bool, torch.dtype))):
-        raise TypeError(f"residual must be a bool or a torch.dtype, got {residual!r}")
+    rows = _ints("rows", rows)
+    if not (residual is True or residual is False or residual in DTYPES):
+        raise TypeError(f"residual must be a bool, float16, bfloat16 or float32, got {residual!r}")
+    for name, flag in (("backward", backward), ("fp8", fp8), ("verbose", verbose)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type != "cuda":
+        warnings.warn(f"cutile_norms.warmup on {device}: no GPU kernel is compiled there (the calls run, "
+                      f"compiling nothing for a GPU)", stacklevel=2)
     ms = row_counts(*rows)
     records = []
     for dtype in dtypes:
@@ -110,9 +120,21 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
     return records
 
 
+def _ints(name: str, values) -> list[int]:
+    """values as ints: each an integer (Python's or numpy's), never a bool or a float that would round."""
+    try:
+        values = list(values)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {values!r}") from None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"{name} must be ints, got {values!r}")
+    return [int(v) for v in values]
+
+
 def _run(x, w, mode, offset, backward, residual_dtype) -> None:
-    """One forward without grad and, where `backward`, forward + backward with the weight trained then
-    frozen (its grad not asked for: another kernel); with a residual of `residual_dtype` when given,
+    """One forward without grad and, where `backward`, forward + backward with the weight trained, then
+    frozen (its grad not asked for: another kernel), then trained beside an x that is not (dw alone);
+    with a residual of `residual_dtype` when given,
     whose h takes a grad from later layers too (as in a decoder; its kernels differ from y's alone)."""
     r = None if residual_dtype is None else torch.randn(x.shape, device=x.device, dtype=residual_dtype)
 
@@ -125,6 +147,8 @@ def _run(x, w, mode, offset, backward, residual_dtype) -> None:
         call(x, w)
     if backward:
         xg = x.detach().requires_grad_()
-        for wg in ([w.detach().requires_grad_(), w] if w is not None else [None]):
-            outs = call(xg, wg)
+        pairs = [(xg, w.detach().requires_grad_()), (xg, w), (x, w.detach().requires_grad_())] if w is not None \
+            else [(xg, None)]  # (the last: dw alone, x not trained)
+        for xx, ww in pairs:
+            outs = call(xx, ww)
             torch.autograd.backward(outs, [torch.randn_like(t) for t in outs])

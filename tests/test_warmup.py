@@ -63,6 +63,27 @@ def test_bad_arguments_are_refused():
         cn.warmup([64], weight_dtype="float32", device="cpu")
     with pytest.raises(ValueError, match="rows must be"):
         cn.warmup([64], rows=8, device="cpu")
+    # nothing rounded or read as a number silently, and every dtype checked before the first call
+    for bad in ([64.9], True, ["64"], 4096.0, [64, False]):
+        with pytest.raises(TypeError, match="widths must be"):
+            cn.warmup(bad, device="cpu")
+    with pytest.raises(TypeError, match="rows must be ints"):
+        cn.warmup([64], rows=(True, 2), device="cpu")
+    for bad in (torch.int32, (torch.float32, torch.float8_e4m3fn)):
+        with pytest.raises(TypeError, match="dtypes must be"):
+            cn.warmup([64], dtypes=bad, device="cpu")
+    with pytest.raises(TypeError, match="residual must be"):
+        cn.warmup([64], residual=torch.int32, device="cpu")
+    with pytest.raises(TypeError, match="fp8 must be a bool"):
+        cn.warmup([64], fp8="no", device="cpu")
+
+
+def test_numpy_ints_are_taken_and_the_cpu_says_nothing_compiles():
+    import numpy as np
+
+    with pytest.warns(UserWarning, match="no GPU kernel is compiled"):
+        recs = cn.warmup(np.int64(64), dtypes=torch.float32, rows=(np.int64(1), 2), device="cpu", verbose=False)
+    assert recs[0]["N"] == 64 and recs[0]["rows"] == [1, 2]
 
 
 def test_one_dtype_and_no_weight(capsys):
