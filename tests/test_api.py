@@ -116,7 +116,7 @@ def test_rows_further_apart_than_int32_indexing(mode, seed):
     """17 rows of 4096 elements, 2^27 + 64 apart (as x[:, 0] of a [17, 32768, 4096] batch: a 4.3 GiB span
     holding 70 K elements): 16 such rows span past 2^31 elements, the cuTile kernels' flat int32 indexing,
     whose launches come in chunks of 16 rows (they refused these rows). The forward without and with
-    grad, dx and dw (dy as far apart), the residual add, the FP8 output per token."""
+    grad, dx and dw (dy as far apart), the residual add and its backward, the FP8 output per token."""
     why = cn.available_modes().get(mode) if mode is not None else None
     if why:
         pytest.skip(why)
@@ -144,6 +144,11 @@ def test_rows_further_apart_than_int32_indexing(mode, seed):
         y, h = cn.add_rms_norm(x, r, w, 1e-6, mode=mode)
     assert_stored_sum(h, x, r, f"{tag} residual h", seed)
     assert_close(y, reference64(h, w, 1e-6, 0.0)[0], torch.bfloat16, f"{tag} residual y", seed)
+    xg, rg, wg = x.detach().requires_grad_(), r.detach().requires_grad_(), w.detach().clone().requires_grad_()
+    y, h = cn.add_rms_norm(xg, rg, wg, 1e-6, mode=mode)
+    y.backward(dy)  # (dy as far apart: the fused backward's rows by its stride)
+    check_backward(h.detach(), w, dy, 0.0, xg.grad, wg.grad, f"{tag} residual", seed)
+    assert torch.equal(xg.grad, rg.grad), f"{tag}: dx = dr"
     q, s = cn.rms_norm_fp8(x, w, 1e-6, mode=mode)
     qr, sr = cn.rms_norm_fp8(x.contiguous(), w, 1e-6, mode=mode)
     assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr), \
