@@ -29,8 +29,8 @@ into place, so processes filling the cache at once never read a partial file (tw
 write the same bytes; the last rename wins). An entry whose ELF section table does not fit in the file
 (cut short) is never loaded; an entry that fails to load is removed (where the folder allows) and
 compiled again. Entries take the mode the umask gives (a cache a team shares is readable by it).
-A folder that exists but is not writable (a cache baked into an image) is read: its entries load,
-new ones are not stored. Writable or not, the folder is trusted: its shared libraries are loaded
+A folder that exists but is not writable (a cache baked into an image) is read: its CuTe entries load,
+new ones are not stored (cuTile's cache is not pointed there: it writes). Writable or not, the folder is trusted: its shared libraries are loaded
 into the process, so anyone who can write to it can run code there (as with Triton's and cuTile's
 caches); a relative CUTILE_NORMS_CACHE_DIR is taken from the working folder at first use.
 """
@@ -212,9 +212,19 @@ def load_cute(entry: tuple[Path, str]):
         return None
     _loaded[str(path)] = module
     _touch(path)
-    if fast_load() and writable() and not path.with_suffix(".so").exists() and not path.with_suffix(".nolink").exists():
+    if fast_load() and writable() and not path.with_suffix(".so").exists() and not _link_failed_lately(path):
         link_shared(path)
     return fn
+
+
+NOLINK_SECONDS = 86400  # a failed link is tried again after this (a compiler fixed or installed since)
+
+
+def _link_failed_lately(obj: Path) -> bool:
+    try:
+        return time.time() - obj.with_suffix(".nolink").stat().st_mtime < NOLINK_SECONDS
+    except OSError:
+        return False
 
 
 def whole_elf(path: Path) -> bool:
@@ -359,7 +369,7 @@ def evict(folder: Path, keep: Path | None = None) -> None:
             continue
         if p not in kept:
             files.append((st.st_mtime, st.st_size, p))
-    total = sum(size for _, size, _ in files) + sum(p.stat().st_size for p in kept if p.exists())
+    total = sum(size for _, size, _ in files) + sum(_size(p) for p in kept)
     if total <= limit:
         return
     for _, size, p in sorted(files, key=lambda f: f[0]):
@@ -369,3 +379,10 @@ def evict(folder: Path, keep: Path | None = None) -> None:
         if p.suffix == ".o":
             _discard(p.with_suffix(".nolink"))
         total -= size
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # (absent, or evicted by another process meanwhile)
+        return 0

@@ -70,6 +70,8 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
         raise TypeError(f"dtypes must be float16, bfloat16 or float32 (one, or a sequence), got {dtypes!r}")
     if not (weight_dtype == "same" or weight_dtype is None or weight_dtype in DTYPES):
         raise TypeError(f'weight_dtype must be "same", None, float16, bfloat16 or float32, got {weight_dtype!r}')
+    if weight_dtype in DTYPES and any(weight_dtype not in (d, torch.float32) for d in dtypes):
+        raise TypeError(f"weight_dtype {weight_dtype} must be each x dtype's own or float32 (dtypes {dtypes})")
     if not (isinstance(rows, (tuple, list)) and len(rows) == 2):
         raise ValueError(f"rows must be (lo, hi) row counts, got {rows!r}")
     rows = _ints("rows", rows)

@@ -258,7 +258,11 @@ def test_a_read_only_cache_is_read_and_a_broken_entry_left_there(tmp_path, monke
 
         monkeypatch.setattr(type(broken), "unlink", refuse)
         assert _diskcache.load_cute((broken, "f")) is None and broken.exists()
-        _diskcache.store_cute((tmp_path / "cute" / "new.o", "f"), None)  # (would raise on None if it stored)
+        class Compiled:  # what cute.compile returns, as store_cute uses it
+            def export_to_c(self, path, function_name):
+                open(path, "wb").write(b"object")
+
+        _diskcache.store_cute((tmp_path / "cute" / "new.o", "f"), Compiled())
         assert not (tmp_path / "cute" / "new.o").exists()
     finally:
         _diskcache.cache_dir.cache_clear()

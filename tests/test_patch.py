@@ -269,6 +269,26 @@ class ScaledInputRMSNorm(GemmaRMSNorm):
         return self._norm(x.float() * (1.0 + self.weight.float())).type_as(x)
 
 
+class SlightlyScaledRMSNorm(LlamaRMSNorm):
+    def forward(self, hidden_states):
+        return 1.015 * super().forward(hidden_states)
+
+
+class OtherEpsRMSNorm(LlamaRMSNorm):
+    """eps hard-coded in forward, not the attribute's."""
+
+    def forward(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * hidden_states * torch.rsqrt(variance + 1e-2)
+
+
+class MeanFreeRMSNorm(LlamaRMSNorm):
+    """A layer norm without bias under an RMSNorm name: the mean subtracted first."""
+
+    def forward(self, hidden_states):
+        return super().forward(hidden_states - hidden_states.mean(-1, keepdim=True))
+
+
 class CudaOnlyRMSNorm(LlamaRMSNorm):
     def forward(self, hidden_states):
         if not hidden_states.is_cuda:
@@ -300,11 +320,22 @@ def test_offset_is_what_the_forward_computes(seed, unit):
          "        return (y * (1.0 + self.weight.float())).type_as(x)\n", ns)
     built = torch.nn.Sequential(ns["ExecRMSNorm"](16))
     assert cn.patch(built) == [("0", "ExecRMSNorm")] and built[0].offset == 1.0
+    calls = []
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: calls.append(1))
+    try:
+        with torch.device("meta"):  # the probe's rows are made on the CPU whatever the default device
+            assert cn.patch(torch.nn.Sequential(LlamaRMSNorm(16))) == [("0", "LlamaRMSNorm")]
+    finally:
+        handle.remove()
+    assert not calls, "the probe ran global forward hooks"
 
 
 @pytest.mark.parametrize("module, message", [
     (UnitOffsetRMSNorm(16, dim=0), "computes neither"),
     (ScaledInputRMSNorm(16), "computes neither"),
+    (SlightlyScaledRMSNorm(16), "computes neither"),
+    (OtherEpsRMSNorm(16), "computes neither"),
+    (MeanFreeRMSNorm(16), "computes neither"),
     (CudaOnlyRMSNorm(16), "failed on a probe input.*needs a CUDA tensor"),
 ])
 def test_a_forward_computing_something_else_is_refused(module, message):

@@ -74,6 +74,8 @@ def test_bad_arguments_are_refused():
             cn.warmup([64], dtypes=bad, device="cpu")
     with pytest.raises(TypeError, match="residual must be"):
         cn.warmup([64], residual=torch.int32, device="cpu")
+    with pytest.raises(TypeError, match="must be each x dtype's own or float32"):
+        cn.warmup([64], dtypes=(torch.float16, torch.bfloat16), weight_dtype=torch.float16, device="cpu")
     with pytest.raises(TypeError, match="fp8 must be a bool"):
         cn.warmup([64], fp8="no", device="cpu")
 
