@@ -22,7 +22,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from . import dispatch
 from ._experimental import experimental_enabled
-from ._platform import DeviceInfo, device_info, toolchain
+from ._platform import device_info, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
 

@@ -136,6 +136,7 @@ def reference64(x, weight, eps, offset):
 def assert_close(actual: torch.Tensor, expected64: torch.Tensor, dtype: torch.dtype, what: str, seed: int):
     """actual (any dtype) vs the fp64 expectation, per-dtype tolerance; NaN/inf never pass."""
     assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
+    assert torch.isfinite(expected64).all(), f"{what}: the reference is not finite (compare such rows another way)"
     a = actual.double()
     bad_values = ~torch.isfinite(a)
     assert not bad_values.any(), (f"{what}: {int(bad_values.sum())} non-finite values (unwritten output?) "
@@ -196,6 +197,7 @@ def assert_grad_close(actual, expected64, scale64, dtype, what, seed):
     """|actual - expected| <= rtol(dtype) * |expected| + 2^-16 * scale + atol; NaN/inf never pass."""
     assert actual is not None, f"{what}: not computed"
     assert actual.shape == expected64.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected64.shape)}"
+    assert torch.isfinite(expected64).all(), f"{what}: the reference is not finite (compare such rows another way)"
     a = actual.double()
     bad = ~torch.isfinite(a)
     assert not bad.any(), f"{what}: {int(bad.sum())} non-finite values (unwritten output?) [seed {seed}]"
@@ -285,8 +287,12 @@ __all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_
 
 
 def same_bits_or_both_nan(a, b) -> bool:
-    """Equal values, and NaN in the same places (NaN payloads aside)."""
-    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
+    """Equal values with equal signs (-0.0 is not +0.0), and NaN in the same places (NaN payloads aside)."""
+    na, nb = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(na, nb):
+        return False
+    a, b = a[~na], b[~nb]
+    return torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))
 
 
 def fp8_reference(y, out_dtype, scale=None, group=None, ub=None, ue8m0=False):

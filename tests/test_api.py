@@ -75,11 +75,15 @@ def test_module_offset_initialises_to_unit_scale(seed):
 
 
 def test_module_gradients_reach_the_weight(seed):
-    m = cn.RMSNorm(128, offset=1.0)
+    """dx and dw of the module (offset 1, a random weight) against the fp64 closed form."""
+    m = cn.RMSNorm(128, eps=1e-6, offset=1.0)
+    w = random_weight(128, torch.float32, "cpu") - 1.0
+    with torch.no_grad():
+        m.weight.copy_(w)
     x = random_rows((4, 128), torch.float32, "cpu").requires_grad_()
-    m(x).square().sum().backward()
-    assert x.grad is not None and m.weight.grad is not None
-    assert torch.isfinite(m.weight.grad).all() and m.weight.grad.abs().sum() > 0
+    dy = random_rows((4, 128), torch.float32, "cpu")
+    m(x).backward(dy)
+    check_backward(x.detach(), w, dy, 1.0, x.grad, m.weight.grad, "module offset 1", seed)
 
 
 @pytest.mark.gpu

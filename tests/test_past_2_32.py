@@ -182,7 +182,7 @@ def test_fp8_past_2_32_elements(big_inputs, seed, monkeypatch):
     of the checked rows bit for bit against the same kernel on
     those rows alone (32-bit offsets; the quantizer against the reference is
     tests/triton/test_rmsnorm_fp8.py's and tests/cute/test_rmsnorm_fp8.py's)."""
-    x, _, w, _, _, rows = big_inputs
+    x, dy, w, _, _, rows = big_inputs
     M, N = x.shape
     if N > 16384:
         pytest.skip("the FP8 kernels' rows are at most 16384 wide (wider rows run the torch ops)")

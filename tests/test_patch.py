@@ -587,6 +587,7 @@ def test_hf_fuse_residual_keeps_checkpointing_copies_and_the_cache(seed, add_cal
         pos = torch.arange(3)[None]
         rope = twin.model.rotary_emb(x, pos)
         assert torch.equal(twin.model.layers[0](x, position_ids=pos, position_embeddings=rope), x)  # zero weights
+        assert any(p.abs().sum() > 0 for p in patched.parameters()), "the copy shares its weights with the original"
     torch.save(patched, io.BytesIO())
     cache = transformers.DynamicCache()
     with torch.no_grad(), warnings.catch_warnings():

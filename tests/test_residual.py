@@ -69,6 +69,7 @@ def check_grads(x, r, w, h, dy, dh, offset, s, what):
     if w is not None and w.requires_grad:
         a = w.grad.double()
         tol = TOLERANCES[w.dtype]
+        assert w.grad.dtype == w.dtype and torch.isfinite(a).all(), f"{what}: dw non-finite [seed {s}]"
         assert not ((a - gw).abs() > 1e-5 + tol["rtol"] * gw.abs() + 2.0 ** -16 * sw).any(), f"{what}: dw [seed {s}]"
 
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import cutile_norms as cn
-from tests.conftest import INDUCTOR_FP32, TWO_ROUNDINGS_16BIT, VS_TORCH_SMALL_ROWS, random_rows, random_weight
+from tests.conftest import (INDUCTOR_FP32, TWO_ROUNDINGS_16BIT, VS_TORCH_SMALL_ROWS, assert_close, random_rows,
+                            random_weight, reference64)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -109,5 +110,8 @@ def test_eps_none_is_torchs_default(seed):
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         x = random_rows((5, 64), dtype, "cpu", scale=1e-4)  # small rows: eps matters
         torch.testing.assert_close(ours.to(dtype)(x), theirs.to(dtype)(x), **VS_TORCH_SMALL_ROWS)
-    x = torch.full((1, 64), 1e-5)
-    assert not torch.allclose(cn.rms_norm(x, None, None), cn.rms_norm(x, None, 1e-6))
+    x = random_rows((3, 64), torch.float32, "cpu", scale=3e-4)  # mean(x^2) ~ 1e-7: eps = 1.2e-7 or 1e-6 shows
+    for eps in (None, 1e-6):
+        e = torch.finfo(torch.float32).eps if eps is None else eps
+        assert_close(cn.rms_norm(x, None, eps), reference64(x, None, e, 0.0)[0], torch.float32, f"eps={eps}", seed)
+    assert (cn.rms_norm(x, None, None) - cn.rms_norm(x, None, 1e-6)).abs().max() > 0.1
