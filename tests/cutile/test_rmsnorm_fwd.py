@@ -112,8 +112,9 @@ def _device_info():
     return device_info("cuda")
 
 
-def _run_backend(mode, x2d, w, offset, store_rstd=True, cfg=None, eps=EPS):
-    """The mode's backend (with its own config, or `cfg`) on poisoned output buffers; returns (y, rstd)."""
+def _run_backend(mode, x2d, w, offset, store_rstd=True, cfg=None, eps=EPS, poison=0xFF):
+    """The mode's backend (with its own config, or `cfg`) on output buffers poisoned with the byte
+    `poison` (0xFF: NaN in every float type; 0 where NaN is the expected output); returns (y, rstd)."""
     from cutile_norms import dispatch
     from cutile_norms.cutile.rmsnorm_fwd import output_buffers, row_pad
 
@@ -123,7 +124,7 @@ def _run_backend(mode, x2d, w, offset, store_rstd=True, cfg=None, eps=EPS):
     y_flat, rstd = output_buffers(M, N, x2d.dtype, x2d.device, store_rstd, pad_rows=pad)
     for t in (y_flat, rstd):  # the whole allocations, padding included
         if t is not None:
-            t.untyped_storage().fill_(0xFF)  # NaN in every float type
+            t.untyped_storage().fill_(poison)
     y, r = backend.forward(x2d, w, eps, offset, store_rstd, _device_info(), cfg=cfg, out=(y_flat, rstd))
     torch.cuda.synchronize()
     return y, r
@@ -281,11 +282,11 @@ SPLIT_CASES = [(32768, 2, 1 << 30), (65536, 4, 1 << 30), (40000, 8, 2048), (1000
                (262144, 16, 1 << 30)]
 
 
-def _run_split(x, w, offset, split, piece_min, store_rstd=True, nww=8):
+def _run_split(x, w, offset, split, piece_min, store_rstd=True, nww=8, poison=0xFF):
     from cutile_norms.cutile.rmsnorm_fwd_config import FwdConfig
 
     cfg = FwdConfig("split", split=split, piece_min=piece_min, num_worker_warps=nww)
-    return _run_backend("multi_wave_cached", x, w, offset, store_rstd, cfg=cfg)
+    return _run_backend("multi_wave_cached", x, w, offset, store_rstd, cfg=cfg, poison=poison)
 
 
 @pytest.mark.gpu
@@ -384,7 +385,7 @@ def test_split_kernel_nan_row_does_not_hang(seed):
     x = random_rows((16, 65536), torch.bfloat16, "cuda")
     x[5, 12345] = float("nan")
     w = random_weight(65536, torch.bfloat16, "cuda")
-    y, _ = _run_split(x, w, 0.0, 4, 1 << 30)
+    y, _ = _run_split(x, w, 0.0, 4, 1 << 30, poison=0)  # (zeros: a NaN the kernel did not write fails)
     assert torch.isnan(y[5]).all()
     keep = torch.arange(16, device="cuda") != 5
     assert_close(y[keep], reference64(x[keep], w, EPS, 0.0)[0], torch.bfloat16, "split other rows", seed)
@@ -512,7 +513,8 @@ def test_w_early_weight_special_values(seed):
     w[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40], dtype=torch.bfloat16)
     y64, rstd64 = reference64(x, w, EPS, 0.0)
     for kernel, split in (("split", 8), ("cached", 1)):
-        y, rstd = _run_backend("multi_wave_cached", x, w, 0.0, cfg=_w_early_config(kernel, N, split, "bfloat16"))
+        y, rstd = _run_backend("multi_wave_cached", x, w, 0.0, cfg=_w_early_config(kernel, N, split, "bfloat16"),
+                               poison=0)  # (zeros: the NaN / inf columns must be written)
         assert_close(rstd, rstd64, torch.float32, f"{kernel} special w rstd", seed)
         assert torch.equal(torch.isfinite(y), torch.isfinite(y64.to(y.dtype))), f"{kernel}: non-finite columns differ"
         assert_close(y[:, 4:], y64[:, 4:], torch.bfloat16, f"{kernel} special w y", seed)
