@@ -157,6 +157,16 @@ def poisoned(t):
     return t
 
 
+def poison_next_allocations(nbytes, device) -> None:
+    """On a GPU, blocks of these byte sizes filled with 0xFF (NaN in every float type) and freed: the
+    caching allocator hands them to the next tensors of those sizes, the outputs a kernel's wrapper
+    allocates, so one it leaves unwritten fails the comparison. Nothing on the CPU (no caching)."""
+    if torch.device(device).type == "cuda":
+        blocks = [torch.full((n,), 255, dtype=torch.uint8, device=device) for n in nbytes]
+        torch.cuda.synchronize()
+        del blocks
+
+
 def assert_stored_sum(h, x, r, what, seed, interpreted_kernel=False):
     """h (the residual add's output) against x + r summed in fp32 and rounded once to h's dtype: bit for
     bit, or within one ulp where `interpreted_kernel` wrote a bf16 h (Triton's interpreter converts fp32
@@ -283,7 +293,7 @@ def check_graph_forward_backward(mode, M, N, seed, eps=1e-6):
 
 __all__ = ["TOLERANCES", "random_rows", "random_weight", "reference64", "assert_close", "poisoned", "check_forward",
            "reference_bwd64",
-           "assert_grad_close", "rms_norm_reference"]
+           "assert_grad_close", "rms_norm_reference", "poison_next_allocations"]
 
 
 def same_bits_or_both_nan(a, b) -> bool:

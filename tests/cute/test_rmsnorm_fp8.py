@@ -20,7 +20,7 @@ import torch
 from cutile_norms.cute.rmsnorm_fp8 import compile_fp8, unsupported
 from cutile_norms.cute.rmsnorm_fp8_config import RING_BY_MODEL, fp8_config, min_ctas, refusal, ring
 from cutile_norms.cute.rmsnorm_fp8_ops import transposed_plan, transposed_reduce
-from tests.conftest import fp8_reference, random_rows, random_weight, same_bits_or_both_nan
+from tests.conftest import fp8_reference, poison_next_allocations, random_rows, random_weight, same_bits_or_both_nan
 from tests.cute.ptx_util import ptxas_report
 
 ARCHS = ["sm_90a", "sm_100a"]
@@ -294,14 +294,6 @@ def test_tile_ring(seed, kind, N, launch):
     _check(N, kind, E4M3, torch.bfloat16, M=45, pad=16, stages=stages, per_cta=per_cta, looped=looped)
 
 
-def _poison_blocks(sizes):
-    """Blocks of these byte sizes filled with 0xFF (NaN as fp8, fp16, bf16 and fp32) and freed: the
-    caching allocator hands them to the next tensors of those sizes, the kernel's outputs."""
-    blocks = [torch.full((n,), 255, dtype=torch.uint8, device="cuda") for n in sizes]
-    torch.cuda.synchronize()
-    del blocks
-
-
 def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0, stages=None, per_cta=None, looped=False):
     from cutile_norms.cute.rmsnorm_fp8 import rms_norm_fp8
 
@@ -324,7 +316,7 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0, stag
         assert "lanes of one warp" in why
         return
     assert why is None, why
-    _poison_blocks([M * N, M * N * x_dtype.itemsize, 4 * M, 4 * M * (N // (group or N))])
+    poison_next_allocations([M * N, M * N * x_dtype.itemsize, 4 * M, 4 * M * (N // (group or N))], "cuda")
     q, s, h, rstd = rms_norm_fp8(x, r, w, 1e-6, offset, out_dtype, x_dtype if r is not None else None, scale, ub,
                                  group, ue8m0, stages=stages, per_cta=per_cta, looped=looped)
     what = f"{kind} {out_dtype} {x_dtype} N={N} M={M} pad={pad} ring={stages}x{per_cta}{' looped' if looped else ''}"
@@ -335,6 +327,8 @@ def _check(N, kind, out_dtype, x_dtype, M, pad=0, w_dtype=None, offset=0.0, stag
     ssq = src.double().square().mean(-1)
     finite = torch.isfinite(ssq)
     assert torch.allclose(rstd.double()[finite], torch.rsqrt(ssq[finite] + 1e-6), rtol=1e-5), f"{what}: rstd"
+    # a row holding inf: rstd 0 (written: the poison is NaN); one holding NaN: NaN (as the poison, unverified)
+    assert (rstd[torch.isposinf(ssq)] == 0).all() and torch.isnan(rstd[torch.isnan(ssq)]).all(), f"{what}: rstd"
     y = (src.float() * rstd[:, None]) * (w.float() + offset if offset else w.float())  # the kernel's op order
     s_ref, q_ref = fp8_reference(y, out_dtype, scale, group, ub, ue8m0)
     assert s.shape == s_ref.shape and same_bits_or_both_nan(s, s_ref), f"{what}: scales"

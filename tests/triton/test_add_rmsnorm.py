@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import (assert_close, assert_grad_close, assert_stored_sum, poisoned, random_rows, random_weight,
-                            reference64, reference_bwd64)
+from tests.conftest import (assert_close, assert_grad_close, assert_stored_sum, poison_next_allocations, poisoned,
+                            random_rows, random_weight, reference64, reference_bwd64)
 from tests.triton._util import DEVICES, Launches, case_id, compile_fixture, compiled_case
 
 
@@ -90,6 +90,7 @@ def test_backward_matches_reference(seed, device, N, h_dtype, with_dh, with_w):
     dy = random_rows((M, N + 4), h_dtype, device)[:, :N]  # rows N + 4 apart: ALIGN from dy's stride
     dh = random_rows((M, N), h_dtype, device) if with_dh else None
     rstd = reference64(h, w, 1e-6, 0.0)[1].float()
+    poison_next_allocations([M * N * h_dtype.itemsize] + ([N * w.element_size()] if with_w else []), device)
     g, dw = add_rms_norm_bwd(dy, dh, h, w, rstd, 0.0, True, 3, h_dtype)
     eg, ew, sg, sw = reference_bwd64(h, w, dy, 1e-6, 0.0)
     what = f"N={N} h={h_dtype} dh={with_dh} w={with_w}"
