@@ -22,6 +22,7 @@ import torch.autograd.forward_ad as _forward_ad
 
 from . import dispatch
 from ._experimental import experimental_enabled
+from ._util import ints
 from ._platform import device_info, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
@@ -388,9 +389,7 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         if isinstance(normalized_shape, numbers.Integral):
             normalized_shape = (normalized_shape,)
-        if any(isinstance(d, bool) or not isinstance(d, numbers.Integral) for d in normalized_shape):
-            raise TypeError(f"normalized_shape must be ints, got {normalized_shape}")
-        self.normalized_shape = tuple(int(d) for d in normalized_shape)
+        self.normalized_shape = tuple(ints("normalized_shape", normalized_shape))
         if not self.normalized_shape or any(d < 1 for d in self.normalized_shape):
             raise ValueError(f"normalized_shape must be positive dims, got {normalized_shape}")
         if mode is not None and mode not in dispatch.MODES:

@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from ._util import ints
 from .fp8 import rms_norm_fp8
 from .rmsnorm import DTYPES, rms_norm
 
@@ -62,7 +63,7 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
     `max_elements` are skipped and listed (their kernels compile on first use), as do other row
     strides, offsets and modes, and the FP8 output's other forms (e5m2, a given scale, an upper bound,
     UE8M0, other group sizes, with the residual add)."""
-    widths = _ints("widths", [widths] if isinstance(widths, numbers.Integral) else widths)
+    widths = ints("widths", [widths] if isinstance(widths, numbers.Integral) else widths)
     if not widths or any(n < 1 for n in widths):
         raise ValueError(f"widths must be positive row widths, got {widths}")
     dtypes = (dtypes,) if isinstance(dtypes, torch.dtype) else tuple(dtypes)
@@ -74,7 +75,7 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
         raise TypeError(f"weight_dtype {weight_dtype} must be each x dtype's own or float32 (dtypes {dtypes})")
     if not (isinstance(rows, (tuple, list)) and len(rows) == 2):
         raise ValueError(f"rows must be (lo, hi) row counts, got {rows!r}")
-    rows = _ints("rows", rows)
+    rows = ints("rows", rows)
     if not (residual is True or residual is False or residual in DTYPES):
         raise TypeError(f"residual must be a bool, float16, bfloat16 or float32, got {residual!r}")
     for name, flag in (("backward", backward), ("fp8", fp8), ("verbose", verbose)):
@@ -120,17 +121,6 @@ def warmup(widths, dtypes=(torch.bfloat16,), rows=(1, 32768), *, weight_dtype: t
                       f"{rec['cute_compiles']} CuTe compiles"
                       + (f"; skipped rows {skipped} (x past {max_elements} elements)" if skipped else ""), flush=True)
     return records
-
-
-def _ints(name: str, values) -> list[int]:
-    """values as ints: each an integer (Python's or numpy's), never a bool or a float that would round."""
-    try:
-        values = list(values)
-    except TypeError:
-        raise TypeError(f"{name} must be an int or a sequence of ints, got {values!r}") from None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
-        raise TypeError(f"{name} must be ints, got {values!r}")
-    return [int(v) for v in values]
 
 
 def _run(x, w, mode, offset, backward, residual_dtype) -> None:
