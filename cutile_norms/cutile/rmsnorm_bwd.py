@@ -146,7 +146,7 @@ def launch(cfg: BwdConfig, dy2d: torch.Tensor, x2d: torch.Tensor, weight: torch.
             dx_arg = dx.as_strided((round_up(m, pad), N), (N, 1), dx.storage_offset() + r0 * N)
         else:
             dx_arg = flat(dx, round16(m * N), r0 * N)
-        rstd_flat = rstd if r0 == 0 and m == M and rstd.stride(0) == 1 else flat(rstd, m, r0)  # as it is
+        rstd_flat = rstd if r0 == 0 and m == M else flat(rstd, m, r0)  # (unit stride: rmsnorm.backward_rows)
         partials = (workspace("partials", R * npad, torch.float32, device, stream, zero=False)
                     if need_dw and R > 1 else rstd_flat)
         sync = (workspace(f"sync{cfg.split}", m * cfg.split, torch.int64, device, stream, zero=True)
