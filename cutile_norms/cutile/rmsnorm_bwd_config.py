@@ -191,6 +191,9 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
         elif _past_three_blocks(cfg, N, elem_bytes):
             cfg = dataclasses.replace(cfg, blocks_per_sm=2)
             source += "; 2 blocks per SM (more than 14 values a thread spill at 3)"
+        if _one_padded_piece(cfg, N, elem_bytes, dtype, key):
+            cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N), blocks_per_sm=2)
+            source += f"; one padded {pow2_ceil(N)} piece at 2 blocks per SM (this GPU model's spilling rows)"
     return cfg, source
 
 
@@ -230,6 +233,27 @@ def _past_three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
     """Whether a launch without dh drops to 2 blocks per SM for its lanes (see the comment above)."""
     shape = _one_row_shape(cfg, N, elem_bytes)
     return shape is not None and cfg.blocks_per_sm >= 3 and cfg.prefetch and shape[1] > THREE_BLOCK_LANES
+
+
+# A GPU model's own table (the H200's): 16-bit rows of four pieces, or whose three-piece launch at 3 blocks
+# ptxas spills 12-20 bytes, run one padded piece at 2 blocks per SM (the shape from 3641 on: 128 registers,
+# no spills). ptxas (sm_90, every multiple of 8 of 2056-3712): bf16 12 bytes at the multiples of 16 of
+# 3329-3583 (2048 + 1024 + a padded 512; 0 at 8 (mod 16) and in fp16, 4 at 3584), 16-20 at 3073-3104
+# (2048 + 1024 + at most 32; fp16 12), 0-8 elsewhere. H200, 3 M N e bytes over a same-run copy, medians of
+# 3, the pieces against one 4096 piece (docs/performance.md 2.55, which has the commands): bf16 3104 0.812 /
+# 0.847, 3360 0.829 / 0.884, 3456 0.841 / 0.911, 3520 0.845 / 0.898, 3568 0.847 / 0.908, 3600 0.860 /
+# 0.903, 3624 0.842 / 0.892; without spills the pieces stay: 3432 0.916 / 0.869, 3496 0.926 / 0.879, 3112
+# 0.835 / 0.833, 3176 0.899 / 0.844, 3304 0.886 / 0.855, 3328 0.953 / 0.896, fp16 3360 0.874 / 0.876, 3520
+# 0.898 / 0.895. The H100 (the arch's table) keeps its pieces: its 3360 at 3 blocks measured 0.936 (2.22).
+SPILLING_PIECES = ((3073, 3104), (3329, 3583))  # the second: bf16 rows of a multiple of 16 only
+
+
+def _one_padded_piece(cfg: BwdConfig, N: int, elem_bytes: int, dtype: str, key: str | None) -> bool:
+    """Whether a launch without dh on a GPU model's own table runs one padded piece (see the comment above)."""
+    shape = _one_row_shape(cfg, N, elem_bytes) if key and "/" in key and cfg.prefetch and N <= 4096 else None
+    (lo, hi), (lo2, hi2) = SPILLING_PIECES
+    spills = lo <= N <= hi or (lo2 <= N <= hi2 and N % 16 == 0 and dtype == "bfloat16")
+    return shape is not None and (shape[0] == 4 or (shape[0] == 3 and spills))
 
 
 def _one_row_shape(cfg: BwdConfig, N: int, elem_bytes: int) -> tuple[int, int] | None:
