@@ -34,8 +34,8 @@ from . import dispatch
 from ._platform import toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference, rms_norm_backward
-from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, batched_grad, forward_rows, grad_rows, plan,
-                      under_transform, validate)
+from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, batched_grad, forward_rows, grad_rows,
+                      is_fake, plan, under_transform, validate)
 from .triton.add_rmsnorm_bwd_config import tensors_take_tma
 
 
@@ -288,7 +288,7 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
             raise ValueError(f"add_rms_norm_ cannot write x sharded on its normalized dim ({tuple(x.placements)}) "
                              f"in place; shard it on a leading dim")
         warn_if_gathered(x, weight)
-    else:
+    elif not is_fake(x):  # (a FakeTensor has no addresses to compare)
         _check_in_place(x, residual, weight)
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
 

@@ -80,9 +80,15 @@ def batched_grad(g: torch.Tensor | None) -> bool:
     return g is not None and _LEGACY_BATCHED(g)
 
 
+def is_fake(t: torch.Tensor) -> bool:
+    """t is a FakeTensor: a FakeTensorMode outside torch.compile (memory estimators, shape propagation)."""
+    return type(t) is not torch.Tensor and _IS_FAKE(t)
+
+
 # (torch internals, each read with a default where a torch version lacks it)
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _LEGACY_BATCHED = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", lambda t: False)
+_IS_FAKE = getattr(getattr(getattr(torch, "_subclasses", None), "fake_tensor", None), "is_fake", lambda t: False)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -329,6 +335,9 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
     if x.is_meta or under_transform():  # shapes only, or tangents and batch dims: the reference's ops
         validate(x, weight, eps, offset)
         return rms_norm_reference(x, weight, float(eps), float(offset))[0].contiguous()
+    if is_fake(x):  # no memory to launch a kernel on: the op, whose fake rule gives the shapes
+        validate(x, weight, eps, offset)
+        return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
     if type(eps) is not float or type(offset) is not float:  # validated before it keys a plan: an unhashable
         validate(x, weight, eps, offset)  # one fails as a key, and True would key as 1

@@ -1,7 +1,8 @@
 """rms_norm and the residual form under what else torch differentiates and batches with: forward-mode AD
 (dual tensors, torch.func.jvp), torch.func's grad, vmap and per-sample grads, autograd's batched
 backward (jacobian(vectorize=True), grad(is_grads_batched=True)), a tensor made under inference_mode,
-meta tensors, and the residual form with only h used. The kernels have no forward-mode or batching
+meta tensors, a FakeTensorMode (memory estimators run a model under one), and the residual form with only
+h used. The kernels have no forward-mode or batching
 rule, so these run the reference's torch ops (rmsnorm.under_transform, batched_grad): every mode must
 give torch's own rms_norm's tangents and grads, never a dropped tangent.
 
@@ -124,3 +125,28 @@ def test_inference_tensor_meta_tensor_and_h_alone(inputs, device, mode, seed):
     h.backward(dh)
     assert wg.grad is None, f"{mode}: h alone gave the weight a grad [seed {seed}]"
     assert torch.equal(xg.grad, dh) and torch.equal(rg.grad, dh), f"{mode}: dx = dr = dh [seed {seed}]"
+
+
+@pytest.mark.parametrize("device,mode", CASES)
+def test_fake_tensor_mode(device, mode):
+    """Under a FakeTensorMode outside torch.compile (a memory estimate runs a training step so) every form
+    gives its outputs' shapes and dtypes, forward and backward, without reading a fake tensor's address (torch
+    warns that this will raise) or launching a kernel on one; add_rms_norm_ skips its address checks."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with FakeTensorMode():
+            x = torch.empty(5, N, device=device, dtype=torch.bfloat16, requires_grad=True)
+            w = torch.empty(N, device=device, dtype=torch.float32, requires_grad=True)
+            y = cn.rms_norm(x, w, EPS, mode=mode)
+            y.sum().backward()
+            assert (y.shape, y.dtype, x.grad.dtype, w.grad.shape) == ((5, N), torch.bfloat16, torch.bfloat16, (N,))
+            assert cn.RMSNorm(N, mode=mode, device=device)(torch.empty(2, 3, N, device=device)).shape == (2, 3, N)
+            r = torch.empty(5, N, device=device, dtype=torch.bfloat16)
+            y, h = cn.rms_norm(x.detach(), w.detach(), EPS, mode=mode, residual=r)
+            assert y.shape == h.shape == (5, N)
+            xd = x.detach().clone()
+            cn.add_rms_norm_(xd, r, w.detach(), EPS, mode=mode)

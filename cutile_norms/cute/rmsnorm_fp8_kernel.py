@@ -155,7 +155,7 @@ class RMSNormFp8TmaSmem(RowTileKernel):
                mScale: cute.Tensor, mRstd: cute.Tensor, eps: Float32, offset: Float32, scale_ub: Float32,
                per_cta: Int32, tv_layout: cute.Layout):
         c = self.cfg
-        N, vec = self.N, self.vec
+        N = self.N
         S = self.stages
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()

@@ -11,8 +11,8 @@ from .._platform import DeviceInfo
 from .._workspace import grad_outputs, workspace
 from ._common import INTERPRET, raw_stream, resident_programs, shared_per_block, slot_count
 from .rmsnorm_bwd_config import (REDUCE_COLS, BwdConfig, analytic_config, grid_groups, tma_config, tma_rows_align,
-                                 tma_rows_config, tma_rows_rule, tma_rows_take)
-from .rmsnorm_bwd_kernel import (TMA_ROWS_DH_KERNELS, TMA_ROWS_KERNELS, dw_reduce_kernel, rms_norm_bwd_kernel,
+                                 tma_rows_config, tma_rows_rule)
+from .rmsnorm_bwd_kernel import (TMA_ROWS_KERNELS, dw_reduce_kernel, rms_norm_bwd_kernel,
                                  rms_norm_bwd_tma_kernel, rms_norm_bwd_tma_rows2_dh_kernel,
                                  rms_norm_bwd_tma_rows2_kernel, rms_norm_bwd_tma_rows_dh_kernel,
                                  rms_norm_bwd_tma_rows_kernel)
