@@ -182,9 +182,10 @@ class CuTileBackward:
     """The persistent backward, shared by every cuTile mode (the forward's mode picks the forward)."""
 
     def config(self, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
-               has_dh: bool = False) -> BwdConfig:
+               has_dh: bool = False, full: bool = True) -> BwdConfig:
+        """`full`: the launch reads a weight and writes dx and dw (rmsnorm_bwd_config.SPILLING_PIECES)."""
         return default_config(N, dtype.itemsize, dev, str(dtype).removeprefix("torch."), w_dtype == torch.float32,
-                              has_dh)
+                              has_dh, full)
 
     def describe(self, M: int, N: int, dtype: torch.dtype, dev: DeviceInfo, w_dtype: torch.dtype | None = None,
                  has_dh: bool = False) -> str:
@@ -199,7 +200,7 @@ class CuTileBackward:
     def backward(self, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev: DeviceInfo,
                  cfg: BwdConfig | None = None, out: tuple | None = None, dh2d=None):
         cfg = cfg or self.config(x2d.shape[1], x2d.dtype, dev, weight.dtype if weight is not None else None,
-                                 dh2d is not None and need_dx)
+                                 dh2d is not None and need_dx, weight is not None and need_dx and need_dw)
         return launch(cfg, dy2d, x2d, weight, rstd, offset, need_dx, need_dw, dev.sm_count, out, dh2d)
 
 

@@ -118,11 +118,11 @@ def _scaled(cfg: BwdConfig, measured_n: int, N: int) -> BwdConfig:
 
 @functools.lru_cache(maxsize=4096)
 def default_config(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False,
-                   has_dh: bool = False) -> BwdConfig:
+                   has_dh: bool = False, full: bool = True) -> BwdConfig:
     """The backward's config for rows of N elements of `dtype` on `dev`: the config measured best at
     the nearest measured width of this GPU model's (else this arch's) table and dtype, scaled to N,
     else the analytical rule; `has_dh`: for the residual add's backward (`_dh_fit`)."""
-    return config_and_source(N, elem_bytes, dev, dtype, fp32_weight, has_dh)[0]
+    return config_and_source(N, elem_bytes, dev, dtype, fp32_weight, has_dh, full)[0]
 
 
 def _same_width(tables: dict, elem_bytes: int) -> list:
@@ -147,8 +147,9 @@ def _table_row(by_key: dict, key: str | None, N: int, elem_bytes: int, dtype: st
             f"({os.path.basename(CONFIG_TABLE)})", n, rows)
 
 
-def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
-                      fp32_weight: bool = False, has_dh: bool = False) -> tuple[BwdConfig, str]:
+def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False,
+                      has_dh: bool = False, full: bool = True) -> tuple[BwdConfig, str]:
+    """(default_config's config, its source); `full`: the launch reads a weight, writes dx and dw (SPILLING_PIECES)."""
     by_key = measured_configs()
     key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
     if key and "/" in key and dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes):
@@ -175,25 +176,23 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
                 cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N))
                 source += "; one padded piece (dh, rows of 4-16 KiB)"
     else:
-        # No fp32 weight's term: a prefetching tile is one row, and one-row tiles hold the weight in fp32
-        # registers whatever its dtype, in the rows' layout (rmsnorm_bwd.row_align). ptxas counts the same
-        # registers and spills with an fp32 weight as with a bf16 one at 22 widths of 2056-262144 (within
-        # 16 bytes). The H200's own 6144 entry spills 36 bytes against 8, and runs the faster for its
-        # prefetch all the same: the kernel on an H200, bf16 x beside an fp32 weight, 5120 / 6144 0.912 /
-        # 0.895 x copy against 0.577 / 0.759 without it (`python bench/probe/model_widths.py --only bwd --weight-dtype
-        # float32`).
+        # No fp32 weight's term: one-row tiles hold the weight in fp32 registers whatever its dtype, in the rows'
+        # layout (rmsnorm_bwd.row_align); ptxas counts the same registers and spills with an fp32 weight as with a
+        # bf16 one at 22 widths of 2056-262144 (within 16 bytes). The H200's 6144 entry spills 36 bytes against 8
+        # and runs the faster for its prefetch: H200, bf16 x, fp32 weight, 5120 / 6144 0.912 / 0.895 x copy
+        # against 0.577 / 0.759 without (`python bench/probe/model_widths.py --only bwd --weight-dtype float32`).
         if cfg.prefetch and rows and N > n:
             cfg, why = _prefetch_fit(cfg, N, False, n)
             source += why
-        if _three_blocks(cfg, N, elem_bytes):
+        if why := _one_padded_piece(cfg, N, elem_bytes, dtype, fp32_weight, full, key):
+            cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N), blocks_per_sm=2)
+            source += f"; one padded {pow2_ceil(N)} piece at 2 blocks per SM ({why})"
+        elif _three_blocks(cfg, N, elem_bytes):
             cfg = dataclasses.replace(cfg, blocks_per_sm=3)
             source += "; 3 blocks per SM (at most 3 pieces, 14 values a thread)"
         elif _past_three_blocks(cfg, N, elem_bytes):
             cfg = dataclasses.replace(cfg, blocks_per_sm=2)
             source += "; 2 blocks per SM (more than 14 values a thread spill at 3)"
-        if _one_padded_piece(cfg, N, elem_bytes, dtype, key):
-            cfg = dataclasses.replace(cfg, piece_min=pow2_ceil(N), blocks_per_sm=2)
-            source += f"; one padded {pow2_ceil(N)} piece at 2 blocks per SM (this GPU model's spilling rows)"
     return cfg, source
 
 
@@ -235,25 +234,26 @@ def _past_three_blocks(cfg: BwdConfig, N: int, elem_bytes: int) -> bool:
     return shape is not None and cfg.blocks_per_sm >= 3 and cfg.prefetch and shape[1] > THREE_BLOCK_LANES
 
 
-# A GPU model's own table (the H200's): 16-bit rows of four pieces, or whose three-piece launch at 3 blocks
-# ptxas spills 12-20 bytes, run one padded piece at 2 blocks per SM (the shape from 3641 on: 128 registers,
-# no spills). ptxas (sm_90, every multiple of 8 of 2056-3712): bf16 12 bytes at the multiples of 16 of
-# 3329-3583 (2048 + 1024 + a padded 512; 0 at 8 (mod 16) and in fp16, 4 at 3584), 16-20 at 3073-3104
-# (2048 + 1024 + at most 32; fp16 12), 0-8 elsewhere. H200, 3 M N e bytes over a same-run copy, medians of
-# 3, the pieces against one 4096 piece (docs/performance.md 2.55, which has the commands): bf16 3104 0.812 /
-# 0.847, 3360 0.829 / 0.884, 3456 0.841 / 0.911, 3520 0.845 / 0.898, 3568 0.847 / 0.908, 3600 0.860 /
-# 0.903, 3624 0.842 / 0.892; without spills the pieces stay: 3432 0.916 / 0.869, 3496 0.926 / 0.879, 3112
-# 0.835 / 0.833, 3176 0.899 / 0.844, 3304 0.886 / 0.855, 3328 0.953 / 0.896, fp16 3360 0.874 / 0.876, 3520
-# 0.898 / 0.895. The H100 (the arch's table) keeps its pieces: its 3360 at 3 blocks measured 0.936 (2.22).
-SPILLING_PIECES = ((3073, 3104), (3329, 3583))  # the second: bf16 rows of a multiple of 16 only
+# A GPU model's own table (the H200's): 16-bit rows in four pieces, or in three that ptxas spills 12-24
+# bytes of at 3 blocks per SM, run one padded piece at 2 (the shape from 3641 on: no spills). ptxas (sm_90,
+# every multiple of 8 of 2056-3712, a launch with the weight, dx and dw): 3073-3104 (2048 + 1024 + at most
+# 32) 16-20 bytes in bf16, 12 in fp16, 8-24 beside an fp32 weight; the multiples of 16 of 3329-3583 (a
+# padded 512 third piece) 12 in bf16 only (4 beside an fp32 weight, 0 at 8 (mod 16) and in fp16); no
+# weight, or dx or dw alone, none. H200, bf16, 3 M N e bytes over a same-run copy, the pieces against one
+# 4096 piece (performance.md 2.55): 3104 0.812 / 0.847, 3360 0.829 / 0.884, 3456 0.841 / 0.911, 3568
+# 0.847 / 0.908, four pieces 3600 0.860 / 0.903, 3624 0.842 / 0.892; where nothing spills the pieces lead
+# (3432 0.916 / 0.869, 3328 0.953 / 0.896, fp16 3360 0.874 / 0.876). The H100 (the arch's table) keeps its
+# pieces: its 3360 at 3 blocks measured 0.936 (2.22).
+SPILLING_PIECES = ((3073, 3104), (3329, 3583))  # the second: bf16 rows of a multiple of 16 beside a bf16 weight
 
 
-def _one_padded_piece(cfg: BwdConfig, N: int, elem_bytes: int, dtype: str, key: str | None) -> bool:
-    """Whether a launch without dh on a GPU model's own table runs one padded piece (see the comment above)."""
-    shape = _one_row_shape(cfg, N, elem_bytes) if key and "/" in key and cfg.prefetch and N <= 4096 else None
+def _one_padded_piece(cfg: BwdConfig, N: int, elem_bytes: int, dtype: str, fp32_weight: bool, full: bool,
+                      key: str | None) -> str:
+    """Why a launch without dh on a GPU model's own table runs one padded piece, "" where it does not."""
+    pieces = (_one_row_shape(cfg, N, elem_bytes) or (0,))[0] if key and "/" in key and cfg.prefetch and N <= 4096 else 0
     (lo, hi), (lo2, hi2) = SPILLING_PIECES
-    spills = lo <= N <= hi or (lo2 <= N <= hi2 and N % 16 == 0 and dtype == "bfloat16")
-    return shape is not None and (shape[0] == 4 or (shape[0] == 3 and spills))
+    spills = lo <= N <= hi or (lo2 <= N <= hi2 and N % 16 == 0 and dtype == "bfloat16" and not fp32_weight)
+    return "four pieces" if pieces == 4 else "three pieces spill at 3" if pieces == 3 and spills and full else ""
 
 
 def _one_row_shape(cfg: BwdConfig, N: int, elem_bytes: int) -> tuple[int, int] | None:

@@ -213,29 +213,37 @@ def test_three_blocks_where_three_pieces_fit():
 
 def test_one_padded_piece_where_the_pieces_spill():
     """rmsnorm_bwd_config.SPILLING_PIECES, on a GPU model's own table only (the H200's): 16-bit rows of four
-    pieces and the three-piece rows whose 3-block launch spills 12-20 bytes (3073-3104; bf16 at the multiples
-    of 16 of 3329-3583) run one padded 4096 piece at 2 blocks per SM; their neighbours without spills (8
-    (mod 16), fp16, 3584's exact pieces, 3112, 3328) keep their pieces at 3 blocks; the H100 keeps its pieces."""
+    pieces, and three-piece rows whose 3-block launch with the weight, dx and dw spills 12-24 bytes (3073-3104;
+    bf16 beside a bf16 weight at the multiples of 16 of 3329-3583), run one padded 4096 piece at 2 blocks per
+    SM; their neighbours without spills (8 (mod 16), fp16, an fp32 weight at 3329-3583, no weight or one grad,
+    3584's exact pieces, 3112, 3328) keep their pieces at 3 blocks; the H100 keeps its pieces."""
     from cutile_norms._platform import DeviceInfo
     from cutile_norms.cutile.rmsnorm_bwd_config import config_and_source
 
     h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
     h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
-    one = [(3080, "bfloat16"), (3104, "float16"), (3344, "bfloat16"), (3360, "bfloat16"), (3568, "bfloat16"),
-           (3592, "bfloat16"), (3600, "float16"), (3624, "bfloat16"), (3640, "bfloat16")]
+    one = [(3080, "bfloat16", True), (3104, "float16", True), (3344, "bfloat16", False), (3360, "bfloat16", False),
+           (3568, "bfloat16", False), (3592, "bfloat16", True), (3600, "float16", True), (3624, "bfloat16", True),
+           (3640, "bfloat16", True)]  # (N, dtype, beside an fp32 weight too)
     kept = [(3072, "bfloat16"), (3112, "bfloat16"), (3328, "bfloat16"), (3352, "bfloat16"), (3432, "bfloat16"),
             (3360, "float16"), (3520, "float16"), (3584, "bfloat16"), (3576, "bfloat16")]
-    for N, dtype in one:
+    for N, dtype, fp32_too in one:
         for fp32_weight in (False, True):
             cfg, why = config_and_source(N, 2, h200, dtype, fp32_weight=fp32_weight)
+            if fp32_weight and not fp32_too:
+                assert cfg.piece_min < 4096 and "padded" not in why, (N, dtype, cfg, why)
+                continue
             assert (cfg.piece_min, cfg.blocks_per_sm, cfg.prefetch) == (4096, 2, True), (N, dtype, cfg)
-            assert "one padded 4096 piece" in why, why
+            assert "one padded 4096 piece" in why and "3 blocks per SM" not in why, why
+        frozen = config_and_source(N, 2, h200, dtype, full=False)[0]  # no spills without the weight's grad
+        assert (frozen.piece_min == 4096) == (N > 3584), (N, dtype, frozen)
         assert "padded" not in config_and_source(N, 2, h100, dtype)[1], N
         _, dh_why = config_and_source(N, 2, h200, dtype, has_dh=True)  # the dh rules decide with dh
-        assert "spilling" not in dh_why, dh_why
+        assert "spill at 3" not in dh_why and "four pieces" not in dh_why, dh_why
     for N, dtype in kept:
         cfg, why = config_and_source(N, 2, h200, dtype)
         assert cfg.piece_min < 4096 and cfg.blocks_per_sm == 3 and "padded" not in why, (N, dtype, cfg)
+
 
 
 # ------------------------------------------------------------------------------------------------
