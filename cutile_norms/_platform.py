@@ -5,6 +5,7 @@ Both are plain frozen dataclasses so the dispatch table can be exercised on simu
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -151,3 +152,33 @@ def table_key_for(table: dict, arch: str, gpu: str) -> str:
 def triton_interpreted() -> bool:
     """TRITON_INTERPRET=1: Triton runs its kernels on CPU tensors (the CPU CI's way to run them)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def is_fake(t) -> bool:
+    """t is a FakeTensor (torch's FakeTensorMode: memory estimators, shape propagation)."""
+    return type(t) is not torch.Tensor and _IS_FAKE(t)
+
+
+def fake_call(*tensors) -> bool:
+    """A FakeTensorMode is active, or one of `tensors` (None skipped) is fake: there is no memory for a
+    kernel to read or write, only shapes (outside torch.compile, which traces the ops itself)."""
+    if _FAKE_MODE() is not None:
+        return True
+    for t in tensors:  # (a loop, not any(): ~0.2 us a call where a decode step is host bound)
+        if t is not None and type(t) is not torch.Tensor and _IS_FAKE(t):
+            return True
+    return False
+
+
+def real_tensors():
+    """A context in which tensors are real, even inside a FakeTensorMode (patch()'s probe runs a forward)."""
+    return _UNSET_FAKE()
+
+
+# (torch internals, each read with a default where a torch version lacks it)
+_FAKE_TENSOR = getattr(getattr(torch, "_subclasses", None), "fake_tensor", None)
+_IS_FAKE = getattr(_FAKE_TENSOR, "is_fake", lambda t: False)
+_UNSET_FAKE = getattr(_FAKE_TENSOR, "unset_fake_temporarily", contextlib.nullcontext)
+_FAKE_KEY = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+_FAKE_MODE = (functools.partial(torch._C._get_dispatch_mode, _FAKE_KEY)
+              if _FAKE_KEY is not None and hasattr(torch._C, "_get_dispatch_mode") else (lambda: None))

@@ -96,8 +96,7 @@ def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Except
     if mode.min_arch and dev.vendor == "nvidia" and dev.arch < mode.min_arch:
         need = f"sm_{mode.min_arch[0]}{mode.min_arch[1]}"
         return RuntimeError, f"mode {mode.name!r} needs compute capability >= {need}; {dev.name} is {dev.arch_name}"
-    err = tools.error(mode.dsl)
-    if err:
+    if err := tools.error(mode.dsl):
         return RuntimeError, f"mode {mode.name!r} needs {mode.dsl}, which does not import here: {err}"
     if mode.bwd_backend in (_CUTILE_BWD, _CUTE_BWD) and mode.dsl != "cutile" and tools.error("cutile"):
         return RuntimeError, (f"mode {mode.name!r} runs its backward with the cuTile persistent kernel, and "
@@ -107,8 +106,7 @@ def _refusal(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> tuple[type[Except
 
 def unavailable_reason(mode: Mode, dev: DeviceInfo, tools: Toolchain) -> str | None:
     """None when `mode` can run on `dev` with `tools`, else the reason it cannot."""
-    refusal = _refusal(mode, dev, tools)
-    return refusal[1] if refusal else None
+    return refusal[1] if (refusal := _refusal(mode, dev, tools)) else None
 
 
 def load(path: str):
@@ -126,8 +124,7 @@ def backend(mode_name: str) -> ForwardBackend:
 @functools.lru_cache(maxsize=None)
 def backward_backend(mode_name: str) -> BackwardBackend:
     """The backward backend behind autograd for a mode's forward (backends.BackwardBackend)."""
-    path = MODES[mode_name].bwd_backend
-    if path is None:
+    if (path := MODES[mode_name].bwd_backend) is None:
         raise ValueError(f"mode {mode_name!r} has no backward kernel: autograd runs through its forward's ops")
     return load(path)
 
@@ -290,6 +287,13 @@ def _with_best_backward(choice: Choice, dev: DeviceInfo, tools: Toolchain, row: 
     return choice
 
 
+def check_mode_name(mode_name: str | None) -> Mode | None:
+    """The mode of that name (None for None), else ValueError listing the modes."""
+    if mode_name is None or (isinstance(mode_name, str) and mode_name in MODES):
+        return MODES.get(mode_name)
+    raise ValueError(f"unknown mode {mode_name!r}; modes: None (measured heuristic), " + ", ".join(map(repr, MODES)))
+
+
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int,
             fp32_weight: bool = False) -> Choice:
     """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot
@@ -297,12 +301,8 @@ def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: tor
     (rms_norm caches the decision per call signature: rmsnorm._route.)"""
     if mode_name is None:
         return choose_forward(dev, tools, dtype, M, N, fp32_weight)
-    mode = MODES.get(mode_name) if isinstance(mode_name, str) else None
-    if mode is None:
-        raise ValueError(f"unknown mode {mode_name!r}; modes: None (measured heuristic), "
-                         + ", ".join(repr(m) for m in MODES))
-    refusal = _refusal(mode, dev, tools)
-    if refusal:
+    mode = check_mode_name(mode_name)
+    if refusal := _refusal(mode, dev, tools):
         raise refusal[0](refusal[1])
     if mode.backend and mode.status == STABLE and mode.dsl != "torch" and is_experimental(backend(mode.name)):
         raise RuntimeError(f"mode {mode.name!r} is registered stable but its backend is experimental")

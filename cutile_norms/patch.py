@@ -53,6 +53,7 @@ import numbers
 
 import torch
 
+from ._platform import is_fake, real_tensors
 from .dispatch import MODES
 from .fuse_residual import fuse_residual_adds
 from .rmsnorm import RMSNorm
@@ -190,7 +191,12 @@ def _probed_offset(module: torch.nn.Module, N: int, eps: float) -> float:
     mean subtracted shows); its weight is random, held by a shallow copy of the module in place of the
     module's own, whose class forward is called (no hooks run), so the module and the RNG are left as
     they are. fp32 throughout: the forms agree to 1e-4 of the output's scale, and differ by far more."""
-    dev = module.weight.device if module.weight.device.type != "meta" else torch.device("cpu")
+    with real_tensors():  # (inside a FakeTensorMode too: the probe's values are compared)
+        return _probe(module, N, eps, torch.device("cpu") if module.weight.device.type == "meta"
+                      or is_fake(module.weight) else module.weight.device)
+
+
+def _probe(module: torch.nn.Module, N: int, eps: float, dev: torch.device) -> float:
     try:
         gen = torch.Generator(device="cpu").manual_seed(0)
         x = torch.randn(2, 3, N, generator=gen, device="cpu")

@@ -31,11 +31,11 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from ._platform import toolchain
+from ._platform import fake_call, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference, rms_norm_backward
-from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, batched_grad, forward_rows, grad_rows,
-                      is_fake, plan, under_transform, validate)
+from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, batched_grad, forward_rows, grad_rows, plan,
+                      under_transform, validate)
 from .triton.add_rmsnorm_bwd_config import tensors_take_tma
 
 
@@ -288,12 +288,12 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
             raise ValueError(f"add_rms_norm_ cannot write x sharded on its normalized dim ({tuple(x.placements)}) "
                              f"in place; shard it on a leading dim")
         warn_if_gathered(x, weight)
-    elif not is_fake(x):  # (a FakeTensor has no addresses to compare)
-        _check_in_place(x, residual, weight)
+    else:  # (FakeTensors have no addresses to compare)
+        _check_in_place(x, residual, weight, addresses=not fake_call(x, residual, weight))
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
 
 
-def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None) -> None:
+def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, addresses: bool) -> None:
     """add_rms_norm_'s memory rules, checked before anything is written: x and residual each write every
     element once (no expanded or self-overlapping rows), share no element, and the weight lies apart
     from both (a kernel would read it after h or y had overwritten it)."""
@@ -303,6 +303,8 @@ def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
         if _self_overlapping(t):
             raise ValueError(f"add_rms_norm_ writes {name} in place, and its elements share memory (an expanded "
                              f"or self-overlapping view, strides {tuple(t.stride())}); pass a tensor of its own")
+    if not addresses:
+        return
     if _share_elements(x, residual):
         raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share elements, or are "
                          "views of one buffer this check cannot tell apart: rows at different strides)")

@@ -23,7 +23,7 @@ import torch.autograd.forward_ad as _forward_ad
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._util import ints
-from ._platform import device_info, toolchain
+from ._platform import device_info, fake_call, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
 
@@ -80,15 +80,9 @@ def batched_grad(g: torch.Tensor | None) -> bool:
     return g is not None and _LEGACY_BATCHED(g)
 
 
-def is_fake(t: torch.Tensor) -> bool:
-    """t is a FakeTensor: a FakeTensorMode outside torch.compile (memory estimators, shape propagation)."""
-    return type(t) is not torch.Tensor and _IS_FAKE(t)
-
-
 # (torch internals, each read with a default where a torch version lacks it)
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _LEGACY_BATCHED = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", lambda t: False)
-_IS_FAKE = getattr(getattr(getattr(torch, "_subclasses", None), "fake_tensor", None), "is_fake", lambda t: False)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -334,9 +328,11 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
     weight tensors (or None), eps resolved, not under torch.compile, x not a DTensor."""
     if x.is_meta or under_transform():  # shapes only, or tangents and batch dims: the reference's ops
         validate(x, weight, eps, offset)
+        dispatch.check_mode_name(mode)
         return rms_norm_reference(x, weight, float(eps), float(offset))[0].contiguous()
-    if is_fake(x):  # no memory to launch a kernel on: the op, whose fake rule gives the shapes
+    if fake_call(x, weight):  # no memory to launch a kernel on: the op, whose fake rule gives the shapes
         validate(x, weight, eps, offset)
+        dispatch.check_mode_name(mode)
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
     if type(eps) is not float or type(offset) is not float:  # validated before it keys a plan: an unhashable

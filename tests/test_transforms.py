@@ -131,22 +131,42 @@ def test_inference_tensor_meta_tensor_and_h_alone(inputs, device, mode, seed):
 def test_fake_tensor_mode(device, mode):
     """Under a FakeTensorMode outside torch.compile (a memory estimate runs a training step so) every form
     gives its outputs' shapes and dtypes, forward and backward, without reading a fake tensor's address (torch
-    warns that this will raise) or launching a kernel on one; add_rms_norm_ skips its address checks."""
+    warns that this will raise) or launching a kernel on one, a real x beside a fake weight included;
+    add_rms_norm_ still refuses an expanded x (it skips only the address checks); an unknown mode is refused
+    there and on meta tensors; patch() still probes a norm's forward (on real tensors)."""
     import warnings
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    class LlamaRMSNorm(torch.nn.Module):  # transformers' form
+        def __init__(self, n):
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(n)), EPS
+
+        def forward(self, x):
+            h = x.float()
+            return self.weight * (h * torch.rsqrt(h.square().mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
+
+    real_x = torch.randn(5, N, device=device)
+    with pytest.raises(ValueError, match="unknown mode"):
+        cn.rms_norm(torch.empty(3, N, device="meta"), None, mode="bogus")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with FakeTensorMode():
+        with FakeTensorMode(allow_non_fake_inputs=True):
             x = torch.empty(5, N, device=device, dtype=torch.bfloat16, requires_grad=True)
             w = torch.empty(N, device=device, dtype=torch.float32, requires_grad=True)
             y = cn.rms_norm(x, w, EPS, mode=mode)
             y.sum().backward()
             assert (y.shape, y.dtype, x.grad.dtype, w.grad.shape) == ((5, N), torch.bfloat16, torch.bfloat16, (N,))
             assert cn.RMSNorm(N, mode=mode, device=device)(torch.empty(2, 3, N, device=device)).shape == (2, 3, N)
+            assert cn.rms_norm(real_x, w.detach(), EPS, mode=mode).shape == (5, N)  # a real x, a fake weight
             r = torch.empty(5, N, device=device, dtype=torch.bfloat16)
             y, h = cn.rms_norm(x.detach(), w.detach(), EPS, mode=mode, residual=r)
             assert y.shape == h.shape == (5, N)
-            xd = x.detach().clone()
-            cn.add_rms_norm_(xd, r, w.detach(), EPS, mode=mode)
+            cn.add_rms_norm_(x.detach().clone(), r, w.detach(), EPS, mode=mode)
+            with pytest.raises(ValueError, match="expanded"):
+                cn.add_rms_norm_(torch.empty(1, N, device=device).expand(5, N), torch.empty(5, N, device=device))
+            with pytest.raises(ValueError, match="unknown mode"):
+                cn.rms_norm(x, w, mode="bogus")
+            model = torch.nn.Sequential(LlamaRMSNorm(N)).to(device)
+            assert len(cn.patch(model, mode=mode, strict=True)) == 1 and isinstance(model[0], cn.RMSNorm)
