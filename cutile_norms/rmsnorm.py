@@ -316,6 +316,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if type(x) is not torch.Tensor and is_dtensor(x):  # the op on each shard (cutile_norms/distributed.py)
         validate(x, weight, eps, offset)
+        dispatch.check_mode_name(mode)
         warn_if_gathered(x, weight)
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     if isinstance(x, torch.Tensor) and (weight is None or isinstance(weight, torch.Tensor)):
