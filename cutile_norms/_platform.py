@@ -164,7 +164,8 @@ def fake_call(*tensors) -> bool:
     kernel to read or write, only shapes (outside torch.compile, which traces the ops itself)."""
     if _FAKE_MODE() is not None:
         return True
-    for t in tensors:  # (a loop, not any(): ~0.2 us a call where a decode step is host bound)
+    for t in tensors:  # (is_fake's test inline, in a loop: 0.27 us a call on the CI machine, 0.33 calling is_fake
+        # and 0.8 with any(); a decode step is host bound)
         if t is not None and type(t) is not torch.Tensor and _IS_FAKE(t):
             return True
     return False

@@ -288,8 +288,7 @@ def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float
         if residual is None:
             raise ValueError("residual_dtype is the dtype of h = x + residual; it needs a residual")
         validate_residual(x, residual, residual_dtype)
-    if mode is not None and mode not in dispatch.MODES:
-        raise ValueError(f"unknown mode {mode!r}; modes: None, " + ", ".join(map(repr, dispatch.MODES)))
+    dispatch.check_mode_name(mode)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, residual)):
         raise RuntimeError("rms_norm_fp8 is not differentiable (an FP8 output for the next GEMM); call it under "
                            "torch.no_grad() or on tensors that do not require grad")

@@ -54,7 +54,7 @@ import numbers
 import torch
 
 from ._platform import is_fake, real_tensors
-from .dispatch import MODES
+from .dispatch import check_mode_name
 from .fuse_residual import fuse_residual_adds
 from .rmsnorm import RMSNorm
 
@@ -76,8 +76,7 @@ def patch(model: torch.nn.Module, *, mode: str | None = None, strict: bool = Tru
     + " (residual add fused)"). See the module docstring for the recognition rules."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if mode is not None and mode not in MODES:  # checked even when there is nothing to patch
-        raise ValueError(f"unknown mode {mode!r}; modes: None, " + ", ".join(map(repr, MODES)))
+    check_mode_name(mode)  # even when there is nothing to patch
 
     # Phase 1: classify everything and build every replacement; nothing in the model changes yet.
     replacement_for: dict[int, torch.nn.Module] = {}  # id(original) -> its replacement (shared modules: one)

@@ -398,8 +398,7 @@ class RMSNorm(torch.nn.Module):
         self.normalized_shape = tuple(ints("normalized_shape", normalized_shape))
         if not self.normalized_shape or any(d < 1 for d in self.normalized_shape):
             raise ValueError(f"normalized_shape must be positive dims, got {normalized_shape}")
-        if mode is not None and mode not in dispatch.MODES:
-            raise ValueError(f"unknown mode {mode!r}; modes: None, " + ", ".join(map(repr, dispatch.MODES)))
+        dispatch.check_mode_name(mode)
         if not elementwise_affine and offset != 0:
             raise ValueError("offset scales the weight; it needs elementwise_affine=True")
         self.eps, self.elementwise_affine, self.mode, self.offset = eps, elementwise_affine, mode, float(offset)
