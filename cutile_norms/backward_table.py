@@ -107,6 +107,22 @@ H100_CUTE_BWD_MIN_BYTES = 2 * 11592
 # 0.787-0.948, the cuTile kernel ahead at the odd rows measured (8200 / 9736 / 11000: 0.869 / 0.900 / 0.876
 # against 0.776 / 0.853 / 0.871).
 H200_CUTE_BWD_MIN_BYTES = 2 * 11224
+# On an H200, fp32 rows of 10-256 KiB (2560-65536 columns), without dh: the CuTe DSL backward. The cuTile
+# kernel's fp32 configs are the H100's, measured at 2048 and 11264-32768 and scaled between (a wider split at the
+# measured blocks per SM), which on the H200 held 0.90-0.98 at the model widths and fell to 0.69-0.82 between
+# them (37000, 40960, 44444, 49152, 53000); the CuTe kernel's shape follows the row's bytes by one rule whatever
+# the width (cute/rmsnorm_bwd_config.py: one CTA of 128 threads of 5-8 vectors to 16 KiB, then slices of 16
+# KiB over clusters), and measured 0.90-1.02 at 39 widths of 2560-65536 (17 of them random), its worst 0.896
+# at 6500 (an odd vector count, its last slice part empty), against the cuTile kernel's 0.694-0.987. At the
+# odd vector counts measured it leads at 4 (6500, 15004, 17452, 44444), is level at 2 (11000, 22716) and
+# trails by 1-3 % at 3 (9732 0.941 / 0.951, 13004 0.942 / 0.970, 30004 0.946 / 0.961): one mode for the band,
+# its worst case the better one. The band starts at 2560 columns, where 128 threads of 5 vectors fill their
+# last one (3072 level, 2560-4092 +1.5 to +6 %); at 2048 the CuTe rule's 64 threads measured 0.858 against
+# 0.995, and 2049-2559 (128 threads, the last vectors part empty) is not measured: the cuTile kernel there.
+# Rows the CuTe kernel does not take (N not a multiple of 4, a row start off 16 bytes) run the cuTile kernel
+# from its backend. With dh (not measured in fp32): the cuTile kernel. The H100's fp32 rows are not
+# re-measured (its cuTile configs there 0.97-0.99 at 11264-32768) and keep the cuTile kernel.
+H200_FP32_CUTE_BWD_BYTES = (10 * 1024, 256 * 1024)
 BACKWARD_TABLE = (
     BackwardRow("sm_90", ("bfloat16", "float16"), 1, 3 * 1024, "triton",
                 "H100 80GB HBM3 2026-11-24/25, bf16, Triton's backward against the cuTile persistent kernel: "
@@ -214,6 +230,22 @@ BACKWARD_TABLE = (
                 "/ 0.830, 12160 0.926 / 0.839; same command; 2026-11-28, bf16 x beside an fp32 weight: 11264 "
                 "0.952 / 0.796, 11392 0.967 / 0.787, 11648 0.957 / 0.798, 12040 0.886 / 0.821, 12160 0.946 / "
                 "0.818: see H200_CUTE_BWD_MIN_BYTES",
+                dh_bytes_max=0),
+    BackwardRow("sm_90/H200", ("float32",), H200_FP32_CUTE_BWD_BYTES[0], H200_FP32_CUTE_BWD_BYTES[1],
+                "tma_smem_cached",
+                "NVIDIA H200 2026-11-29, fp32 (fp32 weight), the CuTe DSL backward against the cuTile persistent "
+                "kernel (medians of 3 same-run rounds): N=2560 0.949 / 0.934, 3072 0.976 / 0.976, 3584 1.005 / "
+                "0.948, 3848 0.996 / 0.969, 4092 0.973 / 0.930, 4096 1.006 / 0.987, 5120 0.956 / 0.918, 6144 0.995 / "
+                "0.888, 6500 0.896 / 0.879, 7168 1.012 / 0.932, 8192 0.979 / 0.957, 9216 0.977 / 0.944, 9732 "
+                "0.941 / 0.951, 10240 0.965 / 0.915, 11264 0.974 / 0.949, 12288 1.004 / 0.968, 13004 0.942 / "
+                "0.970, 14336 0.993 / 0.845, 16384 1.008 / 0.943, 17452 0.933 / 0.906, 18432 0.972 / 0.924, "
+                "20480 1.005 / 0.902, 22716 0.928 / 0.927, 24576 1.001 / 0.961, 28672 0.990 / 0.967, 30004 "
+                "0.946 / 0.961, 32768 1.020 / 0.981, 37000 0.994 / 0.694, 40960 0.985 / 0.755, 49152 0.971 / "
+                "0.818, 53000 0.971 / 0.814, 65536 0.985 / 0.950 x copy (python bench/probe/model_widths.py "
+                "--only bwd --random 0 --rounds 3 --dtype float32 --kernels None,cutile,cute,quack --ns ...): "
+                "random 5000 0.921 / 0.895, 11000 0.989 / 0.926, 15004 0.909 / 0.885, 26000 0.985 / 0.971, "
+                "44444 0.907 / 0.786, 58000 0.931 / 0.898, 61440 0.951 / 0.923 (mode=None 0.904-0.987 there, "
+                "the CuTe kernel's); 2048 0.858 / 0.995: see H200_FP32_CUTE_BWD_BYTES",
                 dh_bytes_max=0),
     BackwardRow("sm_90/H200", ("bfloat16", "float16"), CUTE_BWD_MIN_BYTES, 512 * 1024, "tma_smem_cached",
                 "NVIDIA H200 2026-11-26, bf16, the CuTe DSL backward with 3 ring slots against the cuTile "

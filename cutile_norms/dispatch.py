@@ -220,7 +220,7 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
             why = (f"measured table {key}/{dname}: N in [{row['n_min']}, {row['n_max']}] -> {row['mode']} "
                    f"({row['evidence']}; {src.get('gpu', '?')}, {command}){borrowed}")
             def refused(r: BackwardRow) -> bool:  # a row's own band decides its widths
-                return r.mode == "tma_smem_cached" and cute_backward_refusal(N, dtype, r.bytes_min) is not None
+                return r.mode == "tma_smem_cached" and cute_backward_refusal(N, dtype, r) is not None
             norm, dh = (_with_best_backward(Choice(mode.name, why), dev, tools,
                                             backward_row(key, dname, N, fp32_weight, with_dh, refused))
                         for with_dh in (False, True))
@@ -254,13 +254,14 @@ def choose_forward(dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int
 FORWARD_BAND_EDGES = (1536 - 1, 8 * 1024 - 1, 48 * 1024, 64 * 1024, 112 * 1024, 128 * 1024, 256 * 1024)
 
 
-def cute_backward_refusal(N: int, dtype: torch.dtype, min_bytes: int = CUTE_BWD_MIN_BYTES) -> str | None:
-    """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment),
-    or None: tma_smem_cached's backward for mode=None (`min_bytes`: its BACKWARD_TABLE row's band) and
-    by name (CUTE_BWD_MIN_BYTES); the cuTile persistent backward takes every other row."""
+def cute_backward_refusal(N: int, dtype: torch.dtype, row: BackwardRow | None = None) -> str | None:
+    """Why the CuTe DSL backward does not take rows of N `dtype` elements (whatever their alignment), or None: for
+    mode=None its BACKWARD_TABLE `row`'s band (fp32 rows only in an fp32 row), by name CUTE_BWD_MIN_BYTES and no fp32
+    rows; the cuTile persistent backward takes every other row."""
     from .cute.rmsnorm_bwd_config import analytic_config
 
-    if dtype == torch.float32:
+    min_bytes, fp32 = (row.bytes_min, "float32" in row.dtypes) if row else (CUTE_BWD_MIN_BYTES, False)
+    if dtype == torch.float32 and not fp32:
         return "fp32 rows: the cuTile backward measured ahead"
     if N * dtype.itemsize < min_bytes:
         return f"rows under {min_bytes / 1024:g} KiB: the cuTile backward measured ahead"
@@ -296,9 +297,8 @@ def check_mode_name(mode_name: str | None) -> Mode | None:
 
 def resolve(mode_name: str | None, dev: DeviceInfo, tools: Toolchain, dtype: torch.dtype, M: int, N: int,
             fp32_weight: bool = False) -> Choice:
-    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot
-    (`fp32_weight`: an fp32 weight beside 16-bit x; mode=None's backward table tells them apart).
-    (rms_norm caches the decision per call signature: rmsnorm._route.)"""
+    """The mode that will run, or ValueError/RuntimeError saying why the asked one cannot (`fp32_weight`: an fp32
+    weight beside 16-bit x; mode=None's backward table tells them apart; rms_norm caches it: rmsnorm._route)."""
     if mode_name is None:
         return choose_forward(dev, tools, dtype, M, N, fp32_weight)
     mode = check_mode_name(mode_name)

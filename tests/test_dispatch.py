@@ -270,6 +270,24 @@ def test_an_h200_takes_its_own_backward_rows():
     assert dispatch.resolve(None, h200, ALL_TOOLS, torch.float32, 4096, 8192).backward_mode != "triton"
 
 
+def test_an_h200_runs_the_cute_backward_at_fp32_rows_of_10_to_256_kib():
+    """backward_table.H200_FP32_CUTE_BWD_BYTES: an H200's fp32 rows of 2560-65536 columns run the CuTe
+    DSL backward under mode=None, odd vector counts included; narrower and wider rows, rows it does not take
+    (N not a multiple of 4), dh, the H100 and mode="tma_smem_cached" by name keep the cuTile kernel."""
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    for N in (2560, 3848, 4096, 6500, 9732, 13004, 20480, 37000, 65536):
+        c = dispatch.resolve(None, h200, ALL_TOOLS, torch.float32, 4096, N)
+        assert c.backward_mode == "tma_smem_cached" and "fp32 (fp32 weight)" in c.reason, (N, c)
+        assert c.dh_backward_mode == "multi_wave_cached", (N, c)
+        assert dispatch.resolve(None, H100, ALL_TOOLS, torch.float32, 4096, N).backward_mode == "multi_wave_cached"
+        assert dispatch.resolve("tma_smem_cached", h200, ALL_TOOLS, torch.float32, 4096, N).backward_mode \
+            == "multi_wave_cached"
+    for N in (2048, 2556, 65540, 131072, 9730, 20481):
+        assert dispatch.resolve(None, h200, ALL_TOOLS, torch.float32, 4096, N).backward_mode == "multi_wave_cached", N
+    # 16-bit rows of those bytes keep their own rows (the CuTe kernel from 24 KiB, Triton at 8192)
+    assert dispatch.resolve(None, h200, ALL_TOOLS, torch.bfloat16, 4096, 8192).backward_mode == "triton"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_an_h200_runs_the_cute_backward_from_16_kib_where_it_tiles_or_evens_the_row(dtype):
     """H200, 16-bit rows of 16-24 KiB (backward_table.H200_CUTE_BWD_MIN_BYTES): the CuTe DSL backward at

@@ -59,16 +59,9 @@ def _skip_unless_free(need: int) -> None:
         pytest.skip(f"needs ~{need >> 30} GiB of free GPU memory, {free >> 30} free")
 
 
-@pytest.fixture(scope="module", params=sorted(WIDTHS))
-def big_inputs(request):
-    N = request.param
-    M = (1 << 32) // N + 64
-    _skip_unless_free(4 * M * N * 2 + (6 << 30))  # x, dy, y, dx + the references' chunks
-    torch.manual_seed(N)
-    x = _random_big(M, N)
-    dy = _random_big(M, N)
-    w = random_weight(N, WIDTHS[N], "cuda")
-    # dw's fp64 reference (and the magnitudes its tolerance scales with), summed over every row
+def _dw_reference(x: torch.Tensor, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """dw's fp64 reference (and the magnitudes its tolerance scales with), summed over every row in chunks."""
+    M, N = x.shape
     ew = torch.zeros(N, dtype=torch.float64, device="cuda")
     sw = torch.zeros_like(ew)
     step = max(1, CHUNK_ELEMS // N)
@@ -78,6 +71,19 @@ def big_inputs(request):
         ew += t.sum(dim=0)
         sw += t.abs().sum(dim=0)
         del xc, dyc, t
+    return ew, sw
+
+
+@pytest.fixture(scope="module", params=sorted(WIDTHS))
+def big_inputs(request):
+    N = request.param
+    M = (1 << 32) // N + 64
+    _skip_unless_free(4 * M * N * 2 + (6 << 30))  # x, dy, y, dx + the references' chunks
+    torch.manual_seed(N)
+    x = _random_big(M, N)
+    dy = _random_big(M, N)
+    w = random_weight(N, WIDTHS[N], "cuda")
+    ew, sw = _dw_reference(x, dy)
     yield x, dy, w, ew, sw, _rows_to_check(M, N)
     del x, dy
     torch.cuda.empty_cache()
@@ -231,6 +237,37 @@ def test_fp32_rows_of_128_to_256_kib_past_2_32_elements(mode, seed):
     _check_rows(y, x, w, rows, f"mode={mode} x=fp32[{M}, {N}] y", seed)
     poisoned(y)
     del x, y
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("mode", [None, "multi_wave_cached"], ids=str)
+def test_fp32_backward_past_2_32_elements(mode, seed):
+    """fp32 x of 9732 columns, an odd count of 16-byte vectors: under mode=None an H200 runs the CuTe DSL backward
+    there (backward_table.H200_FP32_CUTE_BWD_BYTES), its last slice part empty over a cluster of 3; the cuTile
+    kernel by name and on other GPUs. dx at the rows around 2^31 / 2^32 elements, dw over every row."""
+    N = 9732
+    M = (1 << 32) // N + 64
+    _skip_unless_free(4 * M * N * 4 + (6 << 30))  # x, dy, y, dx + the references' chunks
+    why = cn.available_modes().get(mode) if mode is not None else None
+    if why:
+        pytest.skip(why)
+    torch.manual_seed(seed)
+    x, dy = _random_big(M, N, torch.float32), _random_big(M, N, torch.float32)
+    w = random_weight(N, torch.float32, "cuda")
+    rows = _rows_to_check(M, N)
+    tag = f"mode={mode} x=fp32[{M}, {N}]"
+    xg, wg = x.requires_grad_(), w.clone().requires_grad_()
+    y = cn.rms_norm(xg, wg, EPS, mode=mode)
+    y.backward(dy)
+    torch.cuda.synchronize()
+    poisoned(y.detach())
+    del y
+    x = xg.detach()
+    ex, _, sx, _ = reference_bwd64(x[rows], w, dy[rows], EPS, 0.0)
+    assert_grad_close(xg.grad[rows], ex, sx, torch.float32, f"{tag} dx rows {rows.tolist()}", seed)
+    ew, sw = _dw_reference(x, dy)
+    assert_grad_close(wg.grad, ew, sw, torch.float32, f"{tag} dw", seed)
+    del x, xg, dy
     torch.cuda.empty_cache()
 
 

@@ -139,9 +139,9 @@ def test_fake_tensor_mode(device, mode):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     class LlamaRMSNorm(torch.nn.Module):  # transformers' form
-        def __init__(self, n):
+        def __init__(self, n, device):
             super().__init__()
-            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(n)), EPS
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(n, device=device)), EPS
 
         def forward(self, x):
             h = x.float()
@@ -168,5 +168,5 @@ def test_fake_tensor_mode(device, mode):
                 cn.add_rms_norm_(torch.empty(1, N, device=device).expand(5, N), torch.empty(5, N, device=device))
             with pytest.raises(ValueError, match="unknown mode"):
                 cn.rms_norm(x, w, mode="bogus")
-            model = torch.nn.Sequential(LlamaRMSNorm(N)).to(device)
+            model = torch.nn.Sequential(LlamaRMSNorm(N, device))  # built on the device: .to() cannot swap a fake parameter
             assert len(cn.patch(model, mode=mode, strict=True)) == 1 and isinstance(model[0], cn.RMSNorm)

@@ -343,6 +343,24 @@ def test_the_h200s_even_slices(seed, N, w_dtype, M):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("N", [2560, 3848, 4096, 6500, 9732, 37000, 65536])
+def test_fp32_rows_that_mode_none_runs_here(seed, N):
+    """An H200's mode=None runs this backward at fp32 rows of 10-256 KiB (backward_table.H200_FP32_CUTE_BWD_BYTES),
+    odd vector counts (3848, 6500, 9732: the last vectors or slice part empty) included: the kernel directly on
+    whichever GPU this is, then through autograd under mode=None (explain() names it on an H200)."""
+    x = random_rows((300, N), torch.float32, "cuda")
+    w = random_weight(N, torch.float32, "cuda")
+    dy = random_rows((300, N), torch.float32, "cuda")
+    dx, dw = _run(x, w, dy, 0.0)
+    _check(x, w, dy, 0.0, dx, dw, f"N={N} float32", seed)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    if torch.cuda.get_device_name() == "NVIDIA H200":
+        assert "backward: tma_smem_cached's" in cn.explain(xg, wg), N
+    cn.rms_norm(xg, wg, EPS).backward(dy)
+    _check(x, w, dy, 0.0, xg.grad, wg.grad, f"N={N} float32 mode=None", seed)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("N", [4096, 65536])
 def test_strided_x_and_non_contiguous_dy(seed, N):
     M = 40
