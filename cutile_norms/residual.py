@@ -255,6 +255,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
         warn_if_gathered(x, weight)
     if mode == "torch" or x.is_meta or under_transform():
         # the reference's ops: autograd (also of higher order, forward mode and torch.func) through them
+        dispatch.check_mode_name(mode)
         y, h, _ = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return y.contiguous(), h.contiguous()
     grad = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
@@ -288,8 +289,10 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
             raise ValueError(f"add_rms_norm_ cannot write x sharded on its normalized dim ({tuple(x.placements)}) "
                              f"in place; shard it on a leading dim")
         warn_if_gathered(x, weight)
-    else:  # (FakeTensors have no addresses to compare)
-        _check_in_place(x, residual, weight, addresses=not fake_call(x, residual, weight))
+    else:  # (meta and fake tensors have no addresses to compare)
+        _check_in_place(x, residual, weight, addresses=not (x.is_meta or fake_call(x, residual, weight)))
+    if x.is_meta or fake_call(x, residual, weight):  # (the op's fake rule gives nothing to check the mode)
+        dispatch.check_mode_name(mode)
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
 
 
@@ -303,12 +306,11 @@ def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
         if _self_overlapping(t):
             raise ValueError(f"add_rms_norm_ writes {name} in place, and its elements share memory (an expanded "
                              f"or self-overlapping view, strides {tuple(t.stride())}); pass a tensor of its own")
-    if not addresses:
-        return
-    if _share_elements(x, residual):
+    share = _share_elements if addresses else (lambda a, b: a is b)  # (meta, fake: one tensor passed twice)
+    if share(x, residual):
         raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share elements, or are "
                          "views of one buffer this check cannot tell apart: rows at different strides)")
-    if weight is not None and (_share_elements(weight, x) or _share_elements(weight, residual)):
+    if weight is not None and (share(weight, x) or share(weight, residual)):
         raise ValueError("add_rms_norm_ needs the weight apart from x and residual, which it writes")
 
 

@@ -104,7 +104,8 @@ def test_batched_backward(inputs, device, mode, seed):
 @pytest.mark.parametrize("device,mode", CASES)
 def test_inference_tensor_meta_tensor_and_h_alone(inputs, device, mode, seed):
     """A module that trains its weight takes x made under inference_mode (as torch's does); meta tensors
-    give shapes in every mode; with only h used the weight gets no grad (None, not zeros: weight decay
+    give shapes in every mode, in place too (one tensor passed twice and an unknown mode refused there, as
+    on real ones); with only h used the weight gets no grad (None, not zeros: weight decay
     and momentum would still move it)."""
     x, _, r, w = inputs
     with torch.inference_mode():
@@ -119,6 +120,13 @@ def test_inference_tensor_meta_tensor_and_h_alone(inputs, device, mode, seed):
     assert cn.RMSNorm(N, mode=mode, device="meta")(torch.empty(3, N, device="meta")).shape == (3, N)
     assert cn.rms_norm(torch.empty(3, N, device="meta"), torch.empty(N, device="meta"), mode=mode,
                        residual=torch.empty(3, N, device="meta"))[1].shape == (3, N)
+    xm, rm = torch.empty(3, N, device="meta"), torch.empty(3, N, device="meta")
+    cn.add_rms_norm_(xm, rm, torch.empty(N, device="meta"), mode=mode)  # (no addresses: none read as shared)
+    with pytest.raises(ValueError, match="separate memory"):
+        cn.add_rms_norm_(xm, xm)
+    for form in (cn.add_rms_norm_, cn.add_rms_norm):
+        with pytest.raises(ValueError, match="unknown mode"):
+            form(xm, rm, mode="bogus")
     xg, rg, wg = (t.clone().requires_grad_() for t in (x, r, w))
     _, h = cn.rms_norm(xg, wg, EPS, mode=mode, residual=rg)
     dh = torch.randn_like(h)
