@@ -250,12 +250,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
         eps = TORCH_DEFAULT_EPS
     validate(x, weight, eps, offset)
     validate_residual(x, residual, residual_dtype)
+    dispatch.check_mode_name(mode)  # (the op's fake rule and the reference's branch would not)
     h_dtype = residual_dtype or x.dtype
     if is_dtensor(x) and not torch.compiler.is_compiling():  # (dynamo does not trace a warning)
         warn_if_gathered(x, weight)
     if mode == "torch" or x.is_meta or under_transform():
         # the reference's ops: autograd (also of higher order, forward mode and torch.func) through them
-        dispatch.check_mode_name(mode)
         y, h, _ = add_rms_norm_reference(x, residual, weight, eps, offset, h_dtype)
         return y.contiguous(), h.contiguous()
     grad = torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
@@ -275,6 +275,7 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
         eps = TORCH_DEFAULT_EPS
     validate(x, weight, eps, offset)
     validate_residual(x, residual, None)
+    dispatch.check_mode_name(mode)
     if torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
                                     or (weight is not None and weight.requires_grad)):
         raise RuntimeError("add_rms_norm_ writes x and residual in place and has no autograd; "
@@ -291,8 +292,6 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor 
         warn_if_gathered(x, weight)
     else:  # (meta and fake tensors have no addresses to compare)
         _check_in_place(x, residual, weight, addresses=not (x.is_meta or fake_call(x, residual, weight)))
-    if x.is_meta or fake_call(x, residual, weight):  # (the op's fake rule gives nothing to check the mode)
-        dispatch.check_mode_name(mode)
     torch.ops.cutile_norms.add_rms_norm_(x, residual, weight, float(eps), float(offset), mode or "")
 
 
@@ -306,7 +305,9 @@ def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
         if _self_overlapping(t):
             raise ValueError(f"add_rms_norm_ writes {name} in place, and its elements share memory (an expanded "
                              f"or self-overlapping view, strides {tuple(t.stride())}); pass a tensor of its own")
-    share = _share_elements if addresses else (lambda a, b: a is b)  # (meta, fake: one tensor passed twice)
+    def share(a, b):
+        return _share_elements(a, b, addresses)
+
     if share(x, residual):
         raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share elements, or are "
                          "views of one buffer this check cannot tell apart: rows at different strides)")
@@ -340,10 +341,12 @@ def _rows(t: torch.Tensor) -> tuple[int, int, int, int] | None:
     return r.storage_offset(), r.shape[0], r.stride(0) if r.shape[0] > 1 else N, N
 
 
-def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _share_elements(a: torch.Tensor, b: torch.Tensor, addresses: bool = True) -> bool:
     """Whether a and b have an element in common: exact for rows of one dtype at one row stride (e.g. two
-    column ranges of one buffer), else whether their byte ranges intersect (conservative)."""
-    if not a.numel() or not b.numel() or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    column ranges of one buffer), else whether their byte ranges intersect (conservative). `addresses`
+    False (meta and fake tensors, which have none): storages told apart by identity, spans by offset."""
+    storage = (lambda t: t.untyped_storage().data_ptr()) if addresses else (lambda t: t.untyped_storage()._cdata)
+    if not a.numel() or not b.numel() or storage(a) != storage(b):
         return False
     ra, rb = _rows(a), _rows(b)
     if ra is not None and rb is not None and a.dtype == b.dtype and (ra[2] == rb[2] or 1 in (ra[1], rb[1])):
@@ -357,7 +360,7 @@ def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
                 return True
         return False
     def span(t):
-        start = t.data_ptr()
+        start = t.data_ptr() if addresses else t.storage_offset() * t.element_size()
         return start, start + (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1

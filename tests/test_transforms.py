@@ -104,8 +104,8 @@ def test_batched_backward(inputs, device, mode, seed):
 @pytest.mark.parametrize("device,mode", CASES)
 def test_inference_tensor_meta_tensor_and_h_alone(inputs, device, mode, seed):
     """A module that trains its weight takes x made under inference_mode (as torch's does); meta tensors
-    give shapes in every mode, in place too (one tensor passed twice and an unknown mode refused there, as
-    on real ones); with only h used the weight gets no grad (None, not zeros: weight decay
+    give shapes in every mode, in place too (overlapping x and residual, told apart by storage and offset, and
+    an unknown mode refused there, as on real ones); with only h used the weight gets no grad (None, not zeros: weight decay
     and momentum would still move it)."""
     x, _, r, w = inputs
     with torch.inference_mode():
@@ -122,8 +122,10 @@ def test_inference_tensor_meta_tensor_and_h_alone(inputs, device, mode, seed):
                        residual=torch.empty(3, N, device="meta"))[1].shape == (3, N)
     xm, rm = torch.empty(3, N, device="meta"), torch.empty(3, N, device="meta")
     cn.add_rms_norm_(xm, rm, torch.empty(N, device="meta"), mode=mode)  # (no addresses: none read as shared)
-    with pytest.raises(ValueError, match="separate memory"):
-        cn.add_rms_norm_(xm, xm)
+    cn.add_rms_norm_(xm[:1], xm[1:2])  # views of one buffer, apart
+    for a, b in ((xm, xm), (xm[:2], xm[1:])):  # one tensor twice; overlapping views (told by storage and offset)
+        with pytest.raises(ValueError, match="separate memory"):
+            cn.add_rms_norm_(a, b)
     for form in (cn.add_rms_norm_, cn.add_rms_norm):
         with pytest.raises(ValueError, match="unknown mode"):
             form(xm, rm, mode="bogus")
@@ -174,7 +176,9 @@ def test_fake_tensor_mode(device, mode):
             cn.add_rms_norm_(x.detach().clone(), r, w.detach(), EPS, mode=mode)
             with pytest.raises(ValueError, match="expanded"):
                 cn.add_rms_norm_(torch.empty(1, N, device=device).expand(5, N), torch.empty(5, N, device=device))
-            with pytest.raises(ValueError, match="unknown mode"):
-                cn.rms_norm(x, w, mode="bogus")
+            for bogus in (lambda: cn.rms_norm(x, w, mode="bogus"), lambda: cn.add_rms_norm(x, r, mode="bogus"),
+                          lambda: cn.add_rms_norm_(x.detach().clone(), r, mode="bogus")):
+                with pytest.raises(ValueError, match="unknown mode"):
+                    bogus()
             model = torch.nn.Sequential(LlamaRMSNorm(N, device))  # built on the device: .to() cannot swap a fake parameter
             assert len(cn.patch(model, mode=mode, strict=True)) == 1 and isinstance(model[0], cn.RMSNorm)
