@@ -109,16 +109,18 @@ H100_CUTE_BWD_MIN_BYTES = 2 * 11592
 H200_CUTE_BWD_MIN_BYTES = 2 * 11224
 # On an H200, fp32 rows of 10-256 KiB (2560-65536 columns), without dh: the CuTe DSL backward. The cuTile
 # kernel's fp32 configs are the H100's, measured at 2048 and 11264-32768 and scaled between (a wider split at the
-# measured blocks per SM), which on the H200 held 0.90-0.98 at the model widths and fell to 0.69-0.82 between
+# measured blocks per SM), which on the H200 held 0.85-0.99 at the model widths and fell to 0.69-0.82 between
 # them (37000, 40960, 44444, 49152, 53000); the CuTe kernel's shape follows the row's bytes by one rule whatever
-# the width (cute/rmsnorm_bwd_config.py: one CTA of 128 threads of 5-8 vectors to 16 KiB, then slices of 16
-# KiB over clusters), and measured 0.90-1.02 at 39 widths of 2560-65536 (17 of them random), its worst 0.896
-# at 6500 (an odd vector count, its last slice part empty), against the cuTile kernel's 0.694-0.987. At the
-# odd vector counts measured it leads at 4 (6500, 15004, 17452, 44444), is level at 2 (11000, 22716) and
-# trails by 1-3 % at 3 (9732 0.941 / 0.951, 13004 0.942 / 0.970, 30004 0.946 / 0.961): one mode for the band,
-# its worst case the better one. The band starts at 2560 columns, where 128 threads of 5 vectors fill their
-# last one (3072 level, 2560-4092 +1.5 to +6 %); at 2048 the CuTe rule's 64 threads measured 0.858 against
-# 0.995, and 2049-2559 (128 threads, the last vectors part empty) is not measured: the cuTile kernel there.
+# the width (cute/rmsnorm_bwd_config.py: one CTA of 128 threads of 5-8 vectors to 16 KiB, then clusters of 2-8
+# CTAs of 128 threads to 128 KiB, 8 CTAs of 256 threads or 16 of 128 past it), and measured 0.90-1.02 at 39 widths of 2560-65536
+# (17 of them random), its worst 0.896 at 6500 (an odd vector count, its last slice part empty), against the
+# cuTile kernel's 0.694-0.987. At the odd vector counts measured it leads at 5 (4092, 6500, 15004, 17452, 44444),
+# is level at 1 (22716) and trails by 1-3 % at 3 (9732 0.941 / 0.951, 13004 0.942 / 0.970, 30004 0.946 / 0.961):
+# one mode for the band, its worst case the better one. The band starts at 2560 columns, where 128 threads of 5
+# vectors fill their last one (2560-4092: +1.5 to +6 % at 2560, 2600, 3336, 3584, 3848, 4092, -0.6 / -1.0 % at
+# 3000 / 2816, level at 3072); at 2048 the CuTe rule's 64 threads measured 0.858 against 0.995, and at 2049-2559
+# (128 threads, their last vectors part empty) the cuTile kernel has the better worst case (2064 / 2304 / 2400:
+# 0.984 / 0.998 / 0.876 against 0.858 / 0.897 / 0.905): it keeps them.
 # Rows the CuTe kernel does not take (N not a multiple of 4, a row start off 16 bytes) run the cuTile kernel
 # from its backend. With dh (not measured in fp32): the cuTile kernel. The H100's fp32 rows are not
 # re-measured (its cuTile configs there 0.97-0.99 at 11264-32768) and keep the cuTile kernel.

@@ -346,7 +346,7 @@ def test_the_h200s_even_slices(seed, N, w_dtype, M):
 @pytest.mark.parametrize("N", [2560, 3848, 4096, 6500, 9732, 37000, 65536])
 def test_fp32_rows_that_mode_none_runs_here(seed, N):
     """An H200's mode=None runs this backward at fp32 rows of 10-256 KiB (backward_table.H200_FP32_CUTE_BWD_BYTES),
-    odd vector counts (3848, 6500, 9732: the last vectors or slice part empty) included: the kernel directly on
+    part-empty last vectors or slices (3848; 6500 and 9732, odd vector counts) included: the kernel directly on
     whichever GPU this is, then through autograd under mode=None (explain() names it on an H200)."""
     x = random_rows((300, N), torch.float32, "cuda")
     w = random_weight(N, torch.float32, "cuda")
