@@ -1,5 +1,5 @@
 """Public API: rms_norm, RMSNorm as a drop-in for torch.nn.RMSNorm, explain, available_modes (on the CPU),
-and the call plans' shapes of a decode step (on the GPU)."""
+and the call plans' shapes of a decode step, tensors on another GPU than the current one (on the GPU)."""
 import pytest
 import torch
 
@@ -157,3 +157,52 @@ def test_rows_further_apart_than_int32_indexing(mode, seed):
     qr, sr = cn.rms_norm_fp8(x.contiguous(), w, 1e-6, mode=mode)
     assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8)) and torch.equal(s, sr), \
         f"{tag}: the FP8 output differs from that of the same rows contiguous (the same kernel, another stride)"
+
+
+def _every_form(x, r, w, mode):
+    """Each public form's outputs on these tensors: the no-grad forward, the forward and its dx and dw, the
+    residual add's (y, h), the in-place add's x and residual, the FP8 output's (q, scales)."""
+    out = {}
+    with torch.no_grad():
+        out["y"] = cn.rms_norm(x, w, 1e-6, mode=mode)
+        out["y, h"] = cn.rms_norm(x, w, 1e-6, mode=mode, residual=r)
+        xi, ri = x.clone(), r.clone()
+        cn.add_rms_norm_(xi, ri, w, 1e-6, mode=mode)
+        out["add_rms_norm_"] = (xi, ri)
+        if mode in (None, "triton", "tma_smem_cached"):  # the modes with an FP8 kernel or path
+            out["fp8"] = cn.rms_norm_fp8(x, w, 1e-6, mode=mode)[:2]
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    y = cn.rms_norm(xg, wg, 1e-6, mode=mode)
+    y.backward(torch.ones_like(y) + x)
+    out["training y, dx, dw"] = (y.detach(), xg.grad, wg.grad)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [4096, 32768])
+@pytest.mark.parametrize("mode", GPU_MODES, ids=lambda m: str(m))
+def test_tensors_on_another_gpu_than_the_current_one(mode, N, seed):
+    """A model spread over the GPUs of one process (transformers' device_map="auto") calls its later layers'
+    norms with cuda:0 still current: every form runs on x's GPU, its outputs there and bit-identical to the same
+    calls made with that GPU current (a kernel launched on the current GPU would read another GPU's memory)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    why = cn.available_modes("cuda:1").get(mode) if mode is not None else None
+    if why:
+        pytest.skip(why)
+    x = random_rows((64, N), torch.bfloat16, "cuda:1")
+    r = random_rows((64, N), torch.bfloat16, "cuda:1")
+    w = random_weight(N, torch.bfloat16, "cuda:1")
+    with torch.cuda.device(1):
+        expected = _every_form(x, r, w, mode)
+        torch.cuda.synchronize()
+    with torch.cuda.device(0):
+        got = _every_form(x, r, w, mode)
+        torch.cuda.synchronize(1)
+    for form, want in expected.items():
+        for i, (a, b) in enumerate(zip(got[form] if isinstance(got[form], tuple) else (got[form],),
+                                       want if isinstance(want, tuple) else (want,))):
+            assert a.device == x.device, f"mode={mode} N={N} {form}[{i}] on {a.device} [seed {seed}]"
+            if a.element_size() == 1 and a.is_floating_point():  # (FP8: compared as bytes)
+                a, b = a.view(torch.uint8), b.view(torch.uint8)
+            assert torch.equal(a, b), f"mode={mode} N={N} {form}[{i}] differs with cuda:0 current [seed {seed}]"
