@@ -176,7 +176,41 @@ def real_tensors():
     return _UNSET_FAKE()
 
 
+def several_gpus() -> bool:
+    """Whether this process sees more than one GPU (counted once: the count cannot change once CUDA starts)."""
+    if not _GPU_COUNT:
+        _GPU_COUNT.append(torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return _GPU_COUNT[0] > 1
+
+
+def gpu_guard(t: torch.Tensor):
+    """torch.cuda.device(t's GPU) where t lies on a GPU that is not the current one, else None. The kernels launch
+    on the current GPU (Triton's launcher reads it and refuses another GPU's memory; cuTile and CuTe DSL launch on
+    streams of the current context), so a model spread over the GPUs of one process (transformers' device_map=
+    "auto") would launch its later layers' kernels from cuda:0; torch's own ops switch GPUs the same way."""
+    if t.is_cuda and several_gpus():
+        index = t.get_device()
+        if index != _CURRENT_GPU():
+            return torch.cuda.device(index)
+    return None
+
+
+def on_its_gpu(fn):
+    """fn run with its first argument's GPU current (gpu_guard): the eager call plans and the custom ops'
+    implementations, which torch's dispatcher calls without the device guard of its own ops."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        guard = gpu_guard(args[0])
+        if guard is None:
+            return fn(*args, **kwargs)
+        with guard:
+            return fn(*args, **kwargs)
+    return run
+
+
 # (torch internals, each read with a default where a torch version lacks it)
+_GPU_COUNT: list = []
+_CURRENT_GPU = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _FAKE_TENSOR = getattr(getattr(torch, "_subclasses", None), "fake_tensor", None)
 _IS_FAKE = getattr(_FAKE_TENSOR, "is_fake", lambda t: False)
 _UNSET_FAKE = getattr(_FAKE_TENSOR, "unset_fake_temporarily", contextlib.nullcontext)

@@ -43,7 +43,7 @@ import numbers
 import torch
 
 from . import dispatch
-from ._platform import device_info, gpu_model, toolchain
+from ._platform import device_info, gpu_model, on_its_gpu, toolchain
 from .distributed import replicated_like
 from .reference import FP8_MAX, fp8_quantize, fp8_scale, residual_sum_reference, rms_norm_reference
 from .residual import validate_residual
@@ -238,6 +238,7 @@ def _no_scales(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("cutile_norms::rms_norm_fp8", mutates_args=())
+@on_its_gpu
 def _fp8_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None, eps: float, offset: float,
             mode: str, out_dtype: torch.dtype, h_dtype: torch.dtype, scale: torch.Tensor | None,
             scale_ub: float | None, group_size: int, ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

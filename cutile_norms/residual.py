@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from ._platform import fake_call, toolchain
+from ._platform import fake_call, on_its_gpu, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import add_rms_norm_reference, rms_norm_backward
 from .rmsnorm import (DTYPES, TORCH_DEFAULT_EPS, as_rows, backward_rows, batched_grad, forward_rows, grad_rows, plan,
@@ -128,6 +128,7 @@ def _add_norm(x, residual, weight, eps, offset, mode, h_dtype, store_rstd, in_pl
 # torch.library ops: the one path in eager and under torch.compile (M symbolic in the fake impls)
 # ================================================================================================
 @torch.library.custom_op("cutile_norms::add_rms_norm_fwd", mutates_args=())
+@on_its_gpu
 def _fwd_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
             mode: str, h_dtype: torch.dtype, store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y in x's shape and dtype, h in x's shape and h_dtype, rstd [M] fp32 or an empty tensor)."""
@@ -151,6 +152,7 @@ def grad_dtype(dy_dtype: torch.dtype, h_dtype: torch.dtype) -> torch.dtype:
 
 
 @torch.library.custom_op("cutile_norms::add_rms_norm_bwd", mutates_args=())
+@on_its_gpu
 def _bwd_op(dy: torch.Tensor, dh: torch.Tensor | None, h: torch.Tensor, weight: torch.Tensor | None,
             rstd: torch.Tensor, offset: float, mode: str, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(the grad into h in grad_dtype(dy, h), dw in the weight's dtype or an empty tensor): the norm's
@@ -233,6 +235,7 @@ _fwd_op.register_autograd(_backward, setup_context=_setup)
 
 
 @torch.library.custom_op("cutile_norms::add_rms_norm_", mutates_args=("x", "residual"))
+@on_its_gpu
 def _in_place_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
                  mode: str) -> None:
     _add_norm(x, residual, weight, eps, offset, mode or None, residual.dtype, False, in_place=True)

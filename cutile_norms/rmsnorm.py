@@ -23,7 +23,7 @@ import torch.autograd.forward_ad as _forward_ad
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._util import ints
-from ._platform import device_info, fake_call, toolchain
+from ._platform import device_info, fake_call, on_its_gpu, several_gpus, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
 
@@ -195,6 +195,7 @@ def _unit_stride(weight):
 # and `backward_rows` through _RMSNormFunction. The mode travels as a string ("" = None) and is resolved
 # inside the op, per call, with the real M.
 @torch.library.custom_op("cutile_norms::rms_norm_fwd", mutates_args=())
+@on_its_gpu
 def _fwd_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, mode: str,
             store_rstd: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(y in x's shape and dtype, rstd fp32 of x's leading shape, or of x's leading shape + (0,) without
@@ -216,6 +217,7 @@ def _fwd_fake(x, weight, eps, offset, mode, store_rstd):
 
 
 @torch.library.custom_op("cutile_norms::rms_norm_bwd", mutates_args=())
+@on_its_gpu
 def _bwd_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, rstd: torch.Tensor, offset: float,
             mode: str, need_dx: bool, need_dw: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx in x's shape and dtype, dw [N] in the weight's dtype); an empty tensor for a grad not asked for."""
@@ -345,6 +347,7 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
     call = _PLANS.get(key)
     if call is None:
         call = _call_plan(x, weight, eps, offset, mode, grad)
+        call = on_its_gpu(call) if x.is_cuda and several_gpus() else call  # (its backward: autograd's GPU thread)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = call

@@ -206,3 +206,38 @@ def test_tensors_on_another_gpu_than_the_current_one(mode, N, seed):
             if a.element_size() == 1 and a.is_floating_point():  # (FP8: compared as bytes)
                 a, b = a.view(torch.uint8), b.view(torch.uint8)
             assert torch.equal(a, b), f"mode={mode} N={N} {form}[{i}] differs with cuda:0 current [seed {seed}]"
+
+
+def test_calls_switch_to_the_gpu_their_tensors_lie_on(monkeypatch):
+    """_platform.gpu_guard / on_its_gpu (the eager call plans and every custom op's implementation): with several
+    GPUs, a call on a tensor of a GPU other than the current one runs with that GPU current, and one on the current
+    GPU's tensor, a CPU tensor or with one GPU runs as it is (fake CUDA tensors stand in for real ones here; the
+    GPU test above runs the forms themselves on cuda:1)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from cutile_norms import _platform
+
+    seen = []
+
+    class Device:  # torch.cuda.device, recorded
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            seen.append(("enter", self.index))
+
+        def __exit__(self, *exc):
+            seen.append("exit")
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(_platform, "_CURRENT_GPU", lambda: 0)
+    monkeypatch.setattr(_platform, "_GPU_COUNT", [2])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        on1, on0 = torch.empty(2, device="cuda:1"), torch.empty(2, device="cuda:0")
+    run = _platform.on_its_gpu(lambda t, tag=None: seen.append(tag))
+    run(on1, tag="cuda:1")
+    run(on0, tag="cuda:0")
+    run(torch.empty(2), tag="cpu")
+    assert seen == [("enter", 1), "cuda:1", "exit", "cuda:0", "cpu"]
+    monkeypatch.setattr(_platform, "_GPU_COUNT", [1])
+    assert _platform.gpu_guard(on1) is None
