@@ -9,6 +9,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -196,8 +197,9 @@ def gpu_guard(t: torch.Tensor):
 
 
 def on_its_gpu(fn):
-    """fn run with its first argument's GPU current (gpu_guard): the eager call plans and the custom ops'
-    implementations, which torch's dispatcher calls without the device guard of its own ops."""
+    """fn run with its first argument's GPU current (gpu_guard): the custom ops' implementations, which torch's
+    dispatcher calls without the device guard of its own ops. The signature is fn's with its annotations
+    evaluated in fn's module (torch.library reads it to infer an op's schema)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         guard = gpu_guard(args[0])
@@ -205,6 +207,17 @@ def on_its_gpu(fn):
             return fn(*args, **kwargs)
         with guard:
             return fn(*args, **kwargs)
+    run.__signature__ = inspect.signature(fn, eval_str=True)
+    return run
+
+
+def on_gpu(fn, index: int):
+    """fn run with GPU `index` current (a call plan, made and run so: its key holds its tensors' GPU)."""
+    def run(*args):
+        if _CURRENT_GPU() == index:
+            return fn(*args)
+        with torch.cuda.device(index):
+            return fn(*args)
     return run
 
 

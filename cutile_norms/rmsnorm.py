@@ -23,7 +23,7 @@ import torch.autograd.forward_ad as _forward_ad
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._util import ints
-from ._platform import device_info, fake_call, on_its_gpu, several_gpus, toolchain
+from ._platform import device_info, fake_call, on_gpu, on_its_gpu, several_gpus, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
 
@@ -346,8 +346,10 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
            None if weight is None else (type(weight), weight.shape, weight.stride(), weight.dtype, weight.device))
     call = _PLANS.get(key)
     if call is None:
-        call = _call_plan(x, weight, eps, offset, mode, grad)
-        call = on_its_gpu(call) if x.is_cuda and several_gpus() else call  # (its backward: autograd's GPU thread)
+        if x.is_cuda and several_gpus():  # made and run with x's GPU current (its backward: autograd's GPU thread)
+            call = on_gpu(on_gpu(_call_plan, x.get_device())(x, weight, eps, offset, mode, grad), x.get_device())
+        else:
+            call = _call_plan(x, weight, eps, offset, mode, grad)
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = call

@@ -193,12 +193,13 @@ def test_tensors_on_another_gpu_than_the_current_one(mode, N, seed):
     x = random_rows((64, N), torch.bfloat16, "cuda:1")
     r = random_rows((64, N), torch.bfloat16, "cuda:1")
     w = random_weight(N, torch.bfloat16, "cuda:1")
+    with torch.cuda.device(0):  # first: the call plans are made (and the kernels built) with cuda:0 current
+        got = _every_form(x, r, w, mode)
+        assert torch.cuda.current_device() == 0, f"mode={mode}: a call left another GPU current"
+        torch.cuda.synchronize(1)
     with torch.cuda.device(1):
         expected = _every_form(x, r, w, mode)
         torch.cuda.synchronize()
-    with torch.cuda.device(0):
-        got = _every_form(x, r, w, mode)
-        torch.cuda.synchronize(1)
     for form, want in expected.items():
         for i, (a, b) in enumerate(zip(got[form] if isinstance(got[form], tuple) else (got[form],),
                                        want if isinstance(want, tuple) else (want,))):
@@ -209,7 +210,7 @@ def test_tensors_on_another_gpu_than_the_current_one(mode, N, seed):
 
 
 def test_calls_switch_to_the_gpu_their_tensors_lie_on(monkeypatch):
-    """_platform.gpu_guard / on_its_gpu (the eager call plans and every custom op's implementation): with several
+    """_platform.gpu_guard / on_its_gpu (every custom op's implementation) and on_gpu (the call plans): with several
     GPUs, a call on a tensor of a GPU other than the current one runs with that GPU current, and one on the current
     GPU's tensor, a CPU tensor or with one GPU runs as it is (fake CUDA tensors stand in for real ones here; the
     GPU test above runs the forms themselves on cuda:1)."""
@@ -239,5 +240,9 @@ def test_calls_switch_to_the_gpu_their_tensors_lie_on(monkeypatch):
     run(on0, tag="cuda:0")
     run(torch.empty(2), tag="cpu")
     assert seen == [("enter", 1), "cuda:1", "exit", "cuda:0", "cpu"]
+    seen.clear()  # a call plan of cuda:1's tensors, then of cuda:0's (on_gpu: the plan's GPU fixed by its key)
+    _platform.on_gpu(lambda: seen.append("plan 1"), 1)()
+    _platform.on_gpu(lambda: seen.append("plan 0"), 0)()
+    assert seen == [("enter", 1), "plan 1", "exit", "plan 0"]
     monkeypatch.setattr(_platform, "_GPU_COUNT", [1])
     assert _platform.gpu_guard(on1) is None
