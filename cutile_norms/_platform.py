@@ -184,46 +184,40 @@ def several_gpus() -> bool:
     return _GPU_COUNT[0] > 1
 
 
-def gpu_guard(t: torch.Tensor):
-    """torch.cuda.device(t's GPU) where t lies on a GPU that is not the current one, else None. The kernels launch
-    on the current GPU (Triton's launcher reads it and refuses another GPU's memory; cuTile and CuTe DSL launch on
-    streams of the current context), so a model spread over the GPUs of one process (transformers' device_map=
-    "auto") would launch its later layers' kernels from cuda:0; torch's own ops switch GPUs the same way."""
-    if t.is_cuda and several_gpus():
-        index = t.get_device()
-        if index != _CURRENT_GPU():
-            return torch.cuda.device(index)
-    return None
+def run_on_gpu(index: int, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with GPU `index` current. The kernels launch on the current GPU (Triton's launcher reads
+    it and refuses another GPU's memory; cuTile and CuTe DSL launch on streams of the current context), so a model
+    spread over the GPUs of one process (transformers' device_map="auto") would launch its later layers' kernels
+    from cuda:0; torch's own ops switch GPUs the same way."""
+    if current_gpu() == index:
+        return fn(*args, **kwargs)
+    with torch.cuda.device(index):
+        return fn(*args, **kwargs)
 
 
 def on_its_gpu(fn):
-    """fn run with its first argument's GPU current (gpu_guard): the custom ops' implementations, which torch's
-    dispatcher calls without the device guard of its own ops. The signature is fn's with its annotations
-    evaluated in fn's module (torch.library reads it to infer an op's schema)."""
+    """fn run with its first argument's GPU current where the process sees several GPUs (run_on_gpu): the custom
+    ops' implementations, which torch's dispatcher calls without the device guard of its own ops. The signature
+    is fn's with its annotations evaluated in fn's module (torch.library reads it to infer an op's schema)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        guard = gpu_guard(args[0])
-        if guard is None:
-            return fn(*args, **kwargs)
-        with guard:
-            return fn(*args, **kwargs)
+        if args[0].is_cuda and several_gpus():
+            return run_on_gpu(args[0].get_device(), fn, *args, **kwargs)
+        return fn(*args, **kwargs)
     run.__signature__ = inspect.signature(fn, eval_str=True)
     return run
 
 
 def on_gpu(fn, index: int):
-    """fn run with GPU `index` current (a call plan, made and run so: its key holds its tensors' GPU)."""
-    def run(*args):
-        if _CURRENT_GPU() == index:
-            return fn(*args)
-        with torch.cuda.device(index):
-            return fn(*args)
-    return run
+    """fn run with GPU `index` current (run_on_gpu): a call plan, made and run so (its key holds its tensors' GPU)."""
+    return functools.partial(run_on_gpu, index, fn)
 
 
 # (torch internals, each read with a default where a torch version lacks it)
 _GPU_COUNT: list = []
-_CURRENT_GPU = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+# the current GPU's index as torch's own launch paths read it (cheaper than torch.cuda.current_device(): a call at
+# M = 1 is host bound)
+current_gpu = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _FAKE_TENSOR = getattr(getattr(torch, "_subclasses", None), "fake_tensor", None)
 _IS_FAKE = getattr(_FAKE_TENSOR, "is_fake", lambda t: False)
 _UNSET_FAKE = getattr(_FAKE_TENSOR, "unset_fake_temporarily", contextlib.nullcontext)

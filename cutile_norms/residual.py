@@ -308,13 +308,10 @@ def _check_in_place(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
         if _self_overlapping(t):
             raise ValueError(f"add_rms_norm_ writes {name} in place, and its elements share memory (an expanded "
                              f"or self-overlapping view, strides {tuple(t.stride())}); pass a tensor of its own")
-    def share(a, b):
-        return _share_elements(a, b, addresses)
-
-    if share(x, residual):
+    if _share_elements(x, residual, addresses):
         raise ValueError("add_rms_norm_ needs x and residual in separate memory (they share elements, or are "
                          "views of one buffer this check cannot tell apart: rows at different strides)")
-    if weight is not None and (share(weight, x) or share(weight, residual)):
+    if weight is not None and (_share_elements(weight, x, addresses) or _share_elements(weight, residual, addresses)):
         raise ValueError("add_rms_norm_ needs the weight apart from x and residual, which it writes")
 
 

@@ -347,7 +347,8 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
     call = _PLANS.get(key)
     if call is None:
         if x.is_cuda and several_gpus():  # made and run with x's GPU current (its backward: autograd's GPU thread)
-            call = on_gpu(on_gpu(_call_plan, x.get_device())(x, weight, eps, offset, mode, grad), x.get_device())
+            index = x.get_device()
+            call = on_gpu(on_gpu(_call_plan, index)(x, weight, eps, offset, mode, grad), index)
         else:
             call = _call_plan(x, weight, eps, offset, mode, grad)
         if len(_PLANS) >= _MAX_PLANS:

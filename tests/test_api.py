@@ -210,7 +210,7 @@ def test_tensors_on_another_gpu_than_the_current_one(mode, N, seed):
 
 
 def test_calls_switch_to_the_gpu_their_tensors_lie_on(monkeypatch):
-    """_platform.gpu_guard / on_its_gpu (every custom op's implementation) and on_gpu (the call plans): with several
+    """_platform.on_its_gpu (every custom op's implementation) and on_gpu (the call plans): with several
     GPUs, a call on a tensor of a GPU other than the current one runs with that GPU current, and one on the current
     GPU's tensor, a CPU tensor or with one GPU runs as it is (fake CUDA tensors stand in for real ones here; the
     GPU test above runs the forms themselves on cuda:1)."""
@@ -231,7 +231,7 @@ def test_calls_switch_to_the_gpu_their_tensors_lie_on(monkeypatch):
             seen.append("exit")
 
     monkeypatch.setattr(torch.cuda, "device", Device)
-    monkeypatch.setattr(_platform, "_CURRENT_GPU", lambda: 0)
+    monkeypatch.setattr(_platform, "current_gpu", lambda: 0)
     monkeypatch.setattr(_platform, "_GPU_COUNT", [2])
     with FakeTensorMode(allow_non_fake_inputs=True):
         on1, on0 = torch.empty(2, device="cuda:1"), torch.empty(2, device="cuda:0")
@@ -244,5 +244,7 @@ def test_calls_switch_to_the_gpu_their_tensors_lie_on(monkeypatch):
     _platform.on_gpu(lambda: seen.append("plan 1"), 1)()
     _platform.on_gpu(lambda: seen.append("plan 0"), 0)()
     assert seen == [("enter", 1), "plan 1", "exit", "plan 0"]
+    seen.clear()
     monkeypatch.setattr(_platform, "_GPU_COUNT", [1])
-    assert _platform.gpu_guard(on1) is None
+    run(on1, tag="one GPU")
+    assert seen == ["one GPU"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from triton import knobs
 
-from .._platform import DeviceInfo
+from .._platform import DeviceInfo, current_gpu
 from .._workspace import workspace
 from ._common import INTERPRET, raw_stream, resident_programs, slot_count
 from .rmsnorm_fwd_config import FwdConfig, analytic_config, grid_programs
@@ -68,9 +68,6 @@ def _fixed_consts(cfg: FwdConfig, M: int, N: int, stride: int, has_w: bool, offs
                 CONTIG=stride == N, INT64=needs_int64(M, max(stride, N)), ALIGN=offset_align(stride))
 
 
-# the current device as torch's own launch paths read it (cheaper than torch.cuda.current_device(): a
-# call at M = 1 is host bound)
-_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def _hooked(hook) -> bool:
@@ -107,7 +104,7 @@ class _FixedRunner:
         and this runner's device current (the module the kernel is loaded in)."""
         return ((weight is None or (not weight.data_ptr() & 15 and weight.stride(0) == 1))
                 and not _hooked(knobs.runtime.launch_enter_hook) and not _hooked(knobs.runtime.launch_exit_hook)
-                and _current_device() == self.device.index)
+                and current_gpu() == self.device.index)
 
     def __call__(self, x2d, weight, eps, offset, out_shape=None, out=None):
         if x2d.dim() != 2:  # a contiguous x of out_shape (backends.Runner): its rows by pointer, no views
