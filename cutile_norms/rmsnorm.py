@@ -329,13 +329,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | N
 def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: str | None) -> torch.Tensor:
     """An eager call through its call plan (made and validated on the signature's first call): x and the
     weight tensors (or None), eps resolved, not under torch.compile, x not a DTensor."""
-    if x.is_meta or under_transform():  # shapes only, or tangents and batch dims: the reference's ops
+    shapes_only = x.is_meta or under_transform()  # shapes only, or tangents and batch dims: the reference's ops
+    if shapes_only or fake_call(x, weight):  # (fake: no memory to launch a kernel on; the op's fake rule)
         validate(x, weight, eps, offset)
         dispatch.check_mode_name(mode)
-        return rms_norm_reference(x, weight, float(eps), float(offset))[0].contiguous()
-    if fake_call(x, weight):  # no memory to launch a kernel on: the op, whose fake rule gives the shapes
-        validate(x, weight, eps, offset)
-        dispatch.check_mode_name(mode)
+        if shapes_only:
+            return rms_norm_reference(x, weight, float(eps), float(offset))[0].contiguous()
         return _rms_norm_traced(x, weight, float(eps), float(offset), mode)
     grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad))
     if type(eps) is not float or type(offset) is not float:  # validated before it keys a plan: an unhashable
