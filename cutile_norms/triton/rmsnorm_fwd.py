@@ -68,8 +68,6 @@ def _fixed_consts(cfg: FwdConfig, M: int, N: int, stride: int, has_w: bool, offs
                 CONTIG=stride == N, INT64=needs_int64(M, max(stride, N)), ALIGN=offset_align(stride))
 
 
-
-
 def _hooked(hook) -> bool:
     """A Triton launch hook that calls something: Triton keeps an empty chain of hooks (a HookChain) where
     none is set."""
