@@ -52,8 +52,9 @@ FWD_CANDIDATES = {  # name -> analytic_config keyword arguments
     "tma 1-CTA 512": dict(one_cta_threads=512),
     "tma cluster 8": dict(cluster_max=8),  # rows past 8 slices in at most 8 CTAs (no clusters of 9-15)
     "tma cluster 8 v16": dict(cluster_max=8, vecs_per_thread=16),
-    # rows past 8 slices in at most 8 CTAs of at least 256 / 512 threads (16-bit rows of 128-512 KiB: 5-16
-    # vectors a thread where "tma cluster 8 v16" gives 128 threads 9-16 and "tma cluster 8" 512-1024 threads 3-4)
+    # rows past 8 slices in at most 8 CTAs of at least 256 / 512 threads. 16-bit rows of 128-256 KiB: t256 gives
+    # 256 threads x 5-8 vectors ("tma cluster 8 v16": 128 x 9-16) and t512 the shape of "tma cluster 8" (512 x
+    # 3-4); 256-512 KiB: t256 is "tma cluster 8 v16"'s shape (256 x 9-16) and t512 gives 512 x 5-8
     "tma cluster 8 t256": dict(cluster_max=8, vecs_per_thread=16, min_threads=256),
     "tma cluster 8 t512": dict(cluster_max=8, vecs_per_thread=16, min_threads=512),
     "tma fp32 clusters to 16": dict(fp32_wide=False),  # fp32 rows of 8-16 slices as the general rule cuts them
