@@ -14,8 +14,9 @@ Contract:
     q.float() * s.
   * Scales (fp32): `scale` given (a float or a one-element fp32 tensor on x's device): returned as given
     (the tensor itself, viewed as (1,); a float becomes one by a fill kernel: pass a tensor to keep a
-    call at one launch). A tensor's value is not read on the host (that would wait for the GPU): it
-    must be finite and positive, as a float is checked to be. Else per
+    call at one launch). A tensor's value is not read on the host (that would wait for the GPU) and not
+    checked: it must be finite and positive, as a float is checked to be (a zero one gives q = +-max, NaN
+    where y = 0; a negative one flips q's sign). Else per
     token: [..., 1], s = max(min(amax, scale_ub), 1e-12) / max (`reference.fp8_scale`; scale_ub an
     optional upper bound on the amax, vLLM's). group_size=g (a power of two dividing N): [..., N / g],
     one scale per 1 x g columns, row-major by default (what Triton block-FP8 GEMMs such as vLLM's
