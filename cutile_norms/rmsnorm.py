@@ -23,7 +23,7 @@ import torch.autograd.forward_ad as _forward_ad
 from . import dispatch
 from ._experimental import experimental_enabled
 from ._util import ints
-from ._platform import device_info, fake_call, on_gpu, on_its_gpu, several_gpus, toolchain
+from ._platform import device_info, fake_call, on_gpu, on_its_gpu, run_on_gpu, several_gpus, toolchain
 from .distributed import is_dtensor, warn_if_gathered
 from .reference import rms_norm_backward, rms_norm_reference
 
@@ -347,7 +347,7 @@ def _planned(x: torch.Tensor, weight: torch.Tensor | None, eps, offset, mode: st
     if call is None:
         if x.is_cuda and several_gpus():  # made and run with x's GPU current (its backward: autograd's GPU thread)
             index = x.get_device()
-            call = on_gpu(on_gpu(_call_plan, index)(x, weight, eps, offset, mode, grad), index)
+            call = on_gpu(run_on_gpu(index, _call_plan, x, weight, eps, offset, mode, grad), index)
         else:
             call = _call_plan(x, weight, eps, offset, mode, grad)
         if len(_PLANS) >= _MAX_PLANS:
