@@ -10,6 +10,11 @@ which rmsnorm_bwd.default_config reads (the nearest measured width of the dtype)
 --workers processes (cuTile compiles on the CPU; the disk cache then serves the timing process).
 Also times the dw reduction's share: the picked config with dw and without (dx only).
 
+    python bench/tune/cutile_rmsnorm_bwd.py --write-configs-from a.json,b.json --bands 1025-1536,1537-2047
+
+--write-configs-from: finished sweeps into the table (no GPU); with --bands, every width of a band takes one
+config, the one with the best worst case over the band's widths (band_configs).
+
     python bench/tune/cutile_rmsnorm_bwd.py --dh --ns 1048,1344,1816
 
 --dh: the residual add's backward instead (the kernel also reads dh and adds it to dx: 4 M N elements,
@@ -205,6 +210,8 @@ def main(argv=None) -> int:
     p.add_argument("--write-configs-from", default=None, metavar="JSON[,JSON...]",
                    help="write the table's rows from finished sweeps' JSONs of one GPU and dtype (no GPU needed)")
     p.add_argument("--arch", default="sm_90", help="with --write-configs-from: the GPU's arch")
+    p.add_argument("--bands", default=None, metavar="LO-HI[,LO-HI...]",
+                   help="with --write-configs-from: each band's widths take one config (band_configs)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     args = p.parse_args(argv)
     if args.write_configs_from:
@@ -215,7 +222,10 @@ def main(argv=None) -> int:
             sys.exit("--write-configs-from: the sweeps are of different GPUs or dtypes")
         merged = {"gpu": runs[0]["gpu"], "dtype": runs[0]["dtype"], "command": " ; ".join(r["command"] for r in runs),
                   "sweep": [e for r in runs for e in r["sweep"]]}
-        print(f"wrote {write_configs(merged, runs[0]['gpu'], args.arch)}")
+        bands = [tuple(int(v) for v in b.split("-")) for b in args.bands.split(",")] if args.bands else []
+        if bands:
+            merged["command"] += f" (written with --bands {args.bands})"
+        print(f"wrote {write_configs(merged, runs[0]['gpu'], args.arch, bands)}")
         return 0
     if no_gpu("this sweep times kernels and needs an sm_90+ NVIDIA GPU"):
         return 0
@@ -239,18 +249,39 @@ def main(argv=None) -> int:
     return 0
 
 
-def write_configs(results: dict, gpu: str, arch: str) -> str:
+def band_configs(sweeps: list, lo: int, hi: int) -> dict:
+    """{N: config record} for the widths of [lo, hi] measured in `sweeps`: one config for all of them,
+    the one with the best worst case over them among those timed at every one. A config is its fields
+    but the pieces, which it takes as cut_pieces cuts them (as a width between the table's rows gets
+    them: rmsnorm_bwd_config._scaled); so between its measured widths a band runs the shape measured
+    at them, not whichever config won at the nearest one."""
+    def shape(fields: dict) -> tuple:
+        return tuple(sorted((k, v) for k, v in fields.items() if k != "piece_min"))
+    ns = [s for s in sweeps if lo <= s["N"] <= hi]
+    timed = [{shape(c["fields"]): c for c in s["configs"] if "vs_copy" in c
+              and c["fields"]["piece_min"] == cut_pieces(BwdConfig(**c["fields"]), s["N"]).piece_min} for s in ns]
+    common = set.intersection(*(set(t) for t in timed)) if timed else set()
+    if not common:
+        sys.exit(f"--bands: no config timed at every width of {lo}-{hi} ({[s['N'] for s in ns]})")
+    pick = max(common, key=lambda k: min(t[k]["vs_copy"] for t in timed))
+    return {s["N"]: t[pick] for s, t in zip(ns, timed)}
+
+
+def write_configs(results: dict, gpu: str, arch: str, bands: list = ()) -> str:
     """The best measured config per width into the package's backward table, under the arch's key where
     that is this GPU model's table (or there is none yet), else under "<arch>/<model>" (an H200's own
-    rows beside the H100's; rmsnorm_bwd_config.config_and_source reads this GPU model's first)."""
+    rows beside the H100's; rmsnorm_bwd_config.config_and_source reads this GPU model's first). `bands`
+    ((lo, hi), ...): the widths of each take one config instead (band_configs)."""
     table = read_table(CONFIG_TABLE)
     key = table_key_for(table, arch, gpu)
     rows = {e["N"]: e for e in table["configs"].get(key, {}).get(results["dtype"], [])}
+    banded = {n: c for lo, hi in bands for n, c in band_configs(results["sweep"], lo, hi).items()}
     for sweep in results["sweep"]:
-        best = best_timed(sweep["configs"])
+        best = banded.get(sweep["N"]) or best_timed(sweep["configs"])
         if best:
-            rows[sweep["N"]] = {"N": sweep["N"], "config": best["fields"], "vs_copy": round(best["vs_copy"], 4),
-                                "dw_share": round(sweep.get("dw_share", 0.0), 4)}
+            rows[sweep["N"]] = {"N": sweep["N"], "config": best["fields"], "vs_copy": round(best["vs_copy"], 4)}
+            if best is best_timed(sweep["configs"]):  # the sweep times dw's share of its best config only
+                rows[sweep["N"]]["dw_share"] = round(sweep.get("dw_share", 0.0), 4)
     table["configs"].setdefault(key, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
     src = table["source"].setdefault(key, {"gpu": gpu, "runs": {}})
     src["gpu"] = gpu

@@ -11,9 +11,23 @@ import torch
 from .._platform import DeviceInfo
 from .._workspace import current_raw_stream, workspace
 from .common import align_elems, flat, flat_array, padded_rows, round16, round_up, signature
-from .rmsnorm_bwd_config import (BwdConfig, config_and_source, default_config, dx_2d, dx_row_pad, part_of,
-                                 piece_min, red_tile, reducers)
+from .._util import pow2_ceil
+from .rmsnorm_bwd_config import BwdConfig, config_and_source, default_config, dx_2d, dx_row_pad, part_of, piece_min
 from .rmsnorm_bwd_kernel import rms_norm_bwd_kernel
+
+
+def reducers(sm_count: int) -> int:
+    """The most blocks that wait at the end to reduce dw: half the SMs, so the grid's other blocks
+    always find room to finish whatever else runs on the GPU."""
+    return max(1, sm_count // 2)
+
+
+def red_tile(N: int, sm_count: int) -> tuple[int, int]:
+    """The dw reduction's tile (partial rows, columns) per step: columns so that every reducer gets
+    a slice (N / reducers, a power of two from 32 to 256), rows so that a step loads 4096 values
+    (16 per thread at 8 warps)."""
+    cols = min(256, max(32, pow2_ceil(-(-N // reducers(sm_count)))))
+    return 4096 // cols, cols
 
 
 def constants(cfg: BwdConfig, N: int, x_align: int, dy_align: int, has_w: bool, need_dx: bool, need_dw: bool,

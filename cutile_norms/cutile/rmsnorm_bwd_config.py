@@ -147,13 +147,25 @@ def _table_row(by_key: dict, key: str | None, N: int, elem_bytes: int, dtype: st
             f"({os.path.basename(CONFIG_TABLE)})", n, rows)
 
 
+# A GPU model's rows of a dtype that hold for some widths only (without dh); outside them, and with dh, the
+# arch's rows. The H200's fp32 rows of 4-10 KiB: 1024 (4-row tiles), then three bands of one-row prefetching
+# tiles, each one config at every width swept in it (bench/tune/cutile_rmsnorm_bwd.py --bands): 4 blocks of 4
+# warps to 1536 columns, 3 of 4 warps to 2047, 3 of 8 warps from 2049; 2048 its best, 4 blocks of 8 warps
+# without the prefetch (performance.md 2.58: 0.93-1.01 x copy at 29 widths, mode=None 0.87-0.99 at 19 others,
+# where the H100's rows scaled gave 0.63-0.81); from 10 KiB mode=None runs the CuTe DSL backward there
+# (backward_table.H200_FP32_CUTE_BWD_BYTES).
+MODEL_ROWS_ONLY = {("sm_90/H200", "float32"): (1024, 2559)}
+
+
 def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False,
                       has_dh: bool = False, full: bool = True) -> tuple[BwdConfig, str]:
     """(default_config's config, its source); `full`: the launch reads a weight, writes dx and dw (SPILLING_PIECES)."""
     by_key = measured_configs()
     key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
-    if key and "/" in key and dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes):
-        key = key.split("/")[0]  # the model measured in other dtypes only: the arch's rows
+    only = MODEL_ROWS_ONLY.get((key, dtype))
+    if key and "/" in key and ((dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes))
+                               or (only and (has_dh or not only[0] <= N <= only[1]))):
+        key = key.split("/")[0]  # the model not measured in this dtype (or at N): the arch's rows
     cfg, source, n, rows = _table_row(by_key, key, N, elem_bytes, dtype, dev)
     if has_dh and not fp32_weight and _dh_takes_arch_row(cfg, N, elem_bytes, key):
         key = key.split("/")[0]
@@ -434,17 +446,3 @@ def dx_row_pad(cfg: BwdConfig) -> int:
     """dx's rows are allocated to a multiple of this (whole tiles for ct.store, and the row count's
     "divisible by 16" bit, which a launch specialises on, never changes with M)."""
     return max(16, cfg.tile_m)
-
-
-def reducers(sm_count: int) -> int:
-    """The most blocks that wait at the end to reduce dw: half the SMs, so the grid's other blocks
-    always find room to finish whatever else runs on the GPU."""
-    return max(1, sm_count // 2)
-
-
-def red_tile(N: int, sm_count: int) -> tuple[int, int]:
-    """The dw reduction's tile (partial rows, columns) per step: columns so that every reducer gets
-    a slice (N / reducers, a power of two from 32 to 256), rows so that a step loads 4096 values
-    (16 per thread at 8 warps)."""
-    cols = min(256, max(32, pow2_ceil(-(-N // reducers(sm_count)))))
-    return 4096 // cols, cols

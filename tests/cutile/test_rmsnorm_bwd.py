@@ -22,9 +22,11 @@ DTYPES = [("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32
           ("float16", "float32")]
 # narrow (several rows per tile), 2^k - 1 / 2^k / 2^k + 1, odd, pieces (2880, 5120, 7168; 2312 / 3112 at 3
 # blocks per SM: rmsnorm_bwd_config.THREE_BLOCK_LANES), split rows
-# split rows of 4 parts: four pieces (14344), a 4096 piece and a tail (19336; backward_table.CUTILE_BWD_BAND)
-WIDTHS = [1, 7, 127, 128, 129, 1000, 2312, 2880, 3112, 4095, 4096, 4097, 5120, 7168, 14344, 16383, 19336, 32768, 65537,
-          262144]
+# split rows of 4 parts: four pieces (14344), a 4096 piece and a tail (19336; backward_table.CUTILE_BWD_BAND);
+# the H200's own fp32 rows (MODEL_ROWS_ONLY): three pieces at 4 blocks (1320), at 3 (1604), the 2048 row's 4
+# blocks on a 2048 piece and a tail (2052)
+WIDTHS = [1, 7, 127, 128, 129, 1000, 1024, 1320, 1604, 2052, 2312, 2880, 3112, 4095, 4096, 4097, 5120, 7168, 14344, 16383,
+          19336, 32768, 65537, 262144]
 EPS = 1e-6
 
 
@@ -99,6 +101,62 @@ def test_the_sweep_writer_keeps_the_commands_of_earlier_sweeps(tmp_path, monkeyp
     assert rows == {12288: True, 16384: False}
     command = table["source"]["sm_90"]["runs"]["float32"]["command"]
     assert command.startswith("first --ns 12288,16384 (") and command.endswith("; then second --ns 12288"), command
+
+
+def test_the_sweep_writer_gives_a_band_one_config(tmp_path, monkeypatch):
+    """--write-configs-from ... --bands: a band's widths all take the config with the best worst case over
+    them (pieces as the cut rule cuts them), not each width's best; widths outside a band keep their best."""
+    import json
+
+    from bench.tune import cutile_rmsnorm_bwd as tune
+    from cutile_norms.cutile.rmsnorm_bwd_config import BwdConfig, cut_pieces
+
+    path = tmp_path / "rmsnorm_bwd_configs.json"
+    monkeypatch.setattr(tune, "CONFIG_TABLE", str(path))
+
+    def rec(N, blocks, ratio):
+        fields = dict(vars(cut_pieces(BwdConfig(blocks_per_sm=blocks, num_worker_warps=4, prefetch=True), N)))
+        return {"fields": fields, "vs_copy": ratio}
+    # 3 blocks per SM wins at 1600 and 1700 but falls to 0.80 at 1800; 4 blocks holds 0.95 everywhere
+    ratios = {1600: (0.99, 0.96), 1700: (0.99, 0.95), 1800: (0.80, 0.97), 2400: (0.90, 0.93)}
+    results = {"dtype": "float32", "command": "sweep", "sweep": [
+        {"N": n, "dw_share": 0.01, "configs": [rec(n, 3, r3), rec(n, 4, r4)]} for n, (r3, r4) in ratios.items()]}
+    tune.write_configs(results, "NVIDIA H100 80GB HBM3", "sm_90", [(1537, 2047)])
+    rows = {e["N"]: e for e in json.loads(path.read_text())["configs"]["sm_90"]["float32"]}
+    assert {n: e["config"]["blocks_per_sm"] for n, e in rows.items()} == {1600: 4, 1700: 4, 1800: 4, 2400: 4}
+    assert rows[1600]["vs_copy"] == 0.96 and "dw_share" not in rows[1600]  # timed for the sweep's best only
+    assert rows[1800]["dw_share"] == 0.01  # the band's config is 1800's best too
+    results["sweep"][-1]["configs"] = [rec(2400, 2, 0.90)]  # a config timed at no other width: none in common
+    with pytest.raises(SystemExit, match="no config timed at every width"):
+        tune.write_configs(results, "NVIDIA H100 80GB HBM3", "sm_90", [(1537, 2500)])
+
+
+def test_h200_fp32_rows_hold_for_their_widths_only():
+    """The H200's own fp32 rows (MODEL_ROWS_ONLY) decide its configs at 1025-2559 columns without dh, one
+    config per band there (measured 0.93-1.01 x copy, where the H100's rows scaled gave 0.63-0.81);
+    outside that span, and with dh, the H100's rows as before."""
+    from cutile_norms._platform import DeviceInfo
+    from cutile_norms.cutile import rmsnorm_bwd_config as C
+
+    h100 = DeviceInfo("nvidia", "NVIDIA H100 80GB HBM3", (9, 0), 132, 0)
+    h200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132, 0)
+    (key, dtype), (lo, hi) = next(iter(C.MODEL_ROWS_ONLY.items()))
+    assert (key, dtype) == ("sm_90/H200", "float32")
+    own = C.measured_configs()[key][dtype]
+    assert lo <= own[0][0] and own[-1][0] <= hi
+    for N in (128, 512, 1000, lo - 1, hi + 1, 2880, 4096, 65536):
+        assert C.config_and_source(N, 4, h200, dtype) == C.config_and_source(N, 4, h100, dtype), N
+    for N in (1032, 1320, 1604, 2400):
+        assert C.default_config(N, 4, h200, dtype, has_dh=True) == C.default_config(N, 4, h100, dtype, has_dh=True)
+        assert f"on {key} in float32" in C.config_and_source(N, 4, h200, dtype)[1]
+    bands = {(1025, 1536): (4, 4), (1537, 2047): (3, 4), (2049, 2559): (3, 8)}  # blocks per SM, warps
+    for (b_lo, b_hi), shape in bands.items():
+        rows = [cfg for n, cfg, _ in own if b_lo <= n <= b_hi]
+        assert len(rows) >= 5 and {(c.tile_m, c.blocks_per_sm, c.num_worker_warps, c.prefetch) for c in rows} == \
+            {(1,) + shape + (True,)}, (b_lo, b_hi)
+        for N in range(b_lo + 3 - (b_lo + 3) % 4 + 12, b_hi - 12, 44):  # between the entries, away from the edges
+            c = C.default_config(N, 4, h200, dtype)
+            assert (c.tile_m, c.blocks_per_sm, c.num_worker_warps, c.prefetch) == (1,) + shape + (True,), N
 
 
 def test_dh_configs_prefetch_and_fit():
