@@ -222,11 +222,18 @@ def main(argv=None) -> int:
             sys.exit("--write-configs-from: the sweeps are of different GPUs or dtypes")
         merged = {"gpu": runs[0]["gpu"], "dtype": runs[0]["dtype"], "command": " ; ".join(r["command"] for r in runs),
                   "sweep": [e for r in runs for e in r["sweep"]]}
-        bands = [tuple(int(v) for v in b.split("-")) for b in args.bands.split(",")] if args.bands else []
+        try:
+            bands = [tuple(int(v) for v in b.split("-", 1)) for b in args.bands.split(",")] if args.bands else []
+        except ValueError:
+            bands = [()]
+        if any(len(b) != 2 or b[0] > b[1] for b in bands):
+            p.error(f"--bands: LO-HI[,LO-HI...] with LO <= HI, got {args.bands!r}")
         if bands:
             merged["command"] += f" (written with --bands {args.bands})"
         print(f"wrote {write_configs(merged, runs[0]['gpu'], args.arch, bands)}")
         return 0
+    if args.bands:
+        p.error("--bands: with --write-configs-from (a sweep's own --write-configs writes each width's best)")
     if no_gpu("this sweep times kernels and needs an sm_90+ NVIDIA GPU"):
         return 0
     dtype = DTYPES[args.dtype]
@@ -251,18 +258,24 @@ def main(argv=None) -> int:
 
 def band_configs(sweeps: list, lo: int, hi: int) -> dict:
     """{N: config record} for the widths of [lo, hi] measured in `sweeps`: one config for all of them,
-    the one with the best worst case over them among those timed at every one. A config is its fields
-    but the pieces, which it takes as cut_pieces cuts them (as a width between the table's rows gets
-    them: rmsnorm_bwd_config._scaled); so between its measured widths a band runs the shape measured
-    at them, not whichever config won at the nearest one."""
+    the one with the best worst case over them among those timed at every one. Only one-row tiles of one
+    block a row whose pieces are the cut rule's: the shape a width between the table's rows gets from
+    its nearest one (rmsnorm_bwd_config._scaled re-cuts the pieces, and changes a multi-row tile's rows
+    and a split row's blocks with the width); so between its measured widths a band runs the shape
+    measured at them, not whichever config won at the nearest one."""
     def shape(fields: dict) -> tuple:
         return tuple(sorted((k, v) for k, v in fields.items() if k != "piece_min"))
+
+    def kept(c: dict, N: int) -> bool:
+        f = c["fields"]
+        return (f["tile_m"] == 1 and f["split"] == 1
+                and f["piece_min"] == cut_pieces(BwdConfig(tile_m=1, piece_min=f["piece_min"]), N).piece_min)
     ns = [s for s in sweeps if lo <= s["N"] <= hi]
-    timed = [{shape(c["fields"]): c for c in s["configs"] if "vs_copy" in c
-              and c["fields"]["piece_min"] == cut_pieces(BwdConfig(**c["fields"]), s["N"]).piece_min} for s in ns]
+    timed = [{shape(c["fields"]): c for c in s["configs"] if "vs_copy" in c and kept(c, s["N"])} for s in ns]
     common = set.intersection(*(set(t) for t in timed)) if timed else set()
     if not common:
-        sys.exit(f"--bands: no config timed at every width of {lo}-{hi} ({[s['N'] for s in ns]})")
+        sys.exit(f"--bands: no one-row config timed at every width of {lo}-{hi} (widths swept there: "
+                 f"{[s['N'] for s in ns] or 'none'})")
     pick = max(common, key=lambda k: min(t[k]["vs_copy"] for t in timed))
     return {s["N"]: t[pick] for s, t in zip(ns, timed)}
 

@@ -9,9 +9,9 @@ import cuda.tile as ct
 import torch
 
 from .._platform import DeviceInfo
+from .._util import pow2_ceil
 from .._workspace import current_raw_stream, workspace
 from .common import align_elems, flat, flat_array, padded_rows, round16, round_up, signature
-from .._util import pow2_ceil
 from .rmsnorm_bwd_config import BwdConfig, config_and_source, default_config, dx_2d, dx_row_pad, part_of, piece_min
 from .rmsnorm_bwd_kernel import rms_norm_bwd_kernel
 

@@ -147,14 +147,16 @@ def _table_row(by_key: dict, key: str | None, N: int, elem_bytes: int, dtype: st
             f"({os.path.basename(CONFIG_TABLE)})", n, rows)
 
 
-# A GPU model's rows of a dtype that hold for some widths only (without dh); outside them, and with dh, the
-# arch's rows. The H200's fp32 rows of 4-10 KiB: 1024 (4-row tiles), then three bands of one-row prefetching
-# tiles, each one config at every width swept in it (bench/tune/cutile_rmsnorm_bwd.py --bands): 4 blocks of 4
-# warps to 1536 columns, 3 of 4 warps to 2047, 3 of 8 warps from 2049; 2048 its best, 4 blocks of 8 warps
-# without the prefetch (performance.md 2.58: 0.93-1.01 x copy at 29 widths, mode=None 0.87-0.99 at 19 others,
-# where the H100's rows scaled gave 0.63-0.81); from 10 KiB mode=None runs the CuTe DSL backward there
-# (backward_table.H200_FP32_CUTE_BWD_BYTES).
-MODEL_ROWS_ONLY = {("sm_90/H200", "float32"): (1024, 2559)}
+# A GPU model's rows of some element width that hold for some widths only, and without dh (not measured with
+# it); outside them, and with dh, the arch's rows. The H200's fp32 rows of 4-10 KiB: 1024 and 2048 their
+# sweeps' best (4 blocks of 8 warps: 4-row tiles, one row), the rest in four bands of one-row tiles, each one
+# config at every width swept in it (bench/tune/cutile_rmsnorm_bwd.py --bands): prefetching, 4 blocks of 4
+# warps to 1536 columns, 3 of 4 warps to 2047; 3 of 8 warps without it to 2304 (the H100's; a tail piece of up
+# to 256), with it from 2305 (a 512 piece). A width takes its nearest row's config: switches at 1548, 2044,
+# 2056, 2312. Performance.md 2.58: 0.93-1.01 x copy at 30 widths swept, mode=None 0.87-1.00 at 27 widths after;
+# the H100's rows, scaled between their widths, read 0.63-0.99 there (0.63-0.81 at 1320 and 1560-1792). From
+# 10 KiB mode=None runs the CuTe DSL backward there (backward_table.H200_FP32_CUTE_BWD_BYTES).
+MODEL_ROWS_ONLY = {("sm_90/H200", 4): (1024, 2559)}  # (table key, bytes an element): (first, last column)
 
 
 def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "", fp32_weight: bool = False,
@@ -162,7 +164,7 @@ def config_and_source(N: int, elem_bytes: int, dev: DeviceInfo, dtype: str = "",
     """(default_config's config, its source); `full`: the launch reads a weight, writes dx and dw (SPILLING_PIECES)."""
     by_key = measured_configs()
     key = table_key(dev, by_key)  # this GPU model's, else its arch's (or the nearest measured arch's)
-    only = MODEL_ROWS_ONLY.get((key, dtype))
+    only = MODEL_ROWS_ONLY.get((key, elem_bytes))
     if key and "/" in key and ((dtype not in by_key[key] and not _same_width(by_key[key], elem_bytes))
                                or (only and (has_dh or not only[0] <= N <= only[1]))):
         key = key.split("/")[0]  # the model not measured in this dtype (or at N): the arch's rows

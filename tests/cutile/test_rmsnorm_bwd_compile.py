@@ -98,16 +98,19 @@ def test_fp32_configs_measured_between_the_powers_of_two_fit_without_spilling(N)
 H200 = DeviceInfo("nvidia", "NVIDIA H200", (9, 0), 132)
 
 
-
-@pytest.mark.parametrize("N", [1024, 1026, 1028, 1320, 1536, 1544, 1548, 1796, 1844, 2044, 2052, 2056, 2556])
+@pytest.mark.parametrize("N", [1024, 1026, 1028, 1320, 1462, 1536, 1544, 1548, 1796, 1844, 2044, 2051, 2052, 2056, 2308,
+                               2312, 2398, 2556, 2559])
 def test_h200_fp32_rows_fit_without_spilling(N):
     """The H200's own fp32 rows of 4-10 KiB (rmsnorm_bwd_config.MODEL_ROWS_ONLY) at their bands' edges and
-    between their entries (ptxas: 104-128 registers at 4 blocks of 4 warps, 140-167 at 3, 64 / 80 at 4 / 3
-    blocks of 8 warps; no spills)."""
+    between their rows, ptxas: at rows of a multiple of 4 columns 104-128 registers at 4 blocks of 4 warps,
+    138-167 at 3, 64 / 66-80 at 4 / 3 blocks of 8 warps, no spills; the others (their rows off 16-byte
+    alignment) up to 32 bytes (2398: 0.945 x copy on an H200, performance.md 2.58)."""
     cfg = rmsnorm_bwd_config.default_config(N, 4, H200, "float32")
     report = ptxas_report(compile_bwd(cfg, N, "float32", "float32"))
     assert report["registers"] * report["threads"][0] * cfg.blocks_per_sm <= 65536, report
-    assert report["spill_stores"] == 0, f"N={N} float32 {cfg.short()}: {report}"
+    assert report["spill_stores"] <= (0 if N % 4 == 0 else 32), f"N={N} float32 {cfg.short()}: {report}"
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 @pytest.mark.parametrize("N", [128, 1000, 1344, 4096, 6144, 7168, 8200, 10240, 12288, 20480, 65536])
 def test_compiles_with_dh(N, arch):
