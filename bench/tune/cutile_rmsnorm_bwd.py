@@ -224,9 +224,10 @@ def main(argv=None) -> int:
                   "sweep": [e for r in runs for e in r["sweep"]]}
         try:
             bands = [tuple(int(v) for v in b.split("-", 1)) for b in args.bands.split(",")] if args.bands else []
+            ordered = all(lo <= hi for lo, hi in bands)  # (a band of one number fails to unpack: ValueError)
         except ValueError:
-            bands = [()]
-        if any(len(b) != 2 or b[0] > b[1] for b in bands):
+            ordered = False
+        if not ordered:
             p.error(f"--bands: LO-HI[,LO-HI...] with LO <= HI, got {args.bands!r}")
         if bands:
             merged["command"] += f" (written with --bands {args.bands})"
@@ -269,7 +270,7 @@ def band_configs(sweeps: list, lo: int, hi: int) -> dict:
     def kept(c: dict, N: int) -> bool:
         f = c["fields"]
         return (f["tile_m"] == 1 and f["split"] == 1
-                and f["piece_min"] == cut_pieces(BwdConfig(tile_m=1, piece_min=f["piece_min"]), N).piece_min)
+                and f["piece_min"] == cut_pieces(BwdConfig(), N).piece_min)
     ns = [s for s in sweeps if lo <= s["N"] <= hi]
     timed = [{shape(c["fields"]): c for c in s["configs"] if "vs_copy" in c and kept(c, s["N"])} for s in ns]
     common = set.intersection(*(set(t) for t in timed)) if timed else set()
@@ -290,10 +291,11 @@ def write_configs(results: dict, gpu: str, arch: str, bands: list = ()) -> str:
     rows = {e["N"]: e for e in table["configs"].get(key, {}).get(results["dtype"], [])}
     banded = {n: c for lo, hi in bands for n, c in band_configs(results["sweep"], lo, hi).items()}
     for sweep in results["sweep"]:
-        best = banded.get(sweep["N"]) or best_timed(sweep["configs"])
+        top = best_timed(sweep["configs"])
+        best = banded.get(sweep["N"]) or top
         if best:
             rows[sweep["N"]] = {"N": sweep["N"], "config": best["fields"], "vs_copy": round(best["vs_copy"], 4)}
-            if best is best_timed(sweep["configs"]):  # the sweep times dw's share of its best config only
+            if best is top:  # the sweep times dw's share of its best config only
                 rows[sweep["N"]]["dw_share"] = round(sweep.get("dw_share", 0.0), 4)
     table["configs"].setdefault(key, {})[results["dtype"]] = [rows[n] for n in sorted(rows)]
     src = table["source"].setdefault(key, {"gpu": gpu, "runs": {}})
